@@ -1,0 +1,64 @@
+package compile
+
+import (
+	"net/netip"
+
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/nft"
+)
+
+func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+func ep(addr string, port uint16) model.Endpoint {
+	return model.Endpoint{Addr: ip(addr), Port: port, Ready: true, Serving: true}
+}
+
+func testConfig() Config {
+	return Config{
+		Family:        nft.IPv4,
+		ClusterCIDR:   netip.MustParsePrefix("10.244.0.0/16"),
+		MasqueradeBit: 14,
+		NodePortAddrs: []netip.Addr{ip("192.0.2.10")},
+	}
+}
+
+// scenarios are the golden inputs shared by the golden and kernel tests.
+func scenarios() map[string]*model.Snapshot {
+	node := model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10")}}
+	return map[string]*model.Snapshot{
+		"clusterip-2ep": {Node: node, Services: []model.ServicePort{{
+			Name:       model.ServicePortName{Namespace: "default", Name: "echo", Port: "http", Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{ip("10.96.0.10")}, Port: 80,
+			Endpoints: []model.Endpoint{ep("10.244.1.2", 8080), ep("10.244.1.3", 8080)},
+		}}},
+		"all-kinds": {Node: node, Services: []model.ServicePort{
+			{
+				Name:       model.ServicePortName{Namespace: "default", Name: "dns", Port: "dns", Protocol: model.ProtoUDP},
+				ClusterIPs: []netip.Addr{ip("10.96.0.53")}, Port: 53,
+				Endpoints: []model.Endpoint{ep("10.244.1.2", 5353)},
+			},
+			{
+				Name:       model.ServicePortName{Namespace: "default", Name: "dns", Port: "dns-tcp", Protocol: model.ProtoTCP},
+				ClusterIPs: []netip.Addr{ip("10.96.0.53")}, Port: 53,
+				Endpoints: []model.Endpoint{ep("10.244.1.2", 5353), ep("10.244.1.3", 5353)},
+			},
+			{
+				Name:       model.ServicePortName{Namespace: "web", Name: "lb", Protocol: model.ProtoTCP},
+				ClusterIPs: []netip.Addr{ip("10.96.1.1")}, Port: 443, NodePort: 30443,
+				ExternalIPs: []netip.Addr{ip("203.0.113.7")}, LoadBalancerIPs: []netip.Addr{ip("198.51.100.1")},
+				Endpoints: []model.Endpoint{ep("10.244.1.4", 8443), ep("10.244.2.4", 8443), ep("10.244.3.4", 8443)},
+			},
+			{
+				Name:       model.ServicePortName{Namespace: "web", Name: "empty", Protocol: model.ProtoTCP},
+				ClusterIPs: []netip.Addr{ip("10.96.1.2")}, Port: 80, NodePort: 30080,
+				ExternalIPs: []netip.Addr{ip("203.0.113.8")},
+			},
+			{
+				Name:       model.ServicePortName{Namespace: "web", Name: "sctp", Protocol: model.ProtoSCTP},
+				ClusterIPs: []netip.Addr{ip("10.96.1.3")}, Port: 3868,
+				Endpoints: []model.Endpoint{ep("10.244.1.5", 3868)},
+			},
+		}},
+		"empty": {Node: node},
+	}
+}

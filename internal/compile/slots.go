@@ -1,0 +1,95 @@
+package compile
+
+import (
+	"sort"
+
+	"github.com/nftproxy/nftproxy/internal/model"
+)
+
+// slotBlock is the allocation unit of endpoint slots. A service port with n endpoints owns
+// ceil(n/slotBlock) consecutive blocks of the endpoints map's key space.
+const slotBlock = 16
+
+// Slots assigns every service port a stable range of keys in the shared endpoints map, so
+// that "numgen random mod n offset base" picks one of its endpoints. Ranges survive across
+// syncs: adding or removing one service never renumbers the others, which keeps the
+// per-sync kernel delta proportional to what changed. It is the compiler's only state and
+// is passed in explicitly.
+type Slots struct {
+	owned map[model.ServicePortName]slotRange
+	free  []slotRange // sorted by start, non-adjacent
+	next  uint32      // first never-used block
+}
+
+type slotRange struct{ start, blocks uint32 }
+
+// NewSlots returns an empty allocator.
+func NewSlots() *Slots {
+	return &Slots{owned: map[model.ServicePortName]slotRange{}}
+}
+
+// base returns the first key of the range of sp, (re)allocating it when n endpoints do not
+// fit.
+func (s *Slots) base(sp model.ServicePortName, n int) uint32 {
+	need := uint32((n + slotBlock - 1) / slotBlock)
+	if need == 0 {
+		need = 1
+	}
+	if r, ok := s.owned[sp]; ok {
+		if r.blocks >= need && r.blocks <= 4*need {
+			return r.start * slotBlock
+		}
+		s.release(r)
+	}
+	r := s.take(need)
+	s.owned[sp] = r
+	return r.start * slotBlock
+}
+
+// retain frees the ranges of every service port not in keep.
+func (s *Slots) retain(keep map[model.ServicePortName]bool) {
+	for sp, r := range s.owned {
+		if !keep[sp] {
+			s.release(r)
+			delete(s.owned, sp)
+		}
+	}
+}
+
+func (s *Slots) take(blocks uint32) slotRange {
+	for i, f := range s.free {
+		if f.blocks >= blocks {
+			r := slotRange{f.start, blocks}
+			if f.blocks == blocks {
+				s.free = append(s.free[:i], s.free[i+1:]...)
+			} else {
+				s.free[i] = slotRange{f.start + blocks, f.blocks - blocks}
+			}
+			return r
+		}
+	}
+	r := slotRange{s.next, blocks}
+	s.next += blocks
+	return r
+}
+
+func (s *Slots) release(r slotRange) {
+	i := sort.Search(len(s.free), func(i int) bool { return s.free[i].start > r.start })
+	s.free = append(s.free, slotRange{})
+	copy(s.free[i+1:], s.free[i:])
+	s.free[i] = r
+	// merge with neighbours
+	if i+1 < len(s.free) && s.free[i].start+s.free[i].blocks == s.free[i+1].start {
+		s.free[i].blocks += s.free[i+1].blocks
+		s.free = append(s.free[:i+1], s.free[i+2:]...)
+	}
+	if i > 0 && s.free[i-1].start+s.free[i-1].blocks == s.free[i].start {
+		s.free[i-1].blocks += s.free[i].blocks
+		s.free = append(s.free[:i], s.free[i+1:]...)
+	}
+	// give a trailing free range back to the never-used area
+	if n := len(s.free); n > 0 && s.free[n-1].start+s.free[n-1].blocks == s.next {
+		s.next = s.free[n-1].start
+		s.free = s.free[:n-1]
+	}
+}

@@ -1,0 +1,231 @@
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+)
+
+// Build turns Services, EndpointSlices and this node's Node object into a Snapshot. It is
+// a pure function: anything it cannot use is skipped and reported as a Problem; it never
+// fails as a whole. node may be nil (not yet known).
+func Build(services []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*Snapshot, []Problem) {
+	b := &builder{}
+	snap := &Snapshot{Node: b.node(node)}
+	bySvc := b.groupSlices(slices)
+	for _, svc := range services {
+		snap.Services = append(snap.Services, b.service(svc, bySvc[nsName{svc.Namespace, svc.Name}])...)
+	}
+	sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
+	return snap, b.problems
+}
+
+type nsName struct{ ns, name string }
+
+type builder struct{ problems []Problem }
+
+func (b *builder) problem(kind, ns, name, format string, args ...any) {
+	b.problems = append(b.problems, Problem{Kind: kind, Namespace: ns, Name: name, Reason: fmt.Sprintf(format, args...)})
+}
+
+func (b *builder) node(n *v1.Node) Node {
+	if n == nil {
+		return Node{}
+	}
+	out := Node{Name: n.Name, Zone: n.Labels[v1.LabelTopologyZone]}
+	// Primary IPs as kubelet reports them: the first InternalIP of each family, or the
+	// first ExternalIP when a family has no InternalIP.
+	var have4, have6 bool
+	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, a := range n.Status.Addresses {
+			ip, err := netip.ParseAddr(a.Address)
+			if a.Type != t || err != nil {
+				continue
+			}
+			ip = ip.Unmap()
+			if (ip.Is4() && !have4) || (ip.Is6() && !have6) {
+				out.IPs = append(out.IPs, ip)
+				have4, have6 = have4 || ip.Is4(), have6 || ip.Is6()
+			}
+		}
+	}
+	return out
+}
+
+// groupSlices indexes usable slices by service, in name order so that duplicates resolve
+// the same way every time.
+func (b *builder) groupSlices(slices []*discovery.EndpointSlice) map[nsName][]*discovery.EndpointSlice {
+	sorted := append([]*discovery.EndpointSlice(nil), slices...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	out := map[nsName][]*discovery.EndpointSlice{}
+	for _, s := range sorted {
+		svc := s.Labels[discovery.LabelServiceName]
+		if svc == "" {
+			continue
+		}
+		if s.AddressType != discovery.AddressTypeIPv4 && s.AddressType != discovery.AddressTypeIPv6 {
+			continue // FQDN slices are not proxied
+		}
+		k := nsName{s.Namespace, svc}
+		out[k] = append(out[k], s)
+	}
+	return out
+}
+
+func (b *builder) service(svc *v1.Service, slices []*discovery.EndpointSlice) []ServicePort {
+	if svc.Spec.Type == v1.ServiceTypeExternalName {
+		return nil
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	if len(ips) == 0 || ips[0] == v1.ClusterIPNone {
+		return nil // headless
+	}
+	clusterIPs := b.addrs("Service", svc.Namespace, svc.Name, "clusterIP", ips)
+	if len(clusterIPs) == 0 {
+		return nil
+	}
+	externalIPs := b.addrs("Service", svc.Namespace, svc.Name, "externalIP", svc.Spec.ExternalIPs)
+	var lbIPs []netip.Addr
+	if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+		for _, ing := range svc.Status.LoadBalancer.Ingress {
+			if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
+				continue
+			}
+			lbIPs = append(lbIPs, b.addrs("Service", svc.Namespace, svc.Name, "load-balancer ingress IP", []string{ing.IP})...)
+		}
+	}
+	var out []ServicePort
+	for _, p := range svc.Spec.Ports {
+		proto, ok := protocol(p.Protocol)
+		if !ok {
+			b.problem("Service", svc.Namespace, svc.Name, "port %q: unsupported protocol %q, port skipped", p.Name, p.Protocol)
+			continue
+		}
+		if p.Port <= 0 || p.Port > 65535 {
+			b.problem("Service", svc.Namespace, svc.Name, "port %q: invalid port number %d, port skipped", p.Name, p.Port)
+			continue
+		}
+		sp := ServicePort{
+			Name:            ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: p.Name, Protocol: proto},
+			ClusterIPs:      clusterIPs,
+			Port:            uint16(p.Port),
+			ExternalIPs:     externalIPs,
+			LoadBalancerIPs: lbIPs,
+		}
+		if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+			if p.NodePort > 0 && p.NodePort <= 65535 {
+				sp.NodePort = uint16(p.NodePort)
+			}
+		}
+		sp.Endpoints = b.endpoints(p.Name, proto, slices)
+		out = append(out, sp)
+	}
+	return out
+}
+
+// addrs parses a list of IP strings, reporting and skipping garbage, keeping at most one
+// address per family for cluster IPs.
+func (b *builder) addrs(kind, ns, name, what string, in []string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range in {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			b.problem(kind, ns, name, "%s %q is not an IP address, ignored", what, s)
+			continue
+		}
+		out = append(out, ip.Unmap())
+	}
+	return out
+}
+
+func protocol(p v1.Protocol) (uint8, bool) {
+	switch p {
+	case v1.ProtocolTCP, "":
+		return ProtoTCP, true
+	case v1.ProtocolUDP:
+		return ProtoUDP, true
+	case v1.ProtocolSCTP:
+		return ProtoSCTP, true
+	}
+	return 0, false
+}
+
+// endpoints collects the endpoints of one service port from all of the service's slices:
+// slice ports are matched by name (and protocol), duplicates count once.
+func (b *builder) endpoints(portName string, proto uint8, slices []*discovery.EndpointSlice) []Endpoint {
+	var out []Endpoint
+	seen := map[netip.AddrPort]bool{}
+	for _, s := range slices {
+		port, ok := b.slicePort(s, portName, proto)
+		if !ok {
+			continue
+		}
+		for i := range s.Endpoints {
+			ep := &s.Endpoints[i]
+			for _, a := range ep.Addresses {
+				addr, err := netip.ParseAddr(a)
+				if err != nil || addr.Unmap().Is4() != (s.AddressType == discovery.AddressTypeIPv4) {
+					b.problem("EndpointSlice", s.Namespace, s.Name, "endpoint address %q is not an %s address, skipped", a, s.AddressType)
+					continue
+				}
+				e := Endpoint{
+					Addr:        addr.Unmap(),
+					Port:        port,
+					Ready:       ep.Conditions.Ready == nil || *ep.Conditions.Ready,
+					Serving:     ep.Conditions.Serving == nil || *ep.Conditions.Serving,
+					Terminating: ep.Conditions.Terminating != nil && *ep.Conditions.Terminating,
+				}
+				if ep.NodeName != nil {
+					e.NodeName = *ep.NodeName
+				}
+				if ep.Zone != nil {
+					e.Zone = *ep.Zone
+				}
+				if seen[e.AddrPort()] {
+					continue
+				}
+				seen[e.AddrPort()] = true
+				out = append(out, e)
+				break // only the first address of an endpoint is used, as upstream does
+			}
+		}
+	}
+	return out
+}
+
+// slicePort finds the slice's port for a service port, reporting unusable ones.
+func (b *builder) slicePort(s *discovery.EndpointSlice, name string, proto uint8) (uint16, bool) {
+	for _, p := range s.Ports {
+		pname := ""
+		if p.Name != nil {
+			pname = *p.Name
+		}
+		if pname != name {
+			continue
+		}
+		pproto := v1.ProtocolTCP
+		if p.Protocol != nil {
+			pproto = *p.Protocol
+		}
+		got, ok := protocol(pproto)
+		if !ok {
+			b.problem("EndpointSlice", s.Namespace, s.Name, "port %q: unsupported protocol %q, skipped", name, pproto)
+			continue
+		}
+		if got != proto {
+			continue
+		}
+		if p.Port == nil || *p.Port <= 0 || *p.Port > 65535 {
+			b.problem("EndpointSlice", s.Namespace, s.Name, "port %q: invalid port number, skipped", name)
+			return 0, false
+		}
+		return uint16(*p.Port), true
+	}
+	return 0, false
+}

@@ -1,0 +1,147 @@
+// Package model is the proxy's view of the cluster as plain, immutable data: one entry
+// per service port, with its frontends (cluster IPs, node port, external and load-balancer
+// IPs) and every endpoint with its conditions. It knows nothing of nftables. Build turns
+// Kubernetes objects into a Snapshot; Categorize picks the endpoints a packet may use.
+package model
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Protocol numbers (IANA) for the transport protocols a Service may use.
+const (
+	ProtoTCP  uint8 = 6
+	ProtoUDP  uint8 = 17
+	ProtoSCTP uint8 = 132
+)
+
+// ProtoString is the Kubernetes spelling of a protocol number.
+func ProtoString(p uint8) string {
+	switch p {
+	case ProtoTCP:
+		return "TCP"
+	case ProtoUDP:
+		return "UDP"
+	case ProtoSCTP:
+		return "SCTP"
+	}
+	return fmt.Sprintf("proto-%d", p)
+}
+
+// ServicePortName identifies one port of one service.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	Port      string // the port's name; "" for a single unnamed port
+	Protocol  uint8
+}
+
+// String is "namespace/name:port", or "namespace/name" for an unnamed port: the form used
+// in logs, rule comments and metrics.
+func (n ServicePortName) String() string {
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name
+	}
+	return n.Namespace + "/" + n.Name + ":" + n.Port
+}
+
+// Less orders service ports by namespace, name, port name, protocol.
+func (n ServicePortName) Less(o ServicePortName) bool {
+	if n.Namespace != o.Namespace {
+		return n.Namespace < o.Namespace
+	}
+	if n.Name != o.Name {
+		return n.Name < o.Name
+	}
+	if n.Port != o.Port {
+		return n.Port < o.Port
+	}
+	return n.Protocol < o.Protocol
+}
+
+// ServicePort is one port of a proxied service with everything needed to program it.
+type ServicePort struct {
+	Name ServicePortName
+	// ClusterIPs holds at most one address per family.
+	ClusterIPs      []netip.Addr
+	Port            uint16
+	NodePort        uint16 // 0: none
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr // ingress IPs with ipMode VIP (Proxy-mode IPs are left out)
+	// Endpoints are all endpoints of the service's slices for this port, deduplicated,
+	// with their conditions; Categorize selects the usable ones.
+	Endpoints []Endpoint
+}
+
+// Endpoint is one backend address and port with its conditions.
+type Endpoint struct {
+	Addr        netip.Addr
+	Port        uint16
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+	Zone        string
+}
+
+// AddrPort returns the endpoint as an address and port.
+func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
+
+// Node is what the proxy needs to know about the node it runs on.
+type Node struct {
+	Name string
+	// IPs are the node's primary addresses, at most one per family, InternalIP first.
+	IPs  []netip.Addr
+	Zone string
+}
+
+// Snapshot is the complete, immutable input of one sync.
+type Snapshot struct {
+	Node     Node
+	Services []ServicePort // sorted by Name
+}
+
+// Problem is an object (or part of one) that could not be used, with the reason. Each is
+// logged once and reported as an event on the object where it fits; the rest of the
+// object and all other objects are still programmed.
+type Problem struct {
+	Kind      string // "Service" or "EndpointSlice"
+	Namespace string
+	Name      string
+	Reason    string
+}
+
+func (p Problem) String() string {
+	return fmt.Sprintf("%s %s/%s: %s", p.Kind, p.Namespace, p.Name, p.Reason)
+}
+
+// UsableEndpoints returns the endpoints new connections may use: the ready ones or, when
+// none is ready, the ones still serving while terminating (graceful termination).
+// Endpoints that are not serving are never used.
+func UsableEndpoints(eps []Endpoint) []Endpoint {
+	var ready, terminating []Endpoint
+	for _, e := range eps {
+		switch {
+		case e.Ready:
+			ready = append(ready, e)
+		case e.Serving && e.Terminating:
+			terminating = append(terminating, e)
+		}
+	}
+	if len(ready) > 0 {
+		return ready
+	}
+	return terminating
+}
+
+// AddrsOf returns the addresses of family v6 (true) or v4 (false).
+func AddrsOf(addrs []netip.Addr, v6 bool) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		if a.Is6() == v6 {
+			out = append(out, a)
+		}
+	}
+	return out
+}

@@ -1,0 +1,276 @@
+package nft
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Render returns the ruleset in nft syntax, loadable with "nft -f". Because the table is
+// declared and then flushed-and-refilled object by object, loading the text is also an
+// atomic replacement of an older version of the table.
+func Render(rs *Ruleset) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table %s %s {\n", rs.Family, rs.Table)
+	first := true
+	sep := func() {
+		if !first {
+			b.WriteString("\n")
+		}
+		first = false
+	}
+	for _, s := range rs.Sets {
+		sep()
+		renderSet(&b, rs.Family, s)
+	}
+	for _, c := range rs.Chains {
+		sep()
+		renderChain(&b, rs.Family, c)
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+func renderSet(b *strings.Builder, fam Family, s *Set) {
+	kind := "set"
+	if s.IsMap() {
+		kind = "map"
+	}
+	fmt.Fprintf(b, "\t%s %s {\n", kind, s.Name)
+	fmt.Fprintf(b, "\t\t%s\n", setTypeLine(fam, s))
+	if s.Interval {
+		b.WriteString("\t\tflags interval\n")
+	}
+	if s.Comment != "" {
+		fmt.Fprintf(b, "\t\tcomment %s\n", strconv.Quote(s.Comment))
+	}
+	if len(s.Elements) > 0 {
+		b.WriteString("\t\telements = { ")
+		for i, e := range s.Elements {
+			if i > 0 {
+				b.WriteString(",\n\t\t\t     ")
+			}
+			b.WriteString(renderElement(s, e))
+		}
+		b.WriteString(" }\n")
+	}
+	b.WriteString("\t}\n")
+}
+
+// setTypeLine renders "type a . b : c", or "typeof …" for maps keyed by numgen, which nft
+// can only express with typeof.
+func setTypeLine(fam Family, s *Set) string {
+	if len(s.Key) == 1 && s.Key[0] == TypeNumgen {
+		return "typeof numgen random mod 1 : " + typeofData(fam, s.Data)
+	}
+	line := "type " + joinTypes(s.Key)
+	if s.IsMap() {
+		line += " : " + joinTypes(s.Data)
+	}
+	return line
+}
+
+func typeofData(fam Family, ts []Datatype) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		switch t {
+		case TypeIPv4Addr, TypeIPv6Addr:
+			parts[i] = fam.String() + " daddr"
+		case TypeInetService:
+			parts[i] = "th dport"
+		default:
+			parts[i] = typeName(t)
+		}
+	}
+	return strings.Join(parts, " . ")
+}
+
+func joinTypes(ts []Datatype) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = typeName(t)
+	}
+	return strings.Join(parts, " . ")
+}
+
+func typeName(t Datatype) string {
+	switch t {
+	case TypeIPv4Addr:
+		return "ipv4_addr"
+	case TypeIPv6Addr:
+		return "ipv6_addr"
+	case TypeInetProto:
+		return "inet_proto"
+	case TypeInetService:
+		return "inet_service"
+	case TypeVerdict:
+		return "verdict"
+	case TypeNumgen:
+		return "integer"
+	}
+	panic(fmt.Sprintf("nft: unknown datatype %d", t))
+}
+
+func renderElement(s *Set, e Element) string {
+	out := renderValues(s.Key, e.Key)
+	if e.Comment != "" {
+		out += " comment " + strconv.Quote(e.Comment)
+	}
+	switch {
+	case e.Verdict != nil:
+		out += " : " + renderVerdict(*e.Verdict)
+	case len(e.Data) > 0:
+		out += " : " + renderValues(s.Data, e.Data)
+	}
+	return out
+}
+
+// RenderElementKey renders an element's key, for messages.
+func RenderElementKey(s *Set, e Element) string { return renderValues(s.Key, e.Key) }
+
+func renderValues(types []Datatype, vals []Value) string {
+	parts := make([]string, len(vals))
+	for i, v := range vals {
+		parts[i] = renderValue(types[i], v)
+	}
+	return strings.Join(parts, " . ")
+}
+
+func renderValue(t Datatype, v Value) string {
+	switch t {
+	case TypeIPv4Addr, TypeIPv6Addr:
+		if v.Prefix.IsValid() {
+			if v.Prefix.Bits() == v.Prefix.Addr().BitLen() {
+				return v.Prefix.Addr().String()
+			}
+			return v.Prefix.String()
+		}
+		return v.Addr.String()
+	case TypeInetProto:
+		return ProtoName(uint8(v.Num))
+	}
+	return strconv.FormatUint(uint64(v.Num), 10)
+}
+
+// ProtoName is nft's name for an IP protocol number.
+func ProtoName(p uint8) string {
+	switch p {
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	case 132:
+		return "sctp"
+	}
+	return strconv.Itoa(int(p))
+}
+
+func renderChain(b *strings.Builder, fam Family, c *Chain) {
+	fmt.Fprintf(b, "\tchain %s {\n", c.Name)
+	if h := c.Hook; h != nil {
+		fmt.Fprintf(b, "\t\ttype %s hook %s priority %d; policy accept;\n", h.Type, h.Hook, h.Priority)
+	}
+	for _, r := range c.Rules {
+		fmt.Fprintf(b, "\t\t%s\n", RenderRule(fam, r))
+	}
+	b.WriteString("\t}\n")
+}
+
+// RenderRule renders one rule in nft syntax.
+func RenderRule(fam Family, r Rule) string {
+	parts := make([]string, 0, len(r.Stmts)+1)
+	for _, s := range r.Stmts {
+		parts = append(parts, RenderStmt(fam, s))
+	}
+	if r.Comment != "" {
+		parts = append(parts, "comment "+strconv.Quote(r.Comment))
+	}
+	return strings.Join(parts, " ")
+}
+
+// RenderStmt renders one statement in nft syntax.
+func RenderStmt(fam Family, s Stmt) string {
+	switch s := s.(type) {
+	case MatchPrefix:
+		op := ""
+		if s.Op == OpNeq {
+			op = "!= "
+		}
+		return fmt.Sprintf("%s %s%s", fieldName(fam, s.Field), op, s.Prefix.Masked())
+	case MatchL4Proto:
+		return "meta l4proto " + ProtoName(s.Proto)
+	case MatchCtStateNew:
+		return "ct state new"
+	case MatchCtStatusDNAT:
+		return "ct status dnat"
+	case MatchMarkUnset:
+		return fmt.Sprintf("meta mark & 0x%08x == 0x00000000", s.Bits)
+	case MatchFibDaddrLocal:
+		return "fib daddr type local"
+	case Lookup:
+		return fieldList(fam, s.Fields) + " @" + s.Set
+	case VMap:
+		return fieldList(fam, s.Fields) + " vmap @" + s.Map
+	case Verdict:
+		return renderVerdict(s)
+	case Reject:
+		return "reject"
+	case SetMarkBits:
+		op := "|"
+		if s.Xor {
+			op = "^"
+		}
+		return fmt.Sprintf("meta mark set meta mark %s 0x%08x", op, s.Bits)
+	case Masquerade:
+		if s.FullyRandom {
+			return "masquerade fully-random"
+		}
+		return "masquerade"
+	case DNATNumgenMap:
+		if s.Offset == 0 {
+			return fmt.Sprintf("dnat %s to numgen random mod %d map @%s", fam, s.Mod, s.Map)
+		}
+		return fmt.Sprintf("dnat %s to numgen random mod %d offset %d map @%s", fam, s.Mod, s.Offset, s.Map)
+	case Counter:
+		return "counter packets 0 bytes 0"
+	}
+	panic(fmt.Sprintf("nft: no rendering for statement %T", s))
+}
+
+func renderVerdict(v Verdict) string {
+	switch v.Kind {
+	case Accept:
+		return "accept"
+	case Drop:
+		return "drop"
+	case Return:
+		return "return"
+	case Jump:
+		return "jump " + v.Chain
+	case Goto:
+		return "goto " + v.Chain
+	}
+	panic(fmt.Sprintf("nft: unknown verdict %d", v.Kind))
+}
+
+func fieldList(fam Family, fs []Field) string {
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		parts[i] = fieldName(fam, f)
+	}
+	return strings.Join(parts, " . ")
+}
+
+func fieldName(fam Family, f Field) string {
+	switch f {
+	case FieldSaddr:
+		return fam.String() + " saddr"
+	case FieldDaddr:
+		return fam.String() + " daddr"
+	case FieldL4Proto:
+		return "meta l4proto"
+	case FieldTHDport:
+		return "th dport"
+	}
+	panic(fmt.Sprintf("nft: unknown field %d", f))
+}

@@ -1,0 +1,137 @@
+// Package nft models an nftables ruleset as typed values.
+//
+// One compiler produces a Ruleset; several consumers read it: the text renderer in this
+// package (nft syntax, for --dry-run and golden tests), the netlink encoder in nft/kernel
+// (the only code that speaks to the kernel), and the packet tracer. Statements form a small
+// closed set so that every consumer can handle every kind; adding a kind without teaching
+// the renderer and the encoder fails their table tests.
+package nft
+
+import (
+	"net/netip"
+)
+
+// Family is the nftables address family of a table.
+type Family uint8
+
+const (
+	// IPv4 is the "ip" family.
+	IPv4 Family = 2 // NFPROTO_IPV4
+	// IPv6 is the "ip6" family.
+	IPv6 Family = 10 // NFPROTO_IPV6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+// Ruleset is the complete desired content of one table.
+type Ruleset struct {
+	Family Family
+	Table  string
+	Sets   []*Set   // in render order
+	Chains []*Chain // in render order: regular chains first, base chains last
+}
+
+// Chain is a regular chain (Hook == nil) or a base chain attached to a netfilter hook.
+type Chain struct {
+	Name  string
+	Hook  *Hook
+	Rules []Rule
+}
+
+// Hook describes a base chain.
+type Hook struct {
+	Type     ChainType
+	Hook     HookPoint
+	Priority int32
+}
+
+// ChainType is the base chain type.
+type ChainType string
+
+// Base chain types.
+const (
+	TypeFilter ChainType = "filter"
+	TypeNAT    ChainType = "nat"
+)
+
+// HookPoint is a netfilter hook.
+type HookPoint uint32
+
+// Netfilter hooks (NF_INET_*).
+const (
+	Prerouting  HookPoint = 0
+	Input       HookPoint = 1
+	Forward     HookPoint = 2
+	Output      HookPoint = 3
+	Postrouting HookPoint = 4
+)
+
+func (h HookPoint) String() string {
+	return [...]string{"prerouting", "input", "forward", "output", "postrouting"}[h]
+}
+
+// Rule is a sequence of statements evaluated left to right, with an optional comment.
+type Rule struct {
+	Stmts   []Stmt
+	Comment string
+}
+
+// Datatype is the type of one field of a set key or map value.
+type Datatype uint8
+
+// Datatypes used by nftproxy. NumgenKey is an integer produced by "numgen random": nft
+// only accepts it as a map key when the map is declared with typeof.
+const (
+	TypeIPv4Addr Datatype = iota + 1
+	TypeIPv6Addr
+	TypeInetProto
+	TypeInetService
+	TypeVerdict
+	TypeNumgen
+)
+
+// Set is a named set (Data == nil) or map (Data != nil) with its full element list.
+type Set struct {
+	Name string
+	Key  []Datatype
+	// Data is the map's value type: {TypeVerdict} for a verdict map, or address and port
+	// for a NAT target map.
+	Data     []Datatype
+	Interval bool
+	Comment  string
+	Elements []Element
+}
+
+// IsMap reports whether the set carries values.
+func (s *Set) IsMap() bool { return len(s.Data) > 0 }
+
+// Element is one set element or map entry.
+type Element struct {
+	Key     []Value
+	Data    []Value  // address/port map values
+	Verdict *Verdict // verdict map values
+	Comment string
+}
+
+// Value is one field of a key or value. Which member is meaningful depends on the
+// Datatype at the same position: Addr for addresses, Prefix for interval address keys,
+// Num for protocols, ports and integers.
+type Value struct {
+	Addr   netip.Addr
+	Prefix netip.Prefix
+	Num    uint32
+}
+
+// Addr returns an address value.
+func Addr(a netip.Addr) Value { return Value{Addr: a} }
+
+// Num returns a numeric value (protocol, port, integer).
+func Num(n uint32) Value { return Value{Num: n} }
+
+// Net returns a prefix value for interval sets.
+func Net(p netip.Prefix) Value { return Value{Prefix: p} }

@@ -1,0 +1,139 @@
+package nft
+
+import "net/netip"
+
+// Stmt is one statement of a rule. The implementations below are the complete list; every
+// consumer (renderer, kernel encoder, tracer) has a case for each.
+type Stmt interface{ isStmt() }
+
+// Field is a packet or metadata field usable in matches, lookups and map keys.
+type Field uint8
+
+// Fields. Saddr/Daddr are the network header addresses of the table's family.
+const (
+	FieldSaddr Field = iota + 1
+	FieldDaddr
+	FieldL4Proto
+	FieldTHDport
+)
+
+// Op is a comparison operator.
+type Op uint8
+
+// Comparison operators.
+const (
+	OpEq Op = iota
+	OpNeq
+)
+
+// MatchPrefix matches an address field against a prefix ("ip saddr != 10.0.0.0/8").
+type MatchPrefix struct {
+	Field  Field // FieldSaddr or FieldDaddr
+	Op     Op
+	Prefix netip.Prefix
+}
+
+// MatchL4Proto matches the transport protocol ("meta l4proto tcp").
+type MatchL4Proto struct{ Proto uint8 }
+
+// MatchCtStateNew matches connections in state new ("ct state new").
+type MatchCtStateNew struct{}
+
+// MatchCtStatusDNAT matches connections that were destination-NATed ("ct status dnat").
+type MatchCtStatusDNAT struct{}
+
+// MatchMarkUnset matches packets whose mark has none of Bits set ("meta mark & B == 0").
+type MatchMarkUnset struct{ Bits uint32 }
+
+// MatchFibDaddrLocal matches packets addressed to a local address ("fib daddr type local").
+type MatchFibDaddrLocal struct{}
+
+// Lookup matches when the concatenation of Fields is in Set ("ip saddr . ip daddr @s").
+type Lookup struct {
+	Fields []Field
+	Set    string
+}
+
+// VMap looks the concatenation of Fields up in a verdict map and applies the verdict.
+type VMap struct {
+	Fields []Field
+	Map    string
+}
+
+// Verdict ends (or jumps out of) rule evaluation.
+type Verdict struct {
+	Kind  VerdictKind
+	Chain string // for Jump and Goto
+}
+
+// VerdictKind enumerates verdicts.
+type VerdictKind uint8
+
+// Verdict kinds.
+const (
+	Accept VerdictKind = iota + 1
+	Drop
+	Return
+	Jump
+	Goto
+)
+
+// Reject rejects the packet (ICMP port unreachable, "reject").
+type Reject struct{}
+
+// SetMarkBits ORs (Xor == false) or XORs (Xor == true) Bits into the packet mark.
+type SetMarkBits struct {
+	Bits uint32
+	Xor  bool
+}
+
+// Masquerade source-NATs to the outgoing interface's address.
+type Masquerade struct{ FullyRandom bool }
+
+// DNATNumgenMap destination-NATs to the address and port found in Map at key
+// "numgen random mod Mod offset Offset" — a uniform random choice among Mod consecutive
+// slots.
+type DNATNumgenMap struct {
+	Mod    uint32
+	Offset uint32
+	Map    string
+}
+
+// Counter counts packets and bytes.
+type Counter struct{}
+
+func (MatchPrefix) isStmt()        {}
+func (MatchL4Proto) isStmt()       {}
+func (MatchCtStateNew) isStmt()    {}
+func (MatchCtStatusDNAT) isStmt()  {}
+func (MatchMarkUnset) isStmt()     {}
+func (MatchFibDaddrLocal) isStmt() {}
+func (Lookup) isStmt()             {}
+func (VMap) isStmt()               {}
+func (Verdict) isStmt()            {}
+func (Reject) isStmt()             {}
+func (SetMarkBits) isStmt()        {}
+func (Masquerade) isStmt()         {}
+func (DNATNumgenMap) isStmt()      {}
+func (Counter) isStmt()            {}
+
+// AllStmtKinds lists one value of every statement kind, for table tests that prove each
+// consumer handles them all.
+func AllStmtKinds() []Stmt {
+	return []Stmt{
+		MatchPrefix{Field: FieldSaddr, Op: OpNeq, Prefix: netip.MustParsePrefix("10.0.0.0/8")},
+		MatchL4Proto{Proto: 6},
+		MatchCtStateNew{},
+		MatchCtStatusDNAT{},
+		MatchMarkUnset{Bits: 0x4000},
+		MatchFibDaddrLocal{},
+		Lookup{Fields: []Field{FieldSaddr, FieldDaddr}, Set: "s"},
+		VMap{Fields: []Field{FieldDaddr, FieldL4Proto, FieldTHDport}, Map: "m"},
+		Verdict{Kind: Jump, Chain: "c"},
+		Reject{},
+		SetMarkBits{Bits: 0x4000},
+		Masquerade{FullyRandom: true},
+		DNATNumgenMap{Mod: 2, Offset: 100, Map: "m"},
+		Counter{},
+	}
+}
