@@ -1,0 +1,222 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+
+	"github.com/nftproxy/nftproxy/e2e/cluster"
+)
+
+const helperEnv = "NFTPROXY_E2E_HELPER_KUBECONFIG"
+
+func TestCluster(t *testing.T) {
+	c := cluster.StartT(t, cluster.Config{})
+	ctx := t.Context()
+
+	a, err := c.AddPod(ctx, "pod-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.AddPod(ctx, "pod-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.IP != netip.MustParseAddr("10.244.1.2") || b.IP != netip.MustParseAddr("10.244.1.3") {
+		t.Fatalf("pod IPs %s, %s; want 10.244.1.2, 10.244.1.3", a.IP, b.IP)
+	}
+
+	// expect probes every echo port of dst from ns and wants all answers from dst,
+	// seeing the client as clientIP.
+	expect := func(t *testing.T, ns string, dst *cluster.Pod, clientIP string) {
+		t.Helper()
+		for _, proto := range []string{"tcp", "udp"} {
+			for _, port := range cluster.EchoPorts {
+				addr := net.JoinHostPort(dst.IP.String(), fmt.Sprint(port))
+				res, err := c.Probe(ctx, ns, cluster.ProbeSpec{Proto: proto, Addr: addr, Count: 3, Timeout: 2 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range res {
+					host, _, _ := net.SplitHostPort(r.Client)
+					if !r.OK || r.Pod != dst.Name || host != clientIP {
+						t.Errorf("%s %s from %s: %+v; want answer from %s seeing client %s", proto, addr, ns, r, dst.Name, clientIP)
+					}
+				}
+			}
+		}
+	}
+	t.Run("pod-to-pod", func(t *testing.T) {
+		expect(t, a.NS, b, a.IP.String())
+		expect(t, b.NS, a, b.IP.String())
+	})
+	t.Run("node-to-pod", func(t *testing.T) {
+		// The node reaches pods from the address on their veth (like Calico).
+		expect(t, c.NodeNS, a, "169.254.1.1")
+	})
+	t.Run("external-to-pod", func(t *testing.T) {
+		expect(t, c.ExternalNS, b, c.ExternalIP.String())
+	})
+	t.Run("refused", func(t *testing.T) {
+		for _, proto := range []string{"tcp", "udp"} {
+			res, err := c.Probe(ctx, a.NS, cluster.ProbeSpec{Proto: proto, Addr: b.IP.String() + ":7", Count: 8, Timeout: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range res { // more than the ICMP burst: the rate limit is off in pods
+				if r.OK || !r.Refused {
+					t.Errorf("%s to closed port: %+v; want refused", proto, r)
+				}
+			}
+		}
+	})
+
+	t.Run("api", func(t *testing.T) { testAPI(t, c, a, b) })
+	t.Run("kubeconfig-in-node-netns", func(t *testing.T) {
+		self, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", c.NodeNS, self, "-test.run=^TestKubeconfigHelper$", "-test.v")
+		cmd.Env = append(os.Environ(), helperEnv+"="+c.Kubeconfig)
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "node node-1 InternalIP 192.0.2.10") {
+			t.Fatalf("client-go inside %s with %s: %v\n%s", c.NodeNS, c.Kubeconfig, err, out)
+		}
+	})
+
+	t.Run("remove-pod", func(t *testing.T) {
+		if err := c.RemovePod(b); err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.Probe(ctx, a.NS, cluster.ProbeSpec{Proto: "tcp", Addr: b.IP.String() + ":8080", Timeout: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].OK {
+			t.Errorf("removed pod still answers: %+v", res[0])
+		}
+	})
+
+	c.Stop()
+	c.Stop() // idempotent
+	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip netns list: %v: %s", err, out)
+	}
+	if strings.Contains(string(out), c.Prefix) {
+		t.Errorf("namespaces with prefix %s left after Stop:\n%s", c.Prefix, out)
+	}
+	if _, err := os.Stat(c.WorkDir); os.Getenv("KEEP_E2E_WORKDIR") != "1" && !os.IsNotExist(err) {
+		t.Errorf("workdir %s not removed: %v", c.WorkDir, err)
+	}
+}
+
+func testAPI(t *testing.T, c *cluster.Cluster, a, b *cluster.Pod) {
+	ctx := t.Context()
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(node.Status.Addresses) == 0 || node.Status.Addresses[0] != (corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: c.NodeIP.String()}) {
+		t.Errorf("node addresses %v; want InternalIP %s", node.Status.Addresses, c.NodeIP)
+	}
+
+	svc, err := c.Client.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
+			{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)},
+			{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(9090)},
+		}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
+	if err != nil || !c.ServiceCIDR.Contains(ip) {
+		t.Errorf("ClusterIP %q not in %s", svc.Spec.ClusterIP, c.ServiceCIDR)
+	}
+
+	var eps []discoveryv1.Endpoint
+	for _, p := range []*cluster.Pod{a, b} {
+		eps = append(eps, discoveryv1.Endpoint{
+			Addresses:  []string{p.IP.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			NodeName:   ptr.To(c.NodeName),
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: p.Name},
+		})
+	}
+	_, err = c.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   "echo-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "echo", discoveryv1.LabelManagedBy: "e2e"},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   eps,
+		Ports: []discoveryv1.EndpointPort{
+			{Name: ptr.To("tcp"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080)},
+			{Name: ptr.To("udp"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To[int32](9090)},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	gotSvc, err := c.Client.CoreV1().Services("default").Get(ctx, "echo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotSvc.Spec.ClusterIP != svc.Spec.ClusterIP || len(gotSvc.Spec.Ports) != 2 {
+		t.Errorf("service read back: %+v", gotSvc.Spec)
+	}
+	slices, err := c.Client.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{
+		LabelSelector: discoveryv1.LabelServiceName + "=echo",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(slices.Items) != 1 || len(slices.Items[0].Endpoints) != 2 ||
+		slices.Items[0].Endpoints[1].Addresses[0] != b.IP.String() {
+		t.Errorf("endpoint slices read back: %+v", slices.Items)
+	}
+}
+
+// TestKubeconfigHelper runs as a child process inside the node netns (see
+// "kubeconfig-in-node-netns"): it uses the kubeconfig the way nftproxy will.
+func TestKubeconfigHelper(t *testing.T) {
+	path := os.Getenv(helperEnv)
+	if path == "" {
+		t.Skip("helper process for TestCluster")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	node, err := cs.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range node.Status.Addresses {
+		fmt.Printf("node %s %s %s\n", node.Name, a.Type, a.Address)
+	}
+}
