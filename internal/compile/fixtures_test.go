@@ -13,6 +13,19 @@ func ep(addr string, port uint16) model.Endpoint {
 	return model.Endpoint{Addr: ip(addr), Port: port, Ready: true, Serving: true}
 }
 
+// configFor returns the test configuration of a family.
+func configFor(fam nft.Family) Config {
+	if fam == nft.IPv6 {
+		return Config{
+			Family:        nft.IPv6,
+			ClusterCIDR:   netip.MustParsePrefix("fd00:244::/56"),
+			MasqueradeBit: 14,
+			NodePortAddrs: []netip.Addr{ip("2001:db8::10")},
+		}
+	}
+	return testConfig()
+}
+
 func testConfig() Config {
 	return Config{
 		Family:        nft.IPv4,
@@ -60,5 +73,14 @@ func scenarios() map[string]*model.Snapshot {
 			},
 		}},
 		"empty": {Node: node},
+		"dual-stack": {Node: model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10"), ip("2001:db8::10")}}, Services: []model.ServicePort{{
+			Name:       model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{ip("10.96.0.20"), ip("fd00:96::20")}, Port: 80, NodePort: 30080,
+			ExternalIPs: []netip.Addr{ip("2001:db8:1::7")},
+			Endpoints: []model.Endpoint{ep("10.244.1.2", 8080), ep("fd00:244:1::2", 8080), ep("fd00:244:1::3", 8080)},
+		}, {
+			Name:       model.ServicePortName{Namespace: "default", Name: "dns", Protocol: model.ProtoUDP},
+			ClusterIPs: []netip.Addr{ip("fd00:96::53")}, Port: 53, NodePort: 30053,
+		}}},
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
@@ -20,18 +21,22 @@ func TestKernelDifferential(t *testing.T) {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		t.Run(name, func(t *testing.T) {
-			rs, _ := Compile(scenarios()[name], testConfig(), NewSlots())
-			text, viaNetlink := testnetns.New(t), testnetns.New(t)
-			text.MustRun(t, nft.Render(rs), "nft", "-f", "-")
-			if _, err := kernel.New(kernel.WithNetNS(viaNetlink.FD)).Apply(rs); err != nil {
-				t.Fatalf("netlink apply: %v", err)
-			}
-			want := text.MustRun(t, "", "nft", "list", "ruleset")
-			got := viaNetlink.MustRun(t, "", "nft", "list", "ruleset")
-			if got != want {
-				t.Errorf("nft list differs\n--- nft -f of rendered text:\n%s\n--- netlink:\n%s", want, got)
-			}
-		})
+		for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
+			t.Run(name+"/"+fam.String(), func(t *testing.T) { differential(t, scenarios()[name], fam) })
+		}
+	}
+}
+
+func differential(t *testing.T, snap *model.Snapshot, fam nft.Family) {
+	rs, _ := Compile(snap, configFor(fam), NewSlots())
+	text, viaNetlink := testnetns.New(t), testnetns.New(t)
+	text.MustRun(t, nft.Render(rs), "nft", "-f", "-")
+	if _, err := kernel.New(kernel.WithNetNS(viaNetlink.FD)).Apply(rs); err != nil {
+		t.Fatalf("netlink apply: %v", err)
+	}
+	want := text.MustRun(t, "", "nft", "list", "ruleset")
+	got := viaNetlink.MustRun(t, "", "nft", "list", "ruleset")
+	if got != want {
+		t.Errorf("nft list differs\n--- nft -f of rendered text:\n%s\n--- netlink:\n%s", want, got)
 	}
 }

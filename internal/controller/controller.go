@@ -1,0 +1,321 @@
+// Package controller watches Services, EndpointSlices and this node's Node through
+// client-go informers and, on every change (batched by the sync runner), builds a model
+// snapshot, compiles it and hands the ruleset to the kernel applier.
+package controller
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/runner"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/kernel"
+)
+
+// Config is the proxy's configuration, from kube-proxy's flags.
+type Config struct {
+	NodeName      string
+	ClusterCIDRs  []netip.Prefix // at most one per family
+	MasqueradeAll bool
+	MasqueradeBit uint32
+	// NodePortAddresses: empty or "primary" means the node's primary IPs; otherwise
+	// CIDRs whose local addresses node ports answer on.
+	NodePortAddresses []string
+	MinSyncPeriod     time.Duration
+	SyncPeriod        time.Duration
+	// LocalAddrs lists the machine's addresses (for --nodeport-addresses CIDRs).
+	LocalAddrs func() ([]netip.Addr, error)
+}
+
+// Dataplane is what the controller needs from the kernel side.
+type Dataplane interface {
+	Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error)
+	Resync()
+}
+
+// Proxy is the running controller.
+type Proxy struct {
+	cfg       Config
+	log       logr.Logger
+	client    kubernetes.Interface
+	dataplane Dataplane
+	runner    *runner.Runner
+	recorder  record.EventRecorder
+
+	factory     informers.SharedInformerFactory
+	nodeFactory informers.SharedInformerFactory
+	services    corelisters.ServiceLister
+	slices      discoverylisters.EndpointSliceLister
+	nodes       corelisters.NodeLister
+
+	slots    map[nft.Family]*compile.Slots
+	reported map[model.Problem]bool // problems already logged, so each is logged once
+
+	mu     sync.Mutex
+	status Status
+}
+
+// Status is the proxy's sync state, for health checks and metrics.
+type Status struct {
+	LastSync      time.Time     // end of the last successful sync
+	LastDuration  time.Duration // its duration
+	LastKernel    time.Duration // time the kernel took for it
+	OldestPending time.Time     // first change not yet synced; zero if none
+	Syncs         int
+	Failures      int
+	Services      int // service ports in the last snapshot
+	LastError     string
+}
+
+// New creates a Proxy; Run starts it.
+func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger) *Proxy {
+	p := &Proxy{
+		cfg: cfg, log: log, client: client, dataplane: dp,
+		slots:    map[nft.Family]*compile.Slots{},
+		reported: map[model.Problem]bool{},
+	}
+	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod, max(cfg.MinSyncPeriod, time.Second), nil)
+	p.runner.OnPanic(func(v any) { log.Error(fmt.Errorf("%v", v), "Sync panicked; will retry") })
+
+	p.factory = informers.NewSharedInformerFactory(client, 0)
+	p.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
+		}))
+	svcInf := p.factory.Core().V1().Services()
+	sliceInf := p.factory.Discovery().V1().EndpointSlices()
+	nodeInf := p.nodeFactory.Core().V1().Nodes()
+	p.services, p.slices, p.nodes = svcInf.Lister(), sliceInf.Lister(), nodeInf.Lister()
+	for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer(), nodeInf.Informer()} {
+		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { p.changed() },
+			UpdateFunc: func(old, cur any) { p.changed() },
+			DeleteFunc: func(any) { p.changed() },
+		})
+	}
+	return p
+}
+
+// changed notes a change from the API and asks for a sync.
+func (p *Proxy) changed() {
+	p.mu.Lock()
+	if p.status.OldestPending.IsZero() {
+		p.status.OldestPending = time.Now()
+	}
+	p.mu.Unlock()
+	p.runner.Request()
+}
+
+// Status returns a copy of the sync state.
+func (p *Proxy) Status() Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status
+}
+
+// Run starts the informers, waits for their caches and syncs until ctx ends. The rules
+// stay in the kernel when it returns: a restarted proxy takes over without a gap.
+func (p *Proxy) Run(ctx context.Context) error {
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: p.client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	p.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "nftproxy", Host: p.cfg.NodeName})
+
+	p.factory.Start(ctx.Done())
+	p.nodeFactory.Start(ctx.Done())
+	p.log.Info("Waiting for informer caches")
+	for typ, ok := range p.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("cache for %v did not sync", typ)
+		}
+	}
+	p.nodeFactory.WaitForCacheSync(ctx.Done())
+	p.log.Info("Informer caches synced; starting sync loop", "minSyncPeriod", p.cfg.MinSyncPeriod, "syncPeriod", p.cfg.SyncPeriod)
+	p.runner.Loop(ctx.Done())
+	p.factory.Shutdown()
+	p.nodeFactory.Shutdown()
+	return nil
+}
+
+// sync programs the kernel from the informer caches. periodic syncs rewrite the whole
+// table to correct any drift.
+func (p *Proxy) sync(periodic bool) error {
+	start := time.Now()
+	p.mu.Lock()
+	pendingSince := p.status.OldestPending
+	p.status.OldestPending = time.Time{}
+	p.mu.Unlock()
+
+	snap, rulesets, err := p.compile()
+	if err == nil {
+		if periodic {
+			p.dataplane.Resync()
+		}
+		var st kernel.Stats
+		st, err = p.dataplane.Apply(rulesets...)
+		if err == nil {
+			p.log.V(2).Info("Synced", "services", len(snap.Services), "full", st.Full, "messages", st.Messages,
+				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start))
+			p.mu.Lock()
+			p.status.LastSync, p.status.LastDuration, p.status.LastKernel = time.Now(), time.Since(start), st.Kernel
+			p.status.Syncs++
+			p.status.Services = len(snap.Services)
+			p.status.LastError = ""
+			p.mu.Unlock()
+			return nil
+		}
+	}
+	p.log.Error(err, "Sync failed; the previous ruleset stays in the kernel, will retry")
+	p.mu.Lock()
+	p.status.Failures++
+	p.status.LastError = err.Error()
+	if p.status.OldestPending.IsZero() || (!pendingSince.IsZero() && pendingSince.Before(p.status.OldestPending)) {
+		p.status.OldestPending = pendingSince
+	}
+	p.mu.Unlock()
+	return err
+}
+
+// compile builds the snapshot and the rulesets of every family, reporting bad input.
+func (p *Proxy) compile() (*model.Snapshot, []*nft.Ruleset, error) {
+	svcs, err := p.services.List(labels.Everything())
+	if err != nil {
+		return nil, nil, err
+	}
+	slices, err := p.slices.List(labels.Everything())
+	if err != nil {
+		return nil, nil, err
+	}
+	node, _ := p.nodes.Get(p.cfg.NodeName) // nil until the Node is known
+	snap, rulesets, problems, err := Compile(p.cfg, p.slots, svcs, slices, node)
+	p.report(problems)
+	return snap, rulesets, err
+}
+
+// Families are the address families nftproxy programs, one table each.
+var Families = []nft.Family{nft.IPv4, nft.IPv6}
+
+// Compile turns API objects into the ruleset of every family. slots holds one allocator
+// per family (see compile.Slots); problems lists bad input that was skipped.
+func Compile(cfg Config, slots map[nft.Family]*compile.Slots, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	snap, problems := model.Build(svcs, slices, node)
+	npAddrs, allLocal, err := nodePortAddrs(cfg, snap.Node)
+	if err != nil {
+		return nil, nil, problems, err
+	}
+	var out []*nft.Ruleset
+	for _, fam := range Families {
+		cc := compile.Config{
+			Family:           fam,
+			MasqueradeAll:    cfg.MasqueradeAll,
+			MasqueradeBit:    cfg.MasqueradeBit,
+			NodePortAddrs:    npAddrs,
+			NodePortAllLocal: allLocal[fam],
+		}
+		for _, c := range cfg.ClusterCIDRs {
+			if c.Addr().Is6() == (fam == nft.IPv6) {
+				cc.ClusterCIDR = c
+			}
+		}
+		if slots[fam] == nil {
+			slots[fam] = compile.NewSlots()
+		}
+		rs, conflicts := compile.Compile(snap, cc, slots[fam])
+		problems = append(problems, conflicts...)
+		out = append(out, rs)
+	}
+	return snap, out, problems, nil
+}
+
+// nodePortAddrs resolves --nodeport-addresses into addresses, or "all local" per family.
+func nodePortAddrs(cfg Config, node model.Node) ([]netip.Addr, map[nft.Family]bool, error) {
+	allLocal := map[nft.Family]bool{}
+	cidrs := cfg.NodePortAddresses
+	if len(cidrs) == 0 || (len(cidrs) == 1 && cidrs[0] == "primary") {
+		return node.IPs, allLocal, nil
+	}
+	var prefixes []netip.Prefix
+	for _, c := range cidrs {
+		pfx, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--nodeport-addresses: %q is not a CIDR", c)
+		}
+		if pfx.Bits() == 0 {
+			fam := nft.IPv4
+			if pfx.Addr().Is6() {
+				fam = nft.IPv6
+			}
+			allLocal[fam] = true
+		}
+		prefixes = append(prefixes, pfx)
+	}
+	if cfg.LocalAddrs == nil {
+		return nil, allLocal, nil
+	}
+	local, err := cfg.LocalAddrs()
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing local addresses for --nodeport-addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range local {
+		for _, pfx := range prefixes {
+			if pfx.Contains(a) {
+				out = append(out, a)
+				break
+			}
+		}
+	}
+	return out, allLocal, nil
+}
+
+// report logs each problem once (while it persists) and records it as a Warning event on
+// its object.
+func (p *Proxy) report(problems []model.Problem) {
+	current := make(map[model.Problem]bool, len(problems))
+	defer func() { p.reported = current }()
+	for _, pr := range problems {
+		current[pr] = true
+		if p.reported[pr] {
+			continue
+		}
+		p.log.Info("Ignoring bad input", "kind", pr.Kind, "namespace", pr.Namespace, "name", pr.Name, "reason", pr.Reason)
+		if obj := p.object(pr); obj != nil && p.recorder != nil {
+			p.recorder.Event(obj, v1.EventTypeWarning, "NftproxyIgnored", pr.Reason)
+		}
+	}
+}
+
+func (p *Proxy) object(pr model.Problem) runtime.Object {
+	switch pr.Kind {
+	case "Service":
+		if s, err := p.services.Services(pr.Namespace).Get(pr.Name); err == nil {
+			return s
+		}
+	case "EndpointSlice":
+		if s, err := p.slices.EndpointSlices(pr.Namespace).Get(pr.Name); err == nil {
+			return s
+		}
+	}
+	return nil
+}

@@ -1,0 +1,140 @@
+package runner
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// harness drives a Runner with a fake clock and records each run.
+type harness struct {
+	t     *testing.T
+	clk   *clocktesting.FakeClock
+	r     *Runner
+	runs  chan bool // periodic flag of each run
+	fail  chan error
+	stop  chan struct{}
+	start time.Time
+}
+
+func newHarness(t *testing.T) *harness {
+	h := &harness{t: t, runs: make(chan bool, 10), fail: make(chan error, 10), stop: make(chan struct{})}
+	h.start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h.clk = clocktesting.NewFakeClock(h.start)
+	h.r = New(func(periodic bool) error {
+		h.runs <- periodic
+		select {
+		case err := <-h.fail:
+			if err == errPanic {
+				panic("boom")
+			}
+			return err
+		default:
+			return nil
+		}
+	}, time.Second, 30*time.Second, 5*time.Second, h.clk)
+	go h.r.Loop(h.stop)
+	t.Cleanup(func() { close(h.stop) })
+	return h
+}
+
+var errPanic = errors.New("panic please")
+
+// expectRun waits for a run (real time is only a safety net: the fake clock decides).
+func (h *harness) expectRun(periodic bool) {
+	h.t.Helper()
+	select {
+	case p := <-h.runs:
+		if p != periodic {
+			h.t.Fatalf("run periodic=%v, want %v", p, periodic)
+		}
+	case <-time.After(2 * time.Second):
+		h.t.Fatalf("no run at %v", h.clk.Now().Sub(h.start))
+	}
+}
+
+func (h *harness) expectNoRun() {
+	h.t.Helper()
+	select {
+	case <-h.runs:
+		h.t.Fatalf("unexpected run at %v", h.clk.Now().Sub(h.start))
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// advance moves the fake clock once the runner waits on its timer.
+func (h *harness) advance(d time.Duration) {
+	h.t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for !h.clk.HasWaiters() {
+		if time.Now().After(deadline) {
+			h.t.Fatal("runner is not waiting")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	h.clk.Step(d)
+}
+
+func TestFirstRunIsImmediate(t *testing.T) {
+	h := newHarness(t)
+	h.expectRun(false)
+}
+
+func TestRequestsAreBatchedByMinInterval(t *testing.T) {
+	h := newHarness(t)
+	h.expectRun(false)
+	h.r.Request()
+	h.r.Request()
+	h.r.Request()
+	h.expectNoRun()
+	h.advance(999 * time.Millisecond)
+	h.expectNoRun()
+	h.advance(time.Millisecond)
+	h.expectRun(false)
+	h.expectNoRun() // three requests, one run
+}
+
+func TestRequestAfterMinIntervalRunsAtOnce(t *testing.T) {
+	h := newHarness(t)
+	h.expectRun(false)
+	h.advance(3 * time.Second)
+	h.r.Request()
+	h.expectRun(false)
+}
+
+func TestPeriodicRunAtMaxInterval(t *testing.T) {
+	h := newHarness(t)
+	h.expectRun(false)
+	h.advance(29 * time.Second)
+	h.expectNoRun()
+	h.advance(time.Second)
+	h.expectRun(true)
+}
+
+func TestErrorRetriesAfterRetryInterval(t *testing.T) {
+	h := newHarness(t)
+	h.fail <- errors.New("kernel said no")
+	h.expectRun(false)
+	h.advance(4 * time.Second)
+	h.expectNoRun()
+	h.advance(time.Second)
+	h.expectRun(true)
+	// success: next unrequested run is a full period later
+	h.advance(29 * time.Second)
+	h.expectNoRun()
+}
+
+func TestPanicIsRecoveredAndRetried(t *testing.T) {
+	h := newHarness(t)
+	var recovered any
+	h.r.OnPanic(func(p any) { recovered = p })
+	h.fail <- errPanic
+	h.expectRun(false)
+	h.advance(5 * time.Second)
+	h.expectRun(true)
+	if recovered != "boom" {
+		t.Fatalf("recovered %v, want boom", recovered)
+	}
+}
