@@ -6,6 +6,7 @@ package compile
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/nftproxy/nftproxy/internal/model"
@@ -23,7 +24,7 @@ const (
 	mapServiceNodePorts    = "service-nodeports"
 	mapNoEndpointServices  = "no-endpoint-services"
 	mapNoEndpointNodePorts = "no-endpoint-nodeports"
-	mapEndpoints           = "endpoints"
+	mapEndpointsPrefix     = "endpoints-" // + page number
 	setHairpin             = "hairpin"
 
 	chainServices        = "services"
@@ -91,7 +92,8 @@ type compiler struct {
 
 	clusterIPs, nodePortIPs, serviceIPs, serviceNodePorts *nft.Set
 	noEndpointServices, noEndpointNodePorts               *nft.Set
-	endpoints, hairpin                                    *nft.Set
+	hairpin                                               *nft.Set
+	endpointMaps                                          map[uint32]*nft.Set // by page
 	serviceChains                                         []*nft.Chain
 
 	// keys already used, so that conflicting input never produces a duplicate element
@@ -146,7 +148,7 @@ func (c *compiler) init() {
 	c.serviceNodePorts = &nft.Set{Name: mapServiceNodePorts, Key: port, Data: verdict, Comment: "node ports with endpoints"}
 	c.noEndpointServices = &nft.Set{Name: mapNoEndpointServices, Key: frontend, Data: verdict, Comment: "service IPs without endpoints: rejected"}
 	c.noEndpointNodePorts = &nft.Set{Name: mapNoEndpointNodePorts, Key: port, Data: verdict, Comment: "node ports without endpoints: rejected"}
-	c.endpoints = &nft.Set{Name: mapEndpoints, Key: []nft.Datatype{nft.TypeNumgen}, Data: []nft.Datatype{a, nft.TypeInetService}, Comment: "endpoint slots: service slot base + random index"}
+	c.endpointMaps = map[uint32]*nft.Set{}
 	c.hairpin = &nft.Set{Name: setHairpin, Key: []nft.Datatype{a, a}, Comment: "endpoint . endpoint: hairpin traffic to masquerade"}
 	for _, ip := range c.cfg.NodePortAddrs {
 		if ip.Is6() == c.v6 {
@@ -246,8 +248,9 @@ func (c *compiler) serviceChain(name string, sp *model.ServicePort, eps []model.
 		}})
 	}
 	base := c.slots.base(sp.Name, len(eps))
+	epMap := c.endpointMap(base / PageSlots)
 	for i, e := range eps {
-		c.endpoints.Elements = append(c.endpoints.Elements, nft.Element{
+		epMap.Elements = append(epMap.Elements, nft.Element{
 			Key:  []nft.Value{nft.Num(base + uint32(i))},
 			Data: []nft.Value{nft.Addr(e.Addr), nft.Num(uint32(e.Port))},
 		})
@@ -258,9 +261,24 @@ func (c *compiler) serviceChain(name string, sp *model.ServicePort, eps []model.
 	}
 	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
 		nft.MatchL4Proto{Proto: sp.Name.Protocol},
-		nft.DNATNumgenMap{Mod: uint32(len(eps)), Offset: base, Map: mapEndpoints},
+		nft.DNATNumgenMap{Mod: uint32(len(eps)), Offset: base, Map: epMap.Name},
 	}, Comment: comment})
 	return ch
+}
+
+// endpointMap returns the endpoints map of a slot page.
+func (c *compiler) endpointMap(page uint32) *nft.Set {
+	m := c.endpointMaps[page]
+	if m == nil {
+		m = &nft.Set{
+			Name:    fmt.Sprintf("%s%d", mapEndpointsPrefix, page),
+			Key:     []nft.Datatype{nft.TypeNumgen},
+			Data:    []nft.Datatype{c.addrType(), nft.TypeInetService},
+			Comment: "endpoint slots: a service's slot base + random index → endpoint",
+		}
+		c.endpointMaps[page] = m
+	}
+	return m
 }
 
 func isClusterIP(ip netip.Addr, clusterIPs []netip.Addr) bool {
@@ -319,11 +337,15 @@ func (c *compiler) finish() *nft.Ruleset {
 		base("nat-output", nft.TypeNAT, nft.Output, -100, rule(jump(chainServices))),
 		base("nat-postrouting", nft.TypeNAT, nft.Postrouting, 100, rule(jump(chainMasquerading))),
 	)
-	return &nft.Ruleset{
-		Family: c.cfg.Family,
-		Table:  TableName,
-		Sets: []*nft.Set{c.clusterIPs, c.nodePortIPs, c.serviceIPs, c.serviceNodePorts,
-			c.noEndpointServices, c.noEndpointNodePorts, c.endpoints, c.hairpin},
-		Chains: chains,
+	sets := []*nft.Set{c.clusterIPs, c.nodePortIPs, c.serviceIPs, c.serviceNodePorts,
+		c.noEndpointServices, c.noEndpointNodePorts, c.hairpin}
+	pages := make([]uint32, 0, len(c.endpointMaps))
+	for p := range c.endpointMaps {
+		pages = append(pages, p)
 	}
+	slices.Sort(pages)
+	for _, p := range pages {
+		sets = append(sets, c.endpointMaps[p])
+	}
+	return &nft.Ruleset{Family: c.cfg.Family, Table: TableName, Sets: sets, Chains: chains}
 }

@@ -77,7 +77,7 @@ func scenarios() map[string]*model.Snapshot {
 			Name:       model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: model.ProtoTCP},
 			ClusterIPs: []netip.Addr{ip("10.96.0.20"), ip("fd00:96::20")}, Port: 80, NodePort: 30080,
 			ExternalIPs: []netip.Addr{ip("2001:db8:1::7")},
-			Endpoints: []model.Endpoint{ep("10.244.1.2", 8080), ep("fd00:244:1::2", 8080), ep("fd00:244:1::3", 8080)},
+			Endpoints:   []model.Endpoint{ep("10.244.1.2", 8080), ep("fd00:244:1::2", 8080), ep("fd00:244:1::3", 8080)},
 		}, {
 			Name:       model.ServicePortName{Namespace: "default", Name: "dns", Protocol: model.ProtoUDP},
 			ClusterIPs: []netip.Addr{ip("fd00:96::53")}, Port: 53, NodePort: 30053,

@@ -7,8 +7,18 @@ import (
 )
 
 // slotBlock is the allocation unit of endpoint slots. A service port with n endpoints owns
-// ceil(n/slotBlock) consecutive blocks of the endpoints map's key space.
+// ceil(n/slotBlock) consecutive blocks of the endpoint slot space.
 const slotBlock = 16
+
+// pageBlocks is the number of blocks in one page. Each page of slots is its own endpoints
+// map: the kernel walks every element of a map each time a rule binds it, so one map
+// shared by all services would make programming quadratic. A range of up to one page
+// never straddles two; a larger range starts on a page boundary and has its pages to
+// itself.
+const pageBlocks = 16
+
+// PageSlots is the number of slots in one endpoints map.
+const PageSlots = slotBlock * pageBlocks
 
 // Slots assigns every service port a stable range of keys in the shared endpoints map, so
 // that "numgen random mod n offset base" picks one of its endpoints. Ranges survive across
@@ -58,19 +68,36 @@ func (s *Slots) retain(keep map[model.ServicePortName]bool) {
 
 func (s *Slots) take(blocks uint32) slotRange {
 	for i, f := range s.free {
-		if f.blocks >= blocks {
-			r := slotRange{f.start, blocks}
-			if f.blocks == blocks {
-				s.free = append(s.free[:i], s.free[i+1:]...)
-			} else {
-				s.free[i] = slotRange{f.start + blocks, f.blocks - blocks}
-			}
-			return r
+		start := alignFor(f.start, blocks)
+		if start+blocks > f.start+f.blocks {
+			continue
 		}
+		// carve [start, start+blocks) out of f
+		var rest []slotRange
+		if start > f.start {
+			rest = append(rest, slotRange{f.start, start - f.start})
+		}
+		if end := f.start + f.blocks; start+blocks < end {
+			rest = append(rest, slotRange{start + blocks, end - start - blocks})
+		}
+		s.free = append(s.free[:i], append(rest, s.free[i+1:]...)...)
+		return slotRange{start, blocks}
 	}
-	r := slotRange{s.next, blocks}
-	s.next += blocks
-	return r
+	start := alignFor(s.next, blocks)
+	if start > s.next {
+		s.free = append(s.free, slotRange{s.next, start - s.next})
+	}
+	s.next = start + blocks
+	return slotRange{start, blocks}
+}
+
+// alignFor returns the first block at or after b where a range of n blocks fits the page
+// rule.
+func alignFor(b, n uint32) uint32 {
+	if n <= pageBlocks && b%pageBlocks+n <= pageBlocks {
+		return b
+	}
+	return (b + pageBlocks - 1) / pageBlocks * pageBlocks
 }
 
 func (s *Slots) release(r slotRange) {

@@ -1,0 +1,224 @@
+package kernel_test
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/testnetns"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/kernel"
+)
+
+func cfg() compile.Config {
+	return compile.Config{
+		Family:        nft.IPv4,
+		ClusterCIDR:   netip.MustParsePrefix("10.244.0.0/16"),
+		MasqueradeBit: 14,
+		NodePortAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
+	}
+}
+
+// svc returns a service port with n endpoints, numbered from first.
+func svc(name string, clusterIP string, nodePort uint16, first, n int) model.ServicePort {
+	sp := model.ServicePort{
+		Name:       model.ServicePortName{Namespace: "default", Name: name, Port: "http", Protocol: model.ProtoTCP},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)},
+		Port:       80,
+		NodePort:   nodePort,
+	}
+	for i := first; i < first+n; i++ {
+		sp.Endpoints = append(sp.Endpoints, model.Endpoint{
+			Addr: netip.AddrFrom4([4]byte{10, 244, byte(i / 250), byte(1 + i%250)}), Port: 8080, Ready: true, Serving: true,
+		})
+	}
+	return sp
+}
+
+// listTable returns "nft list table ip nftproxy" with its top-level objects (sets and
+// chains, which nft lists in creation order) sorted, so that equal contents compare equal.
+func listTable(t *testing.T, ns *testnetns.NS) string {
+	t.Helper()
+	out := ns.MustRun(t, "", "nft", "list", "table", "ip", "nftproxy")
+	out = strings.TrimSpace(out)
+	out = strings.TrimPrefix(out, "table ip nftproxy {")
+	out = strings.TrimSuffix(out, "}")
+	blocks := strings.Split(strings.TrimSpace(out), "\n\n")
+	for i := range blocks {
+		blocks[i] = strings.TrimSpace(blocks[i])
+	}
+	sort.Strings(blocks)
+	return strings.Join(blocks, "\n\n")
+}
+
+// TestIncrementalEqualsFresh applies a sequence of snapshots through one Applier (so all
+// but the first are deltas) and checks after each step that the kernel holds exactly
+// what a fresh, full apply of the same ruleset produces.
+func TestIncrementalEqualsFresh(t *testing.T) {
+	steps := []struct {
+		name string
+		svcs []model.ServicePort
+	}{
+		{"empty", nil},
+		{"one service", []model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2)}},
+		{"scale up and add nodeport service", []model.ServicePort{svc("a", "10.96.0.1", 0, 0, 3), svc("b", "10.96.0.2", 30080, 10, 1)}},
+		{"endpoints move", []model.ServicePort{svc("a", "10.96.0.1", 0, 5, 3), svc("b", "10.96.0.2", 30080, 10, 1)}},
+		{"b loses endpoints", []model.ServicePort{svc("a", "10.96.0.1", 0, 5, 3), svc("b", "10.96.0.2", 30080, 10, 0)}},
+		{"a grows past a slot block", []model.ServicePort{svc("a", "10.96.0.1", 0, 0, 40), svc("b", "10.96.0.2", 30080, 10, 0)}},
+		{"a deleted, c added", []model.ServicePort{svc("b", "10.96.0.2", 30080, 10, 2), svc("c", "10.96.0.3", 0, 100, 1)}},
+		{"all gone", nil},
+	}
+	inc := testnetns.New(t)
+	applier := kernel.New(kernel.WithNetNS(inc.FD))
+	slots := compile.NewSlots()
+	for i, step := range steps {
+		snap := &model.Snapshot{Services: step.svcs}
+		rs, _ := compile.Compile(snap, cfg(), slots)
+		st, err := applier.Apply(rs)
+		if err != nil {
+			t.Fatalf("step %d (%s): %v", i, step.name, err)
+		}
+		if st.Full != (i == 0) {
+			t.Errorf("step %d (%s): Full=%v", i, step.name, st.Full)
+		}
+		fresh := testnetns.New(t)
+		if _, err := kernel.New(kernel.WithNetNS(fresh.FD)).Apply(rs); err != nil {
+			t.Fatalf("step %d fresh apply: %v", i, err)
+		}
+		if got, want := listTable(t, inc), listTable(t, fresh); got != want {
+			t.Fatalf("step %d (%s): incremental result differs from fresh apply\n--- fresh:\n%s\n--- incremental:\n%s", i, step.name, want, got)
+		}
+	}
+}
+
+// TestUnchangedSyncSendsOnlyTheTable checks that a sync without changes is a no-op
+// transaction: nothing but the (idempotent) table message.
+func TestUnchangedSyncSendsOnlyTheTable(t *testing.T) {
+	ns := testnetns.New(t)
+	applier := kernel.New(kernel.WithNetNS(ns.FD))
+	snap := &model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 3)}}
+	slots := compile.NewSlots()
+	rs, _ := compile.Compile(snap, cfg(), slots)
+	if _, err := applier.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	rs2, _ := compile.Compile(snap, cfg(), slots)
+	st, err := applier.Apply(rs2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Messages != 1 || st.Elements != 0 || st.Chains != 0 {
+		t.Fatalf("no-op sync sent %+v, want only the table message", st)
+	}
+	// One endpoint more: a few elements and one chain, not the whole table.
+	snap.Services[0] = svc("a", "10.96.0.1", 30080, 0, 4)
+	rs3, _ := compile.Compile(snap, cfg(), slots)
+	st, err = applier.Apply(rs3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Full || st.Chains != 1 || st.Elements != 2 {
+		t.Fatalf("one added endpoint: %+v, want 1 chain (new mod) and 2 elements (slot, hairpin)", st)
+	}
+}
+
+// TestRejectedTransactionKeepsOldRuleset makes the kernel refuse a transaction (a verdict
+// map element pointing at a chain that does not exist) and checks that the previous
+// ruleset is intact, and that the next good Apply converges.
+func TestRejectedTransactionKeepsOldRuleset(t *testing.T) {
+	ns := testnetns.New(t)
+	applier := kernel.New(kernel.WithNetNS(ns.FD))
+	slots := compile.NewSlots()
+	good, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2)}}, cfg(), slots)
+	if _, err := applier.Apply(good); err != nil {
+		t.Fatal(err)
+	}
+	before := listTable(t, ns)
+
+	bad, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2), svc("b", "10.96.0.2", 0, 5, 1)}}, cfg(), slots)
+	for _, s := range bad.Sets {
+		if s.Name == "service-ips" {
+			s.Elements = append(s.Elements, nft.Element{
+				Key:     []nft.Value{nft.Addr(netip.MustParseAddr("10.96.0.99")), nft.Num(6), nft.Num(80)},
+				Verdict: &nft.Verdict{Kind: nft.Goto, Chain: "no-such-chain"},
+			})
+		}
+	}
+	if _, err := applier.Apply(bad); err == nil {
+		t.Fatal("kernel accepted a goto to a missing chain")
+	} else if !strings.Contains(err.Error(), "refused") {
+		t.Errorf("error does not say the kernel refused: %v", err)
+	}
+	if after := listTable(t, ns); after != before {
+		t.Fatalf("failed transaction changed the kernel\n--- before:\n%s\n--- after:\n%s", before, after)
+	}
+	fixed, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2), svc("b", "10.96.0.2", 0, 5, 1)}}, cfg(), slots)
+	st, err := applier.Apply(fixed)
+	if err != nil {
+		t.Fatalf("apply after failure: %v", err)
+	}
+	if !st.Full {
+		t.Errorf("apply after a failure should rewrite the table from the kernel's state")
+	}
+	if out := listTable(t, ns); !strings.Contains(out, "default/b:http") {
+		t.Fatalf("service b missing after recovery:\n%s", out)
+	}
+}
+
+// TestResyncRepairsTampering deletes an element and adds a foreign rule behind the
+// applier's back; a Resync'd Apply restores exactly the ruleset.
+func TestResyncRepairsTampering(t *testing.T) {
+	ns := testnetns.New(t)
+	applier := kernel.New(kernel.WithNetNS(ns.FD))
+	rs, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 2)}}, cfg(), compile.NewSlots())
+	if _, err := applier.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	want := listTable(t, ns)
+	ns.MustRun(t, "", "nft", "delete", "element", "ip", "nftproxy", "service-ips", "{ 10.96.0.1 . tcp . 80 }")
+	ns.MustRun(t, "", "nft", "add", "rule", "ip", "nftproxy", "services", "counter", "drop")
+	ns.MustRun(t, "", "nft", "add", "chain", "ip", "nftproxy", "intruder")
+	ns.MustRun(t, "", "nft", "add", "table", "ip", "other")
+	ns.MustRun(t, "", "nft", "add", "chain", "ip", "other", "keep")
+	applier.Resync()
+	if _, err := applier.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	if got := listTable(t, ns); got != want {
+		t.Fatalf("resync did not restore the table\n--- want:\n%s\n--- got:\n%s", want, got)
+	}
+	if out := ns.MustRun(t, "", "nft", "list", "table", "ip", "other"); !strings.Contains(out, "chain keep") {
+		t.Fatalf("another table was touched:\n%s", out)
+	}
+}
+
+// TestLargeTransaction applies 5,000 service ports × 10 endpoints in one transaction
+// (chunked element messages, sized socket buffers) and checks the element counts.
+func TestLargeTransaction(t *testing.T) {
+	ns := testnetns.New(t)
+	var svcs []model.ServicePort
+	for i := 0; i < 5000; i++ {
+		s := svc(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.96.%d.%d", i/250, 1+i%250), 0, 0, 0)
+		for j := 0; j < 10; j++ {
+			s.Endpoints = append(s.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i / 250), byte(1 + i%250)}), Port: uint16(8000 + j), Ready: true, Serving: true})
+		}
+		svcs = append(svcs, s)
+	}
+	rs, _ := compile.Compile(&model.Snapshot{Services: svcs}, cfg(), compile.NewSlots())
+	st, err := kernel.New(kernel.WithNetNS(ns.FD)).Apply(rs)
+	if err != nil {
+		t.Fatalf("large apply (%d messages, %d bytes): %v", st.Messages, st.Bytes, err)
+	}
+	t.Logf("applied %d messages, %d bytes, %d elements; kernel %v", st.Messages, st.Bytes, st.Elements, st.Kernel)
+	out := ns.MustRun(t, "", "nft", "list", "table", "ip", "nftproxy")
+	if n := strings.Count(out, " : 10.244."); n != 50000 {
+		t.Fatalf("endpoints maps have %d elements, want 50000", n)
+	}
+	if n := strings.Count(out, "map endpoints-"); n != 5000*16/compile.PageSlots {
+		t.Fatalf("%d endpoints maps, want one per page of %d slots (%d)", n, compile.PageSlots, 5000*16/compile.PageSlots)
+	}
+}
