@@ -218,7 +218,7 @@ func TestLargeTransaction(t *testing.T) {
 	if n := strings.Count(out, " : 10.244."); n != 50000 {
 		t.Fatalf("endpoints maps have %d elements, want 50000", n)
 	}
-	if n := strings.Count(out, "map endpoints-"); n != 5000*16/compile.PageSlots {
-		t.Fatalf("%d endpoints maps, want one per page of %d slots (%d)", n, compile.PageSlots, 5000*16/compile.PageSlots)
+	if n, want := strings.Count(out, "map endpoints-"), (5000*16+compile.PageSlots-1)/compile.PageSlots; n != want {
+		t.Fatalf("%d endpoints maps, want one per page of %d slots (%d)", n, compile.PageSlots, want)
 	}
 }
