@@ -1,0 +1,41 @@
+# nftproxy — see README.md. Targets that touch the kernel need root; they only ever
+# program network namespaces they create themselves.
+GO       ?= go
+BIN      := $(CURDIR)/bin
+PKGS     := ./cmd/... ./internal/... ./nft/...
+
+.PHONY: all build deps test lint unit e2e demo bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/nftproxy ./cmd/nftproxy
+
+deps:
+	e2e/hack/install-deps.sh
+
+# Everything CI runs.
+test: deps lint unit e2e
+
+lint:
+	@unformatted="$$(gofmt -l cmd internal nft e2e)"; if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(BIN)/staticcheck ./...
+
+# Unit tests, including the kernel tests (each in its own throwaway network namespace).
+unit:
+	NFTPROXY_KERNEL_TESTS=1 $(GO) test -count=1 $(PKGS)
+
+# End-to-end: real etcd + kube-apiserver and real packets between network namespaces.
+e2e:
+	NFTPROXY_E2E=1 $(GO) test -count=1 -timeout 30m -v ./e2e/...
+
+# The main job on a built-in local cluster: two services, the ruleset, traffic.
+demo: deps
+	$(GO) run ./e2e/demo
+
+bench:
+	NFTPROXY_KERNEL_TESTS=1 $(GO) test -run '^$$' -bench . -benchmem -count=1 ./internal/compile/ ./nft/kernel/
+
+clean:
+	rm -rf $(BIN)
