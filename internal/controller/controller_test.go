@@ -1,0 +1,173 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/kernel"
+)
+
+// fakeDataplane records applied rulesets and can be told to fail.
+type fakeDataplane struct {
+	mu      sync.Mutex
+	applied [][]*nft.Ruleset
+	fail    int // fail this many Apply calls
+	resyncs int
+}
+
+func (f *fakeDataplane) Apply(rs ...*nft.Ruleset) (kernel.Stats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail > 0 {
+		f.fail--
+		return kernel.Stats{}, errors.New("injected kernel failure")
+	}
+	f.applied = append(f.applied, rs)
+	return kernel.Stats{}, nil
+}
+
+func (f *fakeDataplane) Resync() { f.mu.Lock(); f.resyncs++; f.mu.Unlock() }
+
+// last returns the rendered ip-family ruleset of the last successful Apply.
+func (f *fakeDataplane) last() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.applied) == 0 {
+		return ""
+	}
+	for _, rs := range f.applied[len(f.applied)-1] {
+		if rs.Family == nft.IPv4 {
+			return nft.Render(rs)
+		}
+	}
+	return ""
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func service(name, clusterIP string) *v1.Service {
+	return &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeClusterIP, ClusterIP: clusterIP, ClusterIPs: []string{clusterIP},
+			Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}},
+		},
+	}
+}
+
+func slice(svc, name string, addrs ...string) *discovery.EndpointSlice {
+	port, pname, proto := int32(8080), "http", v1.ProtocolTCP
+	s := &discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{discovery.LabelServiceName: svc}},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: &pname, Port: &port, Protocol: &proto}},
+	}
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, discovery.Endpoint{Addresses: []string{a}})
+	}
+	return s
+}
+
+func startProxy(t *testing.T, dp *fakeDataplane, objs ...any) (*fake.Clientset, *Proxy) {
+	t.Helper()
+	client := fake.NewClientset()
+	ctx, cancel := context.WithCancel(context.Background())
+	for _, o := range objs {
+		var err error
+		switch o := o.(type) {
+		case *v1.Service:
+			_, err = client.CoreV1().Services(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *discovery.EndpointSlice:
+			_, err = client.DiscoveryV1().EndpointSlices(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour}, logr.Discard())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return client, p
+}
+
+func TestSyncsOnStartAndOnChange(t *testing.T) {
+	dp := &fakeDataplane{}
+	client, p := startProxy(t, dp, service("a", "10.96.0.1"), slice("a", "a-1", "10.244.1.2"))
+	waitFor(t, "first sync with service a", func() bool { return strings.Contains(dp.last(), "default/a:http") })
+
+	ctx := context.Background()
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("b", "10.96.0.2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "service b (no endpoints) programmed as rejected", func() bool {
+		return strings.Contains(dp.last(), `10.96.0.2 . tcp . 80 comment "default/b:http" : goto reject-chain`)
+	})
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("b", "b-1", "10.244.1.7"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "service b's endpoint", func() bool { return strings.Contains(dp.last(), "10.244.1.7 . 8080") })
+	if err := client.CoreV1().Services("default").Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "service a removed", func() bool { return !strings.Contains(dp.last(), "default/a:http") })
+	if st := p.Status(); st.Syncs < 4 || !st.OldestPending.IsZero() {
+		t.Fatalf("status after syncs: %+v", st)
+	}
+}
+
+func TestBadInputIsReportedAndSkipped(t *testing.T) {
+	dp := &fakeDataplane{}
+	bad := slice("a", "a-bad", "10.244.1.2", "not-an-ip", "2001:db8::1")
+	client, _ := startProxy(t, dp, service("a", "10.96.0.1"), bad, service("garbage", "10.96.999.1"), service("ok", "10.96.0.3"), slice("ok", "ok-1", "10.244.1.9"))
+	waitFor(t, "good parts programmed", func() bool {
+		out := dp.last()
+		return strings.Contains(out, "10.244.1.2 . 8080") && strings.Contains(out, "10.244.1.9 . 8080")
+	})
+	if out := dp.last(); strings.Contains(out, "garbage") {
+		t.Fatalf("service with a garbage cluster IP was programmed:\n%s", out)
+	}
+	waitFor(t, "warning events for the bad slice and service", func() bool {
+		evs, err := client.CoreV1().Events("").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		var slice, svc bool
+		for _, e := range evs.Items {
+			slice = slice || (e.InvolvedObject.Name == "a-bad" && strings.Contains(e.Message, "not-an-ip"))
+			svc = svc || (e.InvolvedObject.Name == "garbage" && strings.Contains(e.Message, "10.96.999.1"))
+		}
+		return slice && svc
+	})
+}
+
+func TestFailedApplyIsRetried(t *testing.T) {
+	dp := &fakeDataplane{fail: 1}
+	_, p := startProxy(t, dp, service("a", "10.96.0.1"), slice("a", "a-1", "10.244.1.2"))
+	// The retry interval is max(min-sync-period, 1s).
+	waitFor(t, "retry after the injected failure", func() bool { return strings.Contains(dp.last(), "default/a:http") })
+	st := p.Status()
+	if st.Failures != 1 || st.Syncs < 1 || st.LastError != "" {
+		t.Fatalf("status: %+v", st)
+	}
+}
