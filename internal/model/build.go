@@ -188,7 +188,7 @@ func (b *builder) endpoints(portName string, proto uint8, slices []*discovery.En
 					e.Zone = *ep.Zone
 				}
 				if seen[e.AddrPort()] {
-					continue
+					break
 				}
 				seen[e.AddrPort()] = true
 				out = append(out, e)

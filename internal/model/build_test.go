@@ -249,7 +249,7 @@ func TestBuild(t *testing.T) {
 			want: []string{web + " eps=10.0.0.1:8080/RS-"},
 		},
 		{
-			name: "dual-stack: IPv4 and IPv6 slices each feed their own family, FQDN slices ignored",
+			name:     "dual-stack: IPv4 and IPv6 slices each feed their own family, FQDN slices ignored",
 			services: []*v1.Service{service("web", []string{"10.96.0.1", "fd00:96::1"})},
 			slices: []*discovery.EndpointSlice{
 				v4slice("web-v4", "web", ports(tcp("http", 8080)), endpoint("10.0.0.1")),
@@ -359,7 +359,7 @@ func TestBuild(t *testing.T) {
 		{
 			name: "ExternalName and headless services are ignored",
 			services: []*v1.Service{
-				service("ext", nil, withType(v1.ServiceTypeExternalName)),
+				service("ext", []string{"10.96.0.9"}, withType(v1.ServiceTypeExternalName)), // a stale cluster IP must not matter
 				service("headless", []string{v1.ClusterIPNone}),
 				service("noip", nil),
 				service("web", []string{"10.96.0.1"}),
@@ -524,6 +524,23 @@ func checkProblems(t *testing.T, got []model.Problem, want []string) {
 		}
 		t.Errorf("problems:\n got  %q\n want %q", gs, want)
 	}
+}
+
+// TestBuildProblemsReportedOnce: a Problem is logged and turned into an event, so one bad
+// field must give one Problem however many service ports read the slice.
+func TestBuildProblemsReportedOnce(t *testing.T) {
+	svc := service("web", []string{"10.96.0.1"}, withPorts(
+		svcPort("http", v1.ProtocolTCP, 80, 0), svcPort("https", v1.ProtocolTCP, 443, 0)))
+	sl := v4slice("web-a", "web", ports(tcp("http", 8080), tcp("https", 8443)), endpoint("garbage"), endpoint("10.0.0.1"))
+	snap, problems := model.Build([]*v1.Service{svc}, []*discovery.EndpointSlice{sl}, nil)
+	want := []string{
+		"default/web:http/TCP ips=10.96.0.1 port=80 eps=10.0.0.1:8080/RS-",
+		"default/web:https/TCP ips=10.96.0.1 port=443 eps=10.0.0.1:8443/RS-",
+	}
+	if got := dumpSnapshot(snap); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("services:\n got  %q\n want %q", got, want)
+	}
+	checkProblems(t, problems, []string{`EndpointSlice default/web-a: "garbage" is not an IPv4 address`})
 }
 
 // TestBuildMany checks that large objects are neither truncated nor reported.

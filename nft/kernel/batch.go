@@ -200,13 +200,6 @@ func (b *batch) elems(s *nft.Set, es []nft.Element, del bool) error {
 	return nil
 }
 
-func (b *batch) flushSet(name string) error {
-	return b.add(unix.NFT_MSG_DELSETELEM, 0, "flush set "+name, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
-		ae.String(unix.NFTA_SET_ELEM_LIST_SET, name)
-	})
-}
-
 func encodeElement(s *nft.Set, e nft.Element, keyOnly bool) ([]byte, error) {
 	key, err := encodeValues(s.Key, e.Key)
 	if err != nil {

@@ -3,7 +3,6 @@ package kernel
 import (
 	"encoding/binary"
 	"fmt"
-	"net/netip"
 
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
@@ -351,10 +350,4 @@ func payloadTypeof(desc, field uint32) []byte {
 	var b []byte
 	b = udataU32(b, 0, desc)
 	return udataU32(b, 1, field)
-}
-
-// addrOf is used by tests and the tracer to decode addresses from keys.
-func addrOf(b []byte) netip.Addr {
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
