@@ -108,7 +108,9 @@ type compiler struct {
 func (c *compiler) claimFrontend(sp model.ServicePortName, addr netip.Addr, port uint16) bool {
 	k := frontendKey{addr, sp.Protocol, port}
 	if owner, taken := c.frontends[k]; taken {
-		c.conflict(sp, "%s %s:%d is already used by %s", model.ProtoString(sp.Protocol), addr, port, owner)
+		if owner != sp { // a service listing one address twice is not a conflict
+			c.conflict(sp, "%s %s:%d is already used by %s", model.ProtoString(sp.Protocol), addr, port, owner)
+		}
 		return false
 	}
 	c.frontends[k] = sp
@@ -182,9 +184,11 @@ func (c *compiler) servicePort(sp *model.ServicePort) bool {
 	}
 	// Frontends this service port may use; conflicting ones are dropped and reported.
 	var frontIPs []netip.Addr
+	hasExternal := false
 	for _, ip := range append(clusterIPs, externals...) {
 		if c.claimFrontend(sp.Name, ip, sp.Port) {
 			frontIPs = append(frontIPs, ip)
+			hasExternal = hasExternal || !isClusterIP(ip, clusterIPs)
 		}
 	}
 	nodePort := sp.NodePort
@@ -213,7 +217,7 @@ func (c *compiler) servicePort(sp *model.ServicePort) bool {
 	svcChain := ChainName("svc", sp.Name)
 	c.serviceChains = append(c.serviceChains, c.serviceChain(svcChain, sp, eps, comment))
 	var extChain string
-	if len(externals) > 0 || nodePort != 0 {
+	if hasExternal || nodePort != 0 {
 		extChain = ChainName("ext", sp.Name)
 		// External traffic (externalTrafficPolicy: Cluster) is always masqueraded, so
 		// that replies come back through this node.
@@ -329,10 +333,11 @@ func (c *compiler) finish() *nft.Ruleset {
 		return &nft.Chain{Name: name, Hook: &nft.Hook{Type: t, Hook: h, Priority: prio}, Rules: rules}
 	}
 	chains = append(chains,
-		base("filter-input", nft.TypeFilter, nft.Input, -110, rule(ctNew, jump(chainEndpointsCheck))),
-		base("filter-forward", nft.TypeFilter, nft.Forward, -110, rule(ctNew, jump(chainEndpointsCheck)), rule(ctNew, jump(chainClusterIPsCheck))),
-		base("filter-output", nft.TypeFilter, nft.Output, -110, rule(ctNew, jump(chainEndpointsCheck))),
-		base("filter-output-post-dnat", nft.TypeFilter, nft.Output, -90, rule(ctNew, jump(chainClusterIPsCheck))),
+		// The checks run after DNAT (filter priority 0): a packet that still has a
+		// service address as destination was not sent to an endpoint.
+		base("filter-input", nft.TypeFilter, nft.Input, 0, rule(ctNew, jump(chainEndpointsCheck))),
+		base("filter-forward", nft.TypeFilter, nft.Forward, 0, rule(ctNew, jump(chainEndpointsCheck)), rule(ctNew, jump(chainClusterIPsCheck))),
+		base("filter-output", nft.TypeFilter, nft.Output, 0, rule(ctNew, jump(chainEndpointsCheck)), rule(ctNew, jump(chainClusterIPsCheck))),
 		base("nat-prerouting", nft.TypeNAT, nft.Prerouting, -100, rule(jump(chainServices))),
 		base("nat-output", nft.TypeNAT, nft.Output, -100, rule(jump(chainServices))),
 		base("nat-postrouting", nft.TypeNAT, nft.Postrouting, 100, rule(jump(chainMasquerading))),

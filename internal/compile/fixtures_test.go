@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"fmt"
 	"net/netip"
 
 	"github.com/nftproxy/nftproxy/internal/model"
@@ -82,5 +83,58 @@ func scenarios() map[string]*model.Snapshot {
 			Name:       model.ServicePortName{Namespace: "default", Name: "dns", Protocol: model.ProtoUDP},
 			ClusterIPs: []netip.Addr{ip("fd00:96::53")}, Port: 53, NodePort: 30053,
 		}}},
+		// Two services claim the same external IP and node port: default/a keeps them,
+		// default/b keeps only its cluster IP.
+		"conflicts": {Node: node, Services: []model.ServicePort{{
+			Name:       model.ServicePortName{Namespace: "default", Name: "a", Port: "http", Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{ip("10.96.2.1"), ip("fd00:96::2:1")}, Port: 80, NodePort: 30100,
+			ExternalIPs: []netip.Addr{ip("203.0.113.9"), ip("2001:db8:1::9")},
+			Endpoints:   []model.Endpoint{ep("10.244.2.1", 8080), ep("fd00:244:2::1", 8080)},
+		}, {
+			Name:       model.ServicePortName{Namespace: "default", Name: "b", Port: "http", Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{ip("10.96.2.2"), ip("fd00:96::2:2")}, Port: 80, NodePort: 30100,
+			ExternalIPs: []netip.Addr{ip("203.0.113.9"), ip("2001:db8:1::9")},
+			Endpoints:   []model.Endpoint{ep("10.244.2.2", 8080), ep("fd00:244:2::2", 8080)},
+		}}},
+		// graceful has no ready endpoint, so its serving terminating ones are used (not
+		// the one that stopped serving); down has none serving and is rejected.
+		"terminating": {Node: node, Services: []model.ServicePort{{
+			Name:       model.ServicePortName{Namespace: "default", Name: "down", Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{ip("10.96.3.2"), ip("fd00:96::3:2")}, Port: 80,
+			Endpoints: []model.Endpoint{
+				conds(ep("10.244.3.3", 8080), false, false, true), conds(ep("fd00:244:3::3", 8080), false, false, true),
+			},
+		}, {
+			Name:       model.ServicePortName{Namespace: "default", Name: "graceful", Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{ip("10.96.3.1"), ip("fd00:96::3:1")}, Port: 80,
+			Endpoints: []model.Endpoint{
+				conds(ep("10.244.3.1", 8080), false, true, true), conds(ep("10.244.3.2", 8080), false, false, true),
+				conds(ep("fd00:244:3::1", 8080), false, true, true), conds(ep("fd00:244:3::2", 8080), false, false, true),
+			},
+		}}},
+		// big has 17 endpoints: two slot blocks (0-31), so small starts at slot 32.
+		"endpoint-slots": {Node: node, Services: []model.ServicePort{{
+			Name:       model.ServicePortName{Namespace: "default", Name: "big", Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{ip("10.96.4.1"), ip("fd00:96::4:1")}, Port: 80,
+			Endpoints: numbered(17),
+		}, {
+			Name:       model.ServicePortName{Namespace: "default", Name: "small", Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{ip("10.96.4.2"), ip("fd00:96::4:2")}, Port: 80,
+			Endpoints: []model.Endpoint{ep("10.244.4.100", 8080), ep("fd00:244:4::100", 8080)},
+		}}},
 	}
+}
+
+func conds(e model.Endpoint, ready, serving, terminating bool) model.Endpoint {
+	e.Ready, e.Serving, e.Terminating = ready, serving, terminating
+	return e
+}
+
+// numbered returns n IPv4 and n IPv6 endpoints, 10.244.4.1… and fd00:244:4::1….
+func numbered(n int) []model.Endpoint {
+	var out []model.Endpoint
+	for i := 1; i <= n; i++ {
+		out = append(out, ep(fmt.Sprintf("10.244.4.%d", i), 8080), ep(fmt.Sprintf("fd00:244:4::%d", i), 8080))
+	}
+	return out
 }

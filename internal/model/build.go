@@ -25,10 +25,21 @@ func Build(services []*v1.Service, slices []*discovery.EndpointSlice, node *v1.N
 
 type nsName struct{ ns, name string }
 
-type builder struct{ problems []Problem }
+type builder struct {
+	problems []Problem
+	seen     map[Problem]bool // a slice read for several service ports reports once
+}
 
 func (b *builder) problem(kind, ns, name, format string, args ...any) {
-	b.problems = append(b.problems, Problem{Kind: kind, Namespace: ns, Name: name, Reason: fmt.Sprintf(format, args...)})
+	p := Problem{Kind: kind, Namespace: ns, Name: name, Reason: fmt.Sprintf(format, args...)}
+	if b.seen[p] {
+		return
+	}
+	if b.seen == nil {
+		b.seen = map[Problem]bool{}
+	}
+	b.seen[p] = true
+	b.problems = append(b.problems, p)
 }
 
 func (b *builder) node(n *v1.Node) Node {

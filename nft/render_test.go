@@ -1,0 +1,221 @@
+package nft
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"net/netip"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// renderWant is the exact rendering of each AllStmtKinds value, by type name, per family.
+var renderWant = map[string]struct{ ip, ip6 string }{
+	"MatchPrefix":        {"ip saddr != 10.0.0.0/8", "ip6 saddr != 10.0.0.0/8"},
+	"MatchL4Proto":       {"meta l4proto tcp", "meta l4proto tcp"},
+	"MatchCtStateNew":    {"ct state new", "ct state new"},
+	"MatchCtStatusDNAT":  {"ct status dnat", "ct status dnat"},
+	"MatchMarkUnset":     {"meta mark & 0x00004000 == 0x00000000", "meta mark & 0x00004000 == 0x00000000"},
+	"MatchFibDaddrLocal": {"fib daddr type local", "fib daddr type local"},
+	"Lookup":             {"ip saddr . ip daddr @s", "ip6 saddr . ip6 daddr @s"},
+	"VMap":               {"ip daddr . meta l4proto . th dport vmap @m", "ip6 daddr . meta l4proto . th dport vmap @m"},
+	"Verdict":            {"jump c", "jump c"},
+	"Reject":             {"reject", "reject"},
+	"SetMarkBits":        {"meta mark set meta mark | 0x00004000", "meta mark set meta mark | 0x00004000"},
+	"Masquerade":         {"masquerade fully-random", "masquerade fully-random"},
+	"DNATNumgenMap":      {"dnat ip to numgen random mod 2 offset 100 map @m", "dnat ip6 to numgen random mod 2 offset 100 map @m"},
+	"Counter":            {"counter packets 0 bytes 0", "counter packets 0 bytes 0"},
+}
+
+// TestRenderEveryStmtKind fails when a statement kind has no rendering, renders like
+// another kind, or renders differently than documented here.
+func TestRenderEveryStmtKind(t *testing.T) {
+	for _, fam := range []Family{IPv4, IPv6} {
+		seen := map[string]string{} // rendering → kind
+		for _, s := range AllStmtKinds() {
+			kind := reflect.TypeOf(s).Name()
+			t.Run(fam.String()+"/"+kind, func(t *testing.T) {
+				got := renderNoPanic(t, fam, s)
+				if got == "" {
+					t.Fatalf("empty rendering")
+				}
+				if other, dup := seen[got]; dup {
+					t.Errorf("renders as %q, like %s", got, other)
+				}
+				seen[got] = kind
+				want, ok := renderWant[kind]
+				if !ok {
+					t.Fatalf("no expected rendering for %s in renderWant: add one", kind)
+				}
+				w := want.ip
+				if fam == IPv6 {
+					w = want.ip6
+				}
+				if got != w {
+					t.Errorf("RenderStmt(%s, %#v) = %q, want %q", fam, s, got, w)
+				}
+			})
+		}
+	}
+	// Every expectation belongs to a kind that exists.
+	kinds := map[string]bool{}
+	for _, s := range AllStmtKinds() {
+		kinds[reflect.TypeOf(s).Name()] = true
+	}
+	for kind := range renderWant {
+		if !kinds[kind] {
+			t.Errorf("renderWant has %s, which AllStmtKinds does not list", kind)
+		}
+	}
+}
+
+func renderNoPanic(t *testing.T, fam Family, s Stmt) (out string) {
+	t.Helper()
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("RenderStmt panicked: %v", r)
+		}
+	}()
+	return RenderStmt(fam, s)
+}
+
+// TestRenderStmtVariants covers the fields that change a statement's text.
+func TestRenderStmtVariants(t *testing.T) {
+	for _, tc := range []struct {
+		fam  Family
+		stmt Stmt
+		want string
+	}{
+		{IPv4, MatchPrefix{Field: FieldDaddr, Op: OpEq, Prefix: netip.MustParsePrefix("10.96.0.0/12")}, "ip daddr 10.96.0.0/12"},
+		{IPv4, MatchPrefix{Field: FieldSaddr, Op: OpNeq, Prefix: netip.MustParsePrefix("10.244.7.9/16")}, "ip saddr != 10.244.0.0/16"},
+		{IPv6, MatchPrefix{Field: FieldSaddr, Op: OpNeq, Prefix: netip.MustParsePrefix("fd00:244::/56")}, "ip6 saddr != fd00:244::/56"},
+		{IPv4, MatchL4Proto{Proto: 17}, "meta l4proto udp"},
+		{IPv4, MatchL4Proto{Proto: 132}, "meta l4proto sctp"},
+		{IPv4, MatchL4Proto{Proto: 47}, "meta l4proto 47"},
+		{IPv4, MatchMarkUnset{Bits: 1}, "meta mark & 0x00000001 == 0x00000000"},
+		{IPv4, SetMarkBits{Bits: 0x4000, Xor: true}, "meta mark set meta mark ^ 0x00004000"},
+		{IPv4, Masquerade{}, "masquerade"},
+		{IPv4, DNATNumgenMap{Mod: 3, Map: "endpoints-0"}, "dnat ip to numgen random mod 3 map @endpoints-0"},
+		{IPv6, DNATNumgenMap{Mod: 1, Offset: 4096, Map: "endpoints-16"}, "dnat ip6 to numgen random mod 1 offset 4096 map @endpoints-16"},
+		{IPv4, Lookup{Fields: []Field{FieldDaddr}, Set: "cluster-ips"}, "ip daddr @cluster-ips"},
+		{IPv6, VMap{Fields: []Field{FieldL4Proto, FieldTHDport}, Map: "service-nodeports"}, "meta l4proto . th dport vmap @service-nodeports"},
+		{IPv4, Verdict{Kind: Accept}, "accept"},
+		{IPv4, Verdict{Kind: Drop}, "drop"},
+		{IPv4, Verdict{Kind: Return}, "return"},
+		{IPv4, Verdict{Kind: Goto, Chain: "svc-default/echo/tcp/http"}, "goto svc-default/echo/tcp/http"},
+	} {
+		if got := RenderStmt(tc.fam, tc.stmt); got != tc.want {
+			t.Errorf("RenderStmt(%s, %#v) = %q, want %q", tc.fam, tc.stmt, got, tc.want)
+		}
+	}
+}
+
+func TestRenderRule(t *testing.T) {
+	r := Rule{Stmts: []Stmt{MatchL4Proto{Proto: 6}, DNATNumgenMap{Mod: 2, Map: "m"}}, Comment: `ns/"q":p`}
+	want := `meta l4proto tcp dnat ip to numgen random mod 2 map @m comment "ns/\"q\":p"`
+	if got := RenderRule(IPv4, r); got != want {
+		t.Errorf("RenderRule = %q, want %q", got, want)
+	}
+}
+
+func TestRender(t *testing.T) {
+	rs := &Ruleset{Family: IPv4, Table: "t", Sets: []*Set{
+		{Name: "nets", Key: []Datatype{TypeIPv4Addr}, Interval: true, Elements: []Element{
+			{Key: []Value{Net(netip.MustParsePrefix("10.0.0.0/8"))}},
+			{Key: []Value{Net(netip.MustParsePrefix("192.0.2.1/32"))}},
+		}},
+		{Name: "ports", Key: []Datatype{TypeInetProto, TypeInetService}, Data: []Datatype{TypeVerdict}, Comment: "c", Elements: []Element{
+			{Key: []Value{Num(17), Num(53)}, Verdict: &Verdict{Kind: Goto, Chain: "x"}, Comment: "dns"},
+		}},
+		{Name: "empty", Key: []Datatype{TypeIPv4Addr}},
+	}, Chains: []*Chain{
+		{Name: "x", Rules: []Rule{{Stmts: []Stmt{Reject{}}}}},
+		{Name: "in", Hook: &Hook{Type: TypeFilter, Hook: Input, Priority: -110}, Rules: []Rule{{Stmts: []Stmt{MatchCtStateNew{}, Verdict{Kind: Jump, Chain: "x"}}}}},
+	}}
+	want := `table ip t {
+	set nets {
+		type ipv4_addr
+		flags interval
+		elements = { 10.0.0.0/8,
+			     192.0.2.1 }
+	}
+
+	map ports {
+		type inet_proto . inet_service : verdict
+		comment "c"
+		elements = { udp . 53 comment "dns" : goto x }
+	}
+
+	set empty {
+		type ipv4_addr
+	}
+
+	chain x {
+		reject
+	}
+
+	chain in {
+		type filter hook input priority -110; policy accept;
+		ct state new jump x
+	}
+}
+`
+	if got := Render(rs); got != want {
+		t.Errorf("Render:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// unknownStmt is a statement kind no consumer knows: it can only be declared inside
+// package nft, which is the point of the closed set.
+type unknownStmt struct{}
+
+func (unknownStmt) isStmt() {}
+
+func TestRenderUnknownStmtPanics(t *testing.T) {
+	defer func() {
+		r := recover()
+		msg, _ := r.(string)
+		if r == nil || !strings.Contains(msg, "no rendering for statement nft.unknownStmt") {
+			t.Errorf("panic = %v, want a message naming nft.unknownStmt", r)
+		}
+	}()
+	RenderStmt(IPv4, unknownStmt{})
+}
+
+// TestAllStmtKindsComplete parses stmt.go and checks that AllStmtKinds lists exactly the
+// types declared there with an isStmt method, so that every consumer's table test sees
+// every kind.
+func TestAllStmtKindsComplete(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "stmt.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var declared []string
+	for _, d := range f.Decls {
+		fn, ok := d.(*ast.FuncDecl)
+		if !ok || fn.Name.Name != "isStmt" || fn.Recv == nil || len(fn.Recv.List) != 1 {
+			continue
+		}
+		typ := fn.Recv.List[0].Type
+		if star, ok := typ.(*ast.StarExpr); ok {
+			typ = star.X
+		}
+		if id, ok := typ.(*ast.Ident); ok {
+			declared = append(declared, id.Name)
+		}
+	}
+	var listed []string
+	for _, s := range AllStmtKinds() {
+		listed = append(listed, reflect.TypeOf(s).Name())
+	}
+	sort.Strings(declared)
+	sort.Strings(listed)
+	if len(declared) < 10 {
+		t.Fatalf("found only %d isStmt types in stmt.go: %v; is the parse right?", len(declared), declared)
+	}
+	if !reflect.DeepEqual(declared, listed) {
+		t.Errorf("stmt.go declares %d statement kinds %v,\nAllStmtKinds lists %d: %v", len(declared), declared, len(listed), listed)
+	}
+}
