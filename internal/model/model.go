@@ -72,6 +72,26 @@ type ServicePort struct {
 	// Endpoints are all endpoints of the service's slices for this port, deduplicated,
 	// with their conditions; Categorize selects the usable ones.
 	Endpoints []Endpoint
+
+	// ExternalPolicyLocal: externalTrafficPolicy Local on an externally accessible
+	// service (node port, external or load-balancer IPs).
+	ExternalPolicyLocal bool
+	// InternalPolicyLocal: internalTrafficPolicy Local.
+	InternalPolicyLocal bool
+	// HealthCheckNodePort serves the local endpoint count for externalTrafficPolicy
+	// Local load balancers; 0: none.
+	HealthCheckNodePort uint16
+	// AffinityTimeout is the ClientIP session affinity timeout in seconds; 0: no
+	// affinity.
+	AffinityTimeout uint32
+	// SourceRanges (loadBalancerSourceRanges) restrict who may use the load-balancer
+	// IPs; empty: everyone.
+	SourceRanges []netip.Prefix
+}
+
+// ExternallyAccessible reports whether the service port has external frontends.
+func (sp *ServicePort) ExternallyAccessible() bool {
+	return sp.NodePort != 0 || len(sp.ExternalIPs) > 0 || len(sp.LoadBalancerIPs) > 0
 }
 
 // Endpoint is one backend address and port with its conditions.
@@ -83,6 +103,8 @@ type Endpoint struct {
 	Terminating bool
 	NodeName    string
 	Zone        string
+	ZoneHints   []string // hints.forZones
+	NodeHints   []string // hints.forNodes
 }
 
 // AddrPort returns the endpoint as an address and port.
@@ -100,6 +122,9 @@ type Node struct {
 type Snapshot struct {
 	Node     Node
 	Services []ServicePort // sorted by Name
+	// ServiceCIDRs are the ranges cluster IPs are allocated from (ServiceCIDR objects or
+	// --service-cluster-ip-range); traffic to an unallocated address in them is dropped.
+	ServiceCIDRs []netip.Prefix
 }
 
 // Problem is an object (or part of one) that could not be used, with the reason. Each is
