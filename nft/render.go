@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 )
@@ -38,8 +39,19 @@ func renderSet(b *strings.Builder, fam Family, s *Set) {
 	}
 	fmt.Fprintf(b, "\t%s %s {\n", kind, s.Name)
 	fmt.Fprintf(b, "\t\t%s\n", setTypeLine(fam, s))
-	if s.Interval {
+	if s.Size > 0 {
+		fmt.Fprintf(b, "\t\tsize %d\n", s.Size)
+	}
+	switch {
+	case s.Interval:
 		b.WriteString("\t\tflags interval\n")
+	case s.Dynamic && s.Timeout > 0:
+		b.WriteString("\t\tflags dynamic,timeout\n")
+	case s.Dynamic:
+		b.WriteString("\t\tflags dynamic\n")
+	}
+	if s.Timeout > 0 {
+		fmt.Fprintf(b, "\t\ttimeout %ds\n", s.Timeout)
 	}
 	if s.Comment != "" {
 		fmt.Fprintf(b, "\t\tcomment %s\n", strconv.Quote(s.Comment))
@@ -196,7 +208,11 @@ func RenderStmt(fam Family, s Stmt) string {
 		if s.Op == OpNeq {
 			op = "!= "
 		}
-		return fmt.Sprintf("%s %s%s", fieldName(fam, s.Field), op, s.Prefix.Masked())
+		p := s.Prefix.Masked()
+		if p.Bits() == p.Addr().BitLen() {
+			return fmt.Sprintf("%s %s%s", fieldName(fam, s.Field), op, p.Addr())
+		}
+		return fmt.Sprintf("%s %s%s", fieldName(fam, s.Field), op, p)
 	case MatchL4Proto:
 		return "meta l4proto " + ProtoName(s.Proto)
 	case MatchCtStateNew:
@@ -233,6 +249,14 @@ func RenderStmt(fam Family, s Stmt) string {
 		return fmt.Sprintf("dnat %s to numgen random mod %d offset %d map @%s", fam, s.Mod, s.Offset, s.Map)
 	case Counter:
 		return "counter packets 0 bytes 0"
+	case MatchFibSaddrLocal:
+		return "fib saddr type local"
+	case MatchNumgen:
+		return fmt.Sprintf("numgen random mod %d 0", s.Mod)
+	case DNATTo:
+		return "dnat to " + netip.AddrPortFrom(s.Addr, s.Port).String()
+	case UpdateSaddr:
+		return fmt.Sprintf("update @%s { %s saddr }", s.Set, fam)
 	}
 	panic(fmt.Sprintf("nft: no rendering for statement %T", s))
 }

@@ -27,6 +27,10 @@ var renderWant = map[string]struct{ ip, ip6 string }{
 	"Masquerade":         {"masquerade fully-random", "masquerade fully-random"},
 	"DNATNumgenMap":      {"dnat ip to numgen random mod 2 offset 100 map @m", "dnat ip6 to numgen random mod 2 offset 100 map @m"},
 	"Counter":            {"counter packets 0 bytes 0", "counter packets 0 bytes 0"},
+	"MatchFibSaddrLocal": {"fib saddr type local", "fib saddr type local"},
+	"MatchNumgen":        {"numgen random mod 3 0", "numgen random mod 3 0"},
+	"DNATTo":             {"dnat to 10.0.0.1:8080", "dnat to 10.0.0.1:8080"},
+	"UpdateSaddr":        {"update @a { ip saddr }", "update @a { ip6 saddr }"},
 }
 
 // TestRenderEveryStmtKind fails when a statement kind has no rendering, renders like

@@ -105,6 +105,13 @@ type Set struct {
 	Interval bool
 	Comment  string
 	Elements []Element
+	// Dynamic sets are filled from rules ("update @s {…}") with entries that expire
+	// after Timeout seconds; Size bounds them. The applier never diffs their elements:
+	// it flushes them when Epoch changes.
+	Dynamic bool
+	Timeout uint32
+	Size    uint32
+	Epoch   string
 }
 
 // IsMap reports whether the set carries values.

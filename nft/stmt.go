@@ -102,6 +102,23 @@ type DNATNumgenMap struct {
 // Counter counts packets and bytes.
 type Counter struct{}
 
+// MatchFibSaddrLocal matches packets whose source is a local address ("fib saddr type
+// local").
+type MatchFibSaddrLocal struct{}
+
+// MatchNumgen matches with probability 1/Mod ("numgen random mod Mod 0").
+type MatchNumgen struct{ Mod uint32 }
+
+// DNATTo destination-NATs to a fixed address and port.
+type DNATTo struct {
+	Addr netip.Addr
+	Port uint16
+}
+
+// UpdateSaddr adds the packet's source address to the dynamic set Set, or refreshes its
+// timeout ("update @s { ip saddr }").
+type UpdateSaddr struct{ Set string }
+
 func (MatchPrefix) isStmt()        {}
 func (MatchL4Proto) isStmt()       {}
 func (MatchCtStateNew) isStmt()    {}
@@ -116,6 +133,10 @@ func (SetMarkBits) isStmt()        {}
 func (Masquerade) isStmt()         {}
 func (DNATNumgenMap) isStmt()      {}
 func (Counter) isStmt()            {}
+func (MatchFibSaddrLocal) isStmt() {}
+func (MatchNumgen) isStmt()        {}
+func (DNATTo) isStmt()             {}
+func (UpdateSaddr) isStmt()        {}
 
 // AllStmtKinds lists one value of every statement kind, for table tests that prove each
 // consumer handles them all.
@@ -135,5 +156,9 @@ func AllStmtKinds() []Stmt {
 		Masquerade{FullyRandom: true},
 		DNATNumgenMap{Mod: 2, Offset: 100, Map: "m"},
 		Counter{},
+		MatchFibSaddrLocal{},
+		MatchNumgen{Mod: 3},
+		DNATTo{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8080},
+		UpdateSaddr{Set: "a"},
 	}
 }

@@ -26,6 +26,7 @@ const (
 	mapNoEndpointNodePorts = "no-endpoint-nodeports"
 	mapEndpointsPrefix     = "endpoints-" // + page number
 	setHairpin             = "hairpin"
+	mapFirewallIPs         = "firewall-ips"
 
 	chainServices        = "services"
 	chainMarkMasq        = "mark-for-masquerade"
@@ -33,6 +34,7 @@ const (
 	chainEndpointsCheck  = "service-endpoints-check"
 	chainClusterIPsCheck = "cluster-ips-check"
 	chainReject          = "reject-chain"
+	chainFirewallCheck   = "firewall-check"
 )
 
 // Config holds the flags that shape the ruleset.
@@ -57,7 +59,7 @@ func (c Config) masqMark() uint32 { return 1 << c.MasqueradeBit }
 // every time for one family.
 func Compile(snap *model.Snapshot, cfg Config, slots *Slots) (*nft.Ruleset, []model.Problem) {
 	c := &compiler{
-		cfg: cfg, slots: slots, v6: cfg.Family == nft.IPv6,
+		cfg: cfg, slots: slots, v6: cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
 		frontends: map[frontendKey]model.ServicePortName{},
 		nodePorts: map[nodePortKey]model.ServicePortName{},
 		clusterIP: map[netip.Addr]bool{},
@@ -66,8 +68,8 @@ func Compile(snap *model.Snapshot, cfg Config, slots *Slots) (*nft.Ruleset, []mo
 	c.init()
 	live := map[model.ServicePortName]bool{}
 	for i := range snap.Services {
-		if c.servicePort(&snap.Services[i]) {
-			live[snap.Services[i].Name] = true
+		for _, owner := range c.servicePort(&snap.Services[i]) {
+			live[owner] = true
 		}
 	}
 	slots.retain(live)
@@ -92,7 +94,10 @@ type compiler struct {
 
 	clusterIPs, nodePortIPs, serviceIPs, serviceNodePorts *nft.Set
 	noEndpointServices, noEndpointNodePorts               *nft.Set
-	hairpin                                               *nft.Set
+	hairpin, firewallIPs                                  *nft.Set
+	affinitySets                                          []*nft.Set
+	node                                                  model.Node
+	serviceCIDRs                                          []netip.Prefix
 	endpointMaps                                          map[uint32]*nft.Set // by page
 	serviceChains                                         []*nft.Chain
 
@@ -151,6 +156,7 @@ func (c *compiler) init() {
 	c.noEndpointServices = &nft.Set{Name: mapNoEndpointServices, Key: frontend, Data: verdict, Comment: "service IPs without endpoints: rejected"}
 	c.noEndpointNodePorts = &nft.Set{Name: mapNoEndpointNodePorts, Key: port, Data: verdict, Comment: "node ports without endpoints: rejected"}
 	c.endpointMaps = map[uint32]*nft.Set{}
+	c.firewallIPs = &nft.Set{Name: mapFirewallIPs, Key: frontend, Data: verdict, Comment: "load-balancer IPs with source ranges"}
 	c.hairpin = &nft.Set{Name: setHairpin, Key: []nft.Datatype{a, a}, Comment: "endpoint . endpoint: hairpin traffic to masquerade"}
 	for _, ip := range c.cfg.NodePortAddrs {
 		if ip.Is6() == c.v6 {
@@ -168,14 +174,15 @@ func ChainName(kind string, sp model.ServicePortName) string {
 	return kind + "-" + sp.Namespace + "/" + sp.Name + "/" + strings.ToLower(model.ProtoString(sp.Protocol)) + "/" + port
 }
 
-// servicePort compiles one service port; it reports whether the port has endpoint slots.
-func (c *compiler) servicePort(sp *model.ServicePort) bool {
+// servicePort compiles one service port; it returns the slot owners it used.
+func (c *compiler) servicePort(sp *model.ServicePort) []model.ServicePortName {
 	clusterIPs := model.AddrsOf(sp.ClusterIPs, c.v6)
 	if len(clusterIPs) == 0 {
-		return false // the service has no address in this family
+		return nil // the service has no address in this family
 	}
 	comment := sp.Name.String()
-	externals := append(model.AddrsOf(sp.ExternalIPs, c.v6), model.AddrsOf(sp.LoadBalancerIPs, c.v6)...)
+	lbIPs := model.AddrsOf(sp.LoadBalancerIPs, c.v6)
+	externals := append(model.AddrsOf(sp.ExternalIPs, c.v6), lbIPs...)
 	for _, ip := range clusterIPs {
 		if !c.clusterIP[ip] {
 			c.clusterIP[ip] = true
@@ -183,91 +190,246 @@ func (c *compiler) servicePort(sp *model.ServicePort) bool {
 		}
 	}
 	// Frontends this service port may use; conflicting ones are dropped and reported.
-	var frontIPs []netip.Addr
-	hasExternal := false
-	for _, ip := range append(clusterIPs, externals...) {
+	var internal, external []netip.Addr
+	for _, ip := range clusterIPs {
 		if c.claimFrontend(sp.Name, ip, sp.Port) {
-			frontIPs = append(frontIPs, ip)
-			hasExternal = hasExternal || !isClusterIP(ip, clusterIPs)
+			internal = append(internal, ip)
+		}
+	}
+	for _, ip := range externals {
+		if c.claimFrontend(sp.Name, ip, sp.Port) {
+			external = append(external, ip)
 		}
 	}
 	nodePort := sp.NodePort
 	if nodePort != 0 && !c.claimNodePort(sp.Name, nodePort) {
 		nodePort = 0
 	}
+
 	var eps []model.Endpoint
-	for _, e := range model.UsableEndpoints(sp.Endpoints) {
+	for _, e := range sp.Endpoints {
 		if e.Addr.Is6() == c.v6 {
 			eps = append(eps, e)
 		}
 	}
-	proto := nft.Num(uint32(sp.Name.Protocol))
-	port := nft.Num(uint32(sp.Port))
-	if len(eps) == 0 {
-		reject := &nft.Verdict{Kind: nft.Goto, Chain: chainReject}
-		for _, ip := range frontIPs {
-			c.noEndpointServices.Elements = append(c.noEndpointServices.Elements, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Verdict: reject, Comment: comment})
-		}
-		if nodePort != 0 {
-			c.noEndpointNodePorts.Elements = append(c.noEndpointNodePorts.Elements, nft.Element{Key: []nft.Value{proto, nft.Num(uint32(nodePort))}, Verdict: reject, Comment: comment})
-		}
-		return false
+	cat := model.Categorize(sp, eps, c.node)
+	p := policy{
+		svcChain: ChainName("svc", sp.Name), localChain: ChainName("local", sp.Name), extChain: ChainName("ext", sp.Name),
+		hasInternal: cat.HasAny, hasExternal: cat.HasAny,
 	}
+	p.internalChain, p.externalChain = p.svcChain, p.svcChain
+	if sp.InternalPolicyLocal {
+		p.internalChain, p.hasInternal = p.localChain, len(cat.Local) > 0
+	}
+	if sp.ExternalPolicyLocal {
+		p.externalChain, p.hasExternal = p.localChain, len(cat.Local) > 0
+	}
+	accessible := len(external) > 0 || nodePort != 0
 
-	svcChain := ChainName("svc", sp.Name)
-	c.serviceChains = append(c.serviceChains, c.serviceChain(svcChain, sp, eps, comment))
-	var extChain string
-	if hasExternal || nodePort != 0 {
-		extChain = ChainName("ext", sp.Name)
-		// External traffic (externalTrafficPolicy: Cluster) is always masqueraded, so
-		// that replies come back through this node.
-		c.serviceChains = append(c.serviceChains, &nft.Chain{Name: extChain, Rules: []nft.Rule{
-			{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Jump, Chain: chainMarkMasq}}},
-			{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: svcChain}}},
-		}})
-		if nodePort != 0 {
-			c.serviceNodePorts.Elements = append(c.serviceNodePorts.Elements, nft.Element{Key: []nft.Value{proto, nft.Num(uint32(nodePort))}, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: extChain}, Comment: comment})
-		}
+	var owners []model.ServicePortName
+	if len(cat.Cluster) > 0 {
+		owners = append(owners, c.endpointChain(p.svcChain, sp, sp.Name, cat.Cluster, p.internalChain == p.svcChain, internal, comment)...)
 	}
-	for _, ip := range frontIPs {
-		target := svcChain
-		if !isClusterIP(ip, clusterIPs) {
-			target = extChain
-		}
-		c.serviceIPs.Elements = append(c.serviceIPs.Elements, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: target}, Comment: comment})
+	if sp.UsesLocalEndpoints() && len(cat.Local) > 0 {
+		owners = append(owners, c.endpointChain(p.localChain, sp, localSlotOwner(sp.Name), cat.Local, p.internalChain == p.localChain, internal, comment)...)
 	}
-	return true
+	if cat.HasAny && accessible {
+		c.serviceChains = append(c.serviceChains, c.externalChain(sp, p))
+	}
+	c.frontendElements(sp, p, cat.HasAny, internal, external, nodePort, comment)
+	c.firewall(sp, lbIPs, comment)
+	return owners
 }
 
-// serviceChain masquerades what must be, then DNATs to a uniformly random endpoint slot.
-func (c *compiler) serviceChain(name string, sp *model.ServicePort, eps []model.Endpoint, comment string) *nft.Chain {
-	ch := &nft.Chain{Name: name}
-	switch {
-	case c.cfg.MasqueradeAll:
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Jump, Chain: chainMarkMasq}}})
-	case c.cfg.ClusterCIDR.IsValid():
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
-			nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: c.cfg.ClusterCIDR},
-			nft.Verdict{Kind: nft.Jump, Chain: chainMarkMasq},
-		}})
+// policy holds the chains a service port's traffic goes to, and whether each kind of
+// traffic has endpoints.
+type policy struct {
+	svcChain, localChain, extChain string
+	internalChain, externalChain   string
+	hasInternal, hasExternal       bool
+}
+
+// localSlotOwner names the slot range of a service port's local-policy chain ("/" never
+// occurs in a port name).
+func localSlotOwner(sp model.ServicePortName) model.ServicePortName {
+	sp.Port += "/local"
+	return sp
+}
+
+// frontendElements routes each frontend to its chain, or to reject (no endpoints at all)
+// or drop (a Local policy without local endpoints) in the filter checks.
+func (c *compiler) frontendElements(sp *model.ServicePort, p policy, hasAny bool, internal, external []netip.Addr, nodePort uint16, comment string) {
+	proto, port := nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))
+	internalVerdict, externalVerdict := &nft.Verdict{Kind: nft.Drop}, &nft.Verdict{Kind: nft.Drop}
+	if !hasAny {
+		internalVerdict = &nft.Verdict{Kind: nft.Goto, Chain: chainReject}
+		externalVerdict = internalVerdict
 	}
-	base := c.slots.base(sp.Name, len(eps))
+	for _, ip := range internal {
+		key := []nft.Value{nft.Addr(ip), proto, port}
+		if p.hasInternal {
+			c.serviceIPs.Elements = append(c.serviceIPs.Elements, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.internalChain}, Comment: comment})
+		} else {
+			c.noEndpointServices.Elements = append(c.noEndpointServices.Elements, nft.Element{Key: key, Verdict: internalVerdict, Comment: comment})
+		}
+	}
+	for _, ip := range external {
+		key := []nft.Value{nft.Addr(ip), proto, port}
+		if hasAny {
+			c.serviceIPs.Elements = append(c.serviceIPs.Elements, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment})
+		}
+		if !p.hasExternal {
+			c.noEndpointServices.Elements = append(c.noEndpointServices.Elements, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment})
+		}
+	}
+	if nodePort != 0 {
+		key := []nft.Value{proto, nft.Num(uint32(nodePort))}
+		if hasAny {
+			c.serviceNodePorts.Elements = append(c.serviceNodePorts.Elements, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment})
+		}
+		if !p.hasExternal {
+			c.noEndpointNodePorts.Elements = append(c.noEndpointNodePorts.Elements, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment})
+		}
+	}
+}
+
+// externalChain handles traffic to node ports, external and load-balancer IPs. Under
+// the Cluster policy it is masqueraded (it may leave the node); under the Local policy
+// the client address is kept, except that pods and the node itself short-circuit to
+// the cluster-wide endpoints, as if they had gone out to a load balancer and back.
+func (c *compiler) externalChain(sp *model.ServicePort, p policy) *nft.Chain {
+	jump := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Jump, Chain: ch} }
+	goTo := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Goto, Chain: ch} }
+	ch := &nft.Chain{Name: p.extChain}
+	if !sp.ExternalPolicyLocal {
+		ch.Rules = []nft.Rule{{Stmts: []nft.Stmt{jump(chainMarkMasq)}}, {Stmts: []nft.Stmt{goTo(p.svcChain)}}}
+		return ch
+	}
+	if c.cfg.ClusterCIDR.IsValid() {
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
+			nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: c.cfg.ClusterCIDR}, goTo(p.svcChain),
+		}, Comment: "short-circuit pod traffic"})
+	}
+	ch.Rules = append(ch.Rules,
+		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, jump(chainMarkMasq)}, Comment: "masquerade local traffic"},
+		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, goTo(p.svcChain)}, Comment: "short-circuit local traffic"},
+	)
+	if p.hasExternal {
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{goTo(p.localChain)}})
+	}
+	return ch
+}
+
+// endpointChain builds a chain that picks one of eps: masquerading off-cluster traffic to
+// the cluster IP first when the chain serves internal traffic. It returns the slot owner
+// it used (none with session affinity, which picks through endpoint chains).
+func (c *compiler) endpointChain(name string, sp *model.ServicePort, owner model.ServicePortName, eps []model.Endpoint, internalEntry bool, clusterIPs []netip.Addr, comment string) []model.ServicePortName {
+	ch := &nft.Chain{Name: name}
+	if internalEntry {
+		for _, ip := range clusterIPs {
+			match := []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}}
+			switch {
+			case c.cfg.MasqueradeAll:
+			case c.cfg.ClusterCIDR.IsValid():
+				match = append(match, nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: c.cfg.ClusterCIDR})
+			default:
+				continue
+			}
+			ch.Rules = append(ch.Rules, nft.Rule{Stmts: append(match, nft.Verdict{Kind: nft.Jump, Chain: chainMarkMasq})})
+		}
+	}
+	for _, e := range eps {
+		if !c.hairpinIP[e.Addr] {
+			c.hairpinIP[e.Addr] = true
+			c.hairpin.Elements = append(c.hairpin.Elements, nft.Element{Key: []nft.Value{nft.Addr(e.Addr), nft.Addr(e.Addr)}})
+		}
+	}
+	c.serviceChains = append(c.serviceChains, ch)
+	proto := nft.MatchL4Proto{Proto: sp.Name.Protocol}
+	if sp.AffinityTimeout > 0 {
+		c.affinity(ch, sp, eps, comment)
+		return nil
+	}
+	base := c.slots.base(owner, len(eps))
 	epMap := c.endpointMap(base / PageSlots)
 	for i, e := range eps {
 		epMap.Elements = append(epMap.Elements, nft.Element{
 			Key:  []nft.Value{nft.Num(base + uint32(i))},
 			Data: []nft.Value{nft.Addr(e.Addr), nft.Num(uint32(e.Port))},
 		})
-		if !c.hairpinIP[e.Addr] {
-			c.hairpinIP[e.Addr] = true
-			c.hairpin.Elements = append(c.hairpin.Elements, nft.Element{Key: []nft.Value{nft.Addr(e.Addr), nft.Addr(e.Addr)}})
-		}
 	}
 	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
-		nft.MatchL4Proto{Proto: sp.Name.Protocol},
-		nft.DNATNumgenMap{Mod: uint32(len(eps)), Offset: base, Map: epMap.Name},
+		proto, nft.DNATNumgenMap{Mod: uint32(len(eps)), Offset: base, Map: epMap.Name},
 	}, Comment: comment})
-	return ch
+	return []model.ServicePortName{owner}
+}
+
+// affinity makes ch sticky per client address: each endpoint has a dynamic set of the
+// clients it served recently; a client found in one goes back to that endpoint, a new
+// client draws an endpoint uniformly (numgen draws with probability 1/n, 1/(n-1), …)
+// whose chain records it. Only services with affinity pay for these sets.
+func (c *compiler) affinity(ch *nft.Chain, sp *model.ServicePort, eps []model.Endpoint, comment string) {
+	proto := nft.MatchL4Proto{Proto: sp.Name.Protocol}
+	var picks []nft.Rule
+	for i, e := range eps {
+		epChain := fmt.Sprintf("%s/%d", ch.Name, i)
+		set := &nft.Set{
+			Name: "affinity-" + strings.TrimPrefix(epChain, "svc-"), Key: []nft.Datatype{c.addrType()},
+			Dynamic: true, Timeout: sp.AffinityTimeout, Size: 65535,
+			Comment: "ClientIP affinity to " + e.AddrPort().String(),
+			Epoch:   e.AddrPort().String(), // clients learned for another endpoint are dropped
+		}
+		c.affinitySets = append(c.affinitySets, set)
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
+			nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: set.Name}, nft.Verdict{Kind: nft.Goto, Chain: epChain},
+		}})
+		pick := []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: epChain}}
+		if n := len(eps) - i; n > 1 {
+			pick = append([]nft.Stmt{nft.MatchNumgen{Mod: uint32(n)}}, pick...)
+		}
+		picks = append(picks, nft.Rule{Stmts: pick})
+		c.serviceChains = append(c.serviceChains, &nft.Chain{Name: epChain, Rules: []nft.Rule{
+			{Stmts: []nft.Stmt{nft.UpdateSaddr{Set: set.Name}}},
+			{Stmts: []nft.Stmt{proto, nft.DNATTo{Addr: e.Addr, Port: e.Port}}, Comment: comment},
+		}})
+	}
+	ch.Rules = append(ch.Rules, picks...)
+}
+
+// firewall restricts who may use a service's load-balancer IPs (loadBalancerSourceRanges):
+// other sources are dropped before DNAT.
+func (c *compiler) firewall(sp *model.ServicePort, lbIPs []netip.Addr, comment string) {
+	var ranges []netip.Prefix
+	for _, r := range sp.SourceRanges {
+		if r.Addr().Is6() == c.v6 {
+			ranges = append(ranges, r)
+		}
+	}
+	if len(lbIPs) == 0 || len(sp.SourceRanges) == 0 {
+		return
+	}
+	name := ChainName("fw", sp.Name)
+	ch := &nft.Chain{Name: name}
+	allowNode := false
+	for _, r := range ranges {
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: r}, nft.Verdict{Kind: nft.Return}}})
+		for _, n := range c.node.IPs {
+			allowNode = allowNode || r.Contains(n)
+		}
+	}
+	if allowNode { // the node reaching a VIP it holds locally uses the VIP as source
+		for _, ip := range lbIPs {
+			ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}, nft.Verdict{Kind: nft.Return}}})
+		}
+	}
+	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: comment + " source ranges"})
+	c.serviceChains = append(c.serviceChains, ch)
+	for _, ip := range lbIPs {
+		c.firewallIPs.Elements = append(c.firewallIPs.Elements, nft.Element{
+			Key:     []nft.Value{nft.Addr(ip), nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))},
+			Verdict: &nft.Verdict{Kind: nft.Goto, Chain: name}, Comment: comment,
+		})
+	}
 }
 
 // endpointMap returns the endpoints map of a slot page.
@@ -283,6 +445,19 @@ func (c *compiler) endpointMap(page uint32) *nft.Set {
 		c.endpointMaps[page] = m
 	}
 	return m
+}
+
+// clusterIPsCheck rejects new connections still addressed to a cluster IP after DNAT (a
+// port no service defines) and drops those to unallocated addresses of the service
+// CIDRs, which must never be forwarded.
+func (c *compiler) clusterIPsCheck() []nft.Rule {
+	rules := []nft.Rule{{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setClusterIPs}, nft.Reject{}}, Comment: "cluster IP port that no service defines"}}
+	for _, cidr := range c.serviceCIDRs {
+		if cidr.Addr().Is6() == c.v6 {
+			rules = append(rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: cidr}, nft.Verdict{Kind: nft.Drop}}, Comment: "unallocated service IP"})
+		}
+	}
+	return rules
 }
 
 func isClusterIP(ip netip.Addr, clusterIPs []netip.Addr) bool {
@@ -323,9 +498,8 @@ func (c *compiler) finish() *nft.Ruleset {
 			rule(nft.VMap{Fields: frontend, Map: mapNoEndpointServices}),
 			rule(nodePortMatch, nft.VMap{Fields: portKey, Map: mapNoEndpointNodePorts}),
 		}},
-		{Name: chainClusterIPsCheck, Rules: []nft.Rule{
-			{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setClusterIPs}, nft.Reject{}}, Comment: "cluster IP port that no service defines"},
-		}},
+		{Name: chainClusterIPsCheck, Rules: c.clusterIPsCheck()},
+		{Name: chainFirewallCheck, Rules: []nft.Rule{rule(nft.VMap{Fields: frontend, Map: mapFirewallIPs})}},
 		{Name: chainReject, Rules: []nft.Rule{rule(nft.Reject{})}},
 	}
 	chains = append(chains, c.serviceChains...)
@@ -333,6 +507,9 @@ func (c *compiler) finish() *nft.Ruleset {
 		return &nft.Chain{Name: name, Hook: &nft.Hook{Type: t, Hook: h, Priority: prio}, Rules: rules}
 	}
 	chains = append(chains,
+		// Source ranges are checked before DNAT, on the load-balancer IP.
+		base("filter-prerouting-pre-dnat", nft.TypeFilter, nft.Prerouting, -110, rule(ctNew, jump(chainFirewallCheck))),
+		base("filter-output-pre-dnat", nft.TypeFilter, nft.Output, -110, rule(ctNew, jump(chainFirewallCheck))),
 		// The checks run after DNAT (filter priority 0): a packet that still has a
 		// service address as destination was not sent to an endpoint.
 		base("filter-input", nft.TypeFilter, nft.Input, 0, rule(ctNew, jump(chainEndpointsCheck))),
@@ -343,7 +520,8 @@ func (c *compiler) finish() *nft.Ruleset {
 		base("nat-postrouting", nft.TypeNAT, nft.Postrouting, 100, rule(jump(chainMasquerading))),
 	)
 	sets := []*nft.Set{c.clusterIPs, c.nodePortIPs, c.serviceIPs, c.serviceNodePorts,
-		c.noEndpointServices, c.noEndpointNodePorts, c.hairpin}
+		c.noEndpointServices, c.noEndpointNodePorts, c.hairpin, c.firewallIPs}
+	sets = append(sets, c.affinitySets...)
 	pages := make([]uint32, 0, len(c.endpointMaps))
 	for p := range c.endpointMaps {
 		pages = append(pages, p)

@@ -120,81 +120,117 @@ func checkReferences(t *testing.T, rs *nft.Ruleset) {
 }
 
 // checkEndpointSlots: a service port has a svc chain exactly when it has a cluster IP and
-// usable endpoints in the family; its DNAT's Mod consecutive keys from Offset exist in the
-// map it names and hold exactly its usable endpoints; no endpoint map holds anything else;
-// a range of at most one page stays within one page.
+// cluster-policy endpoints in the family (model.Categorize), and a local chain exactly
+// when it uses local endpoints and has some; each chain picks among exactly those
+// endpoints — through its DNAT's Mod consecutive slots from Offset (which stay within one
+// page), or, with session affinity, through one endpoint chain per endpoint; no endpoint
+// map holds anything else.
 func checkEndpointSlots(t *testing.T, rs *nft.Ruleset, snap *model.Snapshot, fam nft.Family) {
 	t.Helper()
 	v6 := fam == nft.IPv6
-	sets := map[string]*nft.Set{}
-	for _, s := range rs.Sets {
-		sets[s.Name] = s
-	}
 	used := map[string]int{} // endpoint map → keys accounted for
 	for _, sp := range snap.Services {
-		name := ChainName("svc", sp.Name)
-		ch := chainNamed(rs, name)
-		var want []string
-		for _, e := range model.UsableEndpoints(sp.Endpoints) {
+		var eps []model.Endpoint
+		for _, e := range sp.Endpoints {
 			if e.Addr.Is6() == v6 {
-				want = append(want, e.AddrPort().String())
+				eps = append(eps, e)
 			}
 		}
+		cat := model.Categorize(&sp, eps, snap.Node)
 		hasIP := len(model.AddrsOf(sp.ClusterIPs, v6)) > 0
-		if (ch != nil) != (hasIP && len(want) > 0) {
-			t.Errorf("%s: chain present = %v, with %d usable endpoints in %s", name, ch != nil, len(want), fam)
-		}
-		if ch == nil {
-			continue
-		}
-		var dnats []nft.DNATNumgenMap
-		for _, r := range ch.Rules {
-			for _, st := range r.Stmts {
-				if d, ok := st.(nft.DNATNumgenMap); ok {
-					dnats = append(dnats, d)
-				}
-			}
-		}
-		if len(dnats) != 1 {
-			t.Errorf("%s: %d DNAT statements, want 1", name, len(dnats))
-			continue
-		}
-		d := dnats[0]
-		if int(d.Mod) != len(want) {
-			t.Errorf("%s: mod %d, want %d usable endpoints", name, d.Mod, len(want))
-		}
-		if d.Mod <= PageSlots && d.Offset/PageSlots != (d.Offset+d.Mod-1)/PageSlots {
-			t.Errorf("%s: slots [%d, %d) straddle a page", name, d.Offset, d.Offset+d.Mod)
-		}
-		m := sets[d.Map]
-		if m == nil {
-			continue // reported by checkReferences
-		}
-		byKey := map[uint32]nft.Element{}
-		for _, e := range m.Elements {
-			byKey[e.Key[0].Num] = e
-		}
-		var got []string
-		for k := d.Offset; k < d.Offset+d.Mod; k++ {
-			e, ok := byKey[k]
-			if !ok {
-				t.Errorf("%s: slot %d missing from %s", name, k, d.Map)
-				continue
-			}
-			got = append(got, netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)).String())
-		}
-		used[d.Map] += int(d.Mod)
-		sort.Strings(got)
-		sort.Strings(want)
-		if !slices.Equal(got, want) {
-			t.Errorf("%s: slots hold %v, want the usable endpoints %v", name, got, want)
-		}
+		checkPicks(t, rs, ChainName("svc", sp.Name), hasIP, cat.Cluster, sp.AffinityTimeout > 0, used)
+		checkPicks(t, rs, ChainName("local", sp.Name), hasIP && sp.UsesLocalEndpoints(), cat.Local, sp.AffinityTimeout > 0, used)
 	}
 	for _, s := range rs.Sets {
 		if s.IsMap() && slices.Equal(s.Key, []nft.Datatype{nft.TypeNumgen}) && len(s.Elements) != used[s.Name] {
 			t.Errorf("endpoint map %s: %d elements, but service chains use %d", s.Name, len(s.Elements), used[s.Name])
 		}
 	}
+}
+
+// checkPicks checks one endpoint-choosing chain against the endpoints it must choose from.
+func checkPicks(t *testing.T, rs *nft.Ruleset, name string, applies bool, eps []model.Endpoint, affinity bool, used map[string]int) {
+	t.Helper()
+	var want []string
+	for _, e := range eps {
+		want = append(want, e.AddrPort().String())
+	}
+	ch := chainNamed(rs, name)
+	if (ch != nil) != (applies && len(want) > 0) {
+		t.Errorf("%s: chain present = %v, with %d endpoints to choose from", name, ch != nil, len(want))
+	}
+	if ch == nil {
+		return
+	}
+	var got []string
+	if affinity {
+		for i := range want {
+			epChain := chainNamed(rs, fmt.Sprintf("%s/%d", name, i))
+			if epChain == nil {
+				t.Errorf("%s: endpoint chain %d missing", name, i)
+				continue
+			}
+			for _, r := range epChain.Rules {
+				for _, st := range r.Stmts {
+					if d, ok := st.(nft.DNATTo); ok {
+						got = append(got, netip.AddrPortFrom(d.Addr, d.Port).String())
+					}
+				}
+			}
+		}
+	} else {
+		got = slotTargets(t, rs, ch, used)
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: picks %v, want %v", name, got, want)
+	}
+}
+
+// slotTargets returns the endpoints a chain's single numgen DNAT can choose.
+func slotTargets(t *testing.T, rs *nft.Ruleset, ch *nft.Chain, used map[string]int) []string {
+	t.Helper()
+	var dnats []nft.DNATNumgenMap
+	for _, r := range ch.Rules {
+		for _, st := range r.Stmts {
+			if d, ok := st.(nft.DNATNumgenMap); ok {
+				dnats = append(dnats, d)
+			}
+		}
+	}
+	if len(dnats) != 1 {
+		t.Errorf("%s: %d DNAT statements, want 1", ch.Name, len(dnats))
+		return nil
+	}
+	d := dnats[0]
+	if d.Mod <= PageSlots && d.Offset/PageSlots != (d.Offset+d.Mod-1)/PageSlots {
+		t.Errorf("%s: slots [%d, %d) straddle a page", ch.Name, d.Offset, d.Offset+d.Mod)
+	}
+	var m *nft.Set
+	for _, s := range rs.Sets {
+		if s.Name == d.Map {
+			m = s
+		}
+	}
+	if m == nil {
+		return nil // reported by checkReferences
+	}
+	byKey := map[uint32]nft.Element{}
+	for _, e := range m.Elements {
+		byKey[e.Key[0].Num] = e
+	}
+	var got []string
+	for k := d.Offset; k < d.Offset+d.Mod; k++ {
+		e, ok := byKey[k]
+		if !ok {
+			t.Errorf("%s: slot %d missing from %s", ch.Name, k, d.Map)
+			continue
+		}
+		got = append(got, netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)).String())
+	}
+	used[d.Map] += int(d.Mod)
+	return got
 }
 
 // ---- readable views of ruleset values ------------------------------------------------
@@ -339,7 +375,13 @@ const (
 var (
 	jumpMasq      = nft.Verdict{Kind: nft.Jump, Chain: markMasq}
 	masqOffClustr = nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("10.244.0.0/16")}
+	toEcho        = to("10.96.0.10") // the masquerade rule only applies to cluster-IP traffic
 )
+
+func to(ip string) nft.MatchPrefix {
+	a := netip.MustParseAddr(ip)
+	return nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(a, a.BitLen())}
+}
 
 func dnat(mod uint32) []nft.Stmt {
 	return []nft.Stmt{nft.MatchL4Proto{Proto: tcp}, nft.DNATNumgenMap{Mod: mod}}
@@ -357,7 +399,7 @@ func TestCompile(t *testing.T) {
 		return sp
 	}
 	svcOnly := func(mod uint32) map[string][][]nft.Stmt {
-		return map[string][][]nft.Stmt{echoSvc: {{masqOffClustr, jumpMasq}, dnat(mod)}}
+		return map[string][][]nft.Stmt{echoSvc: {{toEcho, masqOffClustr, jumpMasq}, dnat(mod)}}
 	}
 	extRules := [][]nft.Stmt{{jumpMasq}, {nft.Verdict{Kind: nft.Goto, Chain: echoSvc}}}
 	empty := map[string]string{}
@@ -461,7 +503,7 @@ func TestCompile(t *testing.T) {
 				mapServiceNodePorts:    {"6 . 30080": "goto " + echoExt},
 				mapNoEndpointNodePorts: empty,
 			},
-			chains: map[string][][]nft.Stmt{echoExt: extRules, echoSvc: {{masqOffClustr, jumpMasq}, dnat(2)}},
+			chains: map[string][][]nft.Stmt{echoExt: extRules, echoSvc: {{toEcho, masqOffClustr, jumpMasq}, dnat(2)}},
 		},
 		{
 			name: "externalIP and load-balancer IP go through the ext chain, the cluster IP does not",
@@ -483,7 +525,7 @@ func TestCompile(t *testing.T) {
 			name:   "masquerade-all: every connection to the service is marked",
 			cfg:    func(c *Config) { c.MasqueradeAll = true },
 			snap:   snapshot(echo(nil)),
-			chains: map[string][][]nft.Stmt{echoSvc: {{jumpMasq}, dnat(2)}},
+			chains: map[string][][]nft.Stmt{echoSvc: {{toEcho, jumpMasq}, dnat(2)}},
 		},
 		{
 			name:   "cluster CIDR: connections from outside it are marked",
@@ -507,7 +549,7 @@ func TestCompile(t *testing.T) {
 				setNodePortIPs: {"2001:db8::10": ""},
 			},
 			chains: map[string][][]nft.Stmt{echoSvc: {{
-				nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("fd00:244::/56")}, jumpMasq,
+				to("fd00:96::10"), nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("fd00:244::/56")}, jumpMasq,
 			}, dnat(1)}},
 		},
 		{
@@ -722,7 +764,7 @@ func TestCompile(t *testing.T) {
 					"10.96.0.2 . 132 . 3868": "goto svc-default/b/sctp/-",
 				},
 			},
-			chains: map[string][][]nft.Stmt{"svc-default/b/sctp/-": {{masqOffClustr, jumpMasq}, {nft.MatchL4Proto{Proto: sctp}, nft.DNATNumgenMap{Mod: 2}}}},
+			chains: map[string][][]nft.Stmt{"svc-default/b/sctp/-": {{to("10.96.0.2"), masqOffClustr, jumpMasq}, {nft.MatchL4Proto{Proto: sctp}, nft.DNATNumgenMap{Mod: 2}}}},
 		},
 		{
 			name: "node port addresses: only the family's",

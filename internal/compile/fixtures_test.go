@@ -73,7 +73,8 @@ func scenarios() map[string]*model.Snapshot {
 				Endpoints: []model.Endpoint{ep("10.244.1.5", 3868)},
 			},
 		}},
-		"empty": {Node: node},
+		"empty":    {Node: node},
+		"policies": policiesScenario(),
 		"dual-stack": {Node: model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10"), ip("2001:db8::10")}}, Services: []model.ServicePort{{
 			Name:       model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: model.ProtoTCP},
 			ClusterIPs: []netip.Addr{ip("10.96.0.20"), ip("fd00:96::20")}, Port: 80, NodePort: 30080,
@@ -137,4 +138,40 @@ func numbered(n int) []model.Endpoint {
 		out = append(out, ep(fmt.Sprintf("10.244.4.%d", i), 8080), ep(fmt.Sprintf("fd00:244:4::%d", i), 8080))
 	}
 	return out
+}
+
+// policiesScenario exercises traffic policies, source ranges, affinity and service CIDRs
+// in both families.
+func policiesScenario() *model.Snapshot {
+	node := model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10"), ip("2001:db8::10")}}
+	local := func(addr string) model.Endpoint { e := ep(addr, 8080); e.NodeName = "node-1"; return e }
+	remote := func(addr string) model.Endpoint { e := ep(addr, 8080); e.NodeName = "node-2"; return e }
+	return &model.Snapshot{
+		Node:         node,
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")},
+		Services: []model.ServicePort{
+			{
+				Name:       model.ServicePortName{Namespace: "default", Name: "affinity", Protocol: model.ProtoTCP},
+				ClusterIPs: []netip.Addr{ip("10.96.0.30"), ip("fd00:96::30")}, Port: 80, AffinityTimeout: 60,
+				Endpoints: []model.Endpoint{ep("10.244.1.2", 8080), ep("10.244.1.3", 8080), ep("10.244.1.4", 8080), ep("fd00:244:1::2", 8080), ep("fd00:244:1::3", 8080)},
+			},
+			{
+				Name:       model.ServicePortName{Namespace: "default", Name: "etp-local", Port: "http", Protocol: model.ProtoTCP},
+				ClusterIPs: []netip.Addr{ip("10.96.0.31"), ip("fd00:96::31")}, Port: 80, NodePort: 30100,
+				LoadBalancerIPs: []netip.Addr{ip("198.51.100.20"), ip("2001:db8:2::20")}, ExternalPolicyLocal: true, HealthCheckNodePort: 32000,
+				SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32")},
+				Endpoints:    []model.Endpoint{local("10.244.1.2"), remote("10.244.2.2"), local("fd00:244:1::2"), remote("fd00:244:2::2")},
+			},
+			{
+				Name:       model.ServicePortName{Namespace: "default", Name: "etp-local-remote-only", Protocol: model.ProtoUDP},
+				ClusterIPs: []netip.Addr{ip("10.96.0.32"), ip("fd00:96::32")}, Port: 53, NodePort: 30053, ExternalPolicyLocal: true,
+				Endpoints: []model.Endpoint{remote("10.244.2.3"), remote("fd00:244:2::3")},
+			},
+			{
+				Name:       model.ServicePortName{Namespace: "default", Name: "itp-local", Protocol: model.ProtoTCP},
+				ClusterIPs: []netip.Addr{ip("10.96.0.33"), ip("fd00:96::33")}, Port: 80, InternalPolicyLocal: true,
+				Endpoints: []model.Endpoint{remote("10.244.2.4"), remote("fd00:244:2::4")},
+			},
+		},
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -135,9 +136,50 @@ func (b *builder) service(svc *v1.Service, slices []*discovery.EndpointSlice) []
 			}
 		}
 		sp.Endpoints = b.endpoints(p.Name, proto, slices)
+		b.policies(svc, &sp)
 		out = append(out, sp)
 	}
 	return out
+}
+
+// Session affinity timeouts: kube-proxy's default, and the API's maximum.
+const (
+	DefaultAffinityTimeout = 10800
+	MaxAffinityTimeout     = 86400
+)
+
+// policies fills traffic policies, health check port, affinity and source ranges.
+func (b *builder) policies(svc *v1.Service, sp *ServicePort) {
+	sp.InternalPolicyLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
+	sp.ExternalPolicyLocal = sp.ExternallyAccessible() && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	if sp.ExternalPolicyLocal && svc.Spec.Type == v1.ServiceTypeLoadBalancer && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
+		sp.HealthCheckNodePort = uint16(svc.Spec.HealthCheckNodePort)
+	}
+	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		t := int32(DefaultAffinityTimeout)
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			t = *c.ClientIP.TimeoutSeconds
+		}
+		switch {
+		case t <= 0:
+			b.problem("Service", svc.Namespace, svc.Name, "sessionAffinityConfig.clientIP.timeoutSeconds %d is not positive, using %d", t, DefaultAffinityTimeout)
+			t = DefaultAffinityTimeout
+		case t > MaxAffinityTimeout:
+			b.problem("Service", svc.Namespace, svc.Name, "sessionAffinityConfig.clientIP.timeoutSeconds %d exceeds %d, using %d", t, MaxAffinityTimeout, MaxAffinityTimeout)
+			t = MaxAffinityTimeout
+		}
+		sp.AffinityTimeout = uint32(t)
+	}
+	if len(sp.LoadBalancerIPs) > 0 {
+		for _, r := range svc.Spec.LoadBalancerSourceRanges {
+			p, err := netip.ParsePrefix(strings.TrimSpace(r))
+			if err != nil {
+				b.problem("Service", svc.Namespace, svc.Name, "loadBalancerSourceRanges entry %q is not a CIDR, ignored", r)
+				continue
+			}
+			sp.SourceRanges = append(sp.SourceRanges, p.Masked())
+		}
+	}
 }
 
 // addrs parses a list of IP strings, reporting and skipping garbage, keeping at most one
@@ -197,6 +239,14 @@ func (b *builder) endpoints(portName string, proto uint8, slices []*discovery.En
 				}
 				if ep.Zone != nil {
 					e.Zone = *ep.Zone
+				}
+				if h := ep.Hints; h != nil {
+					for _, z := range h.ForZones {
+						e.ZoneHints = append(e.ZoneHints, z.Name)
+					}
+					for _, n := range h.ForNodes {
+						e.NodeHints = append(e.NodeHints, n.Name)
+					}
 				}
 				if seen[e.AddrPort()] {
 					break

@@ -252,9 +252,16 @@ func diff(b *batch, prev, cur *state, st *Stats) error {
 		recreated[s.Name] = true
 	}
 
-	// 1. element deletions in kept sets (they may refer to chains about to go)
+	// 1. element deletions in kept sets (they may refer to chains about to go); learned
+	// entries of dynamic sets are dropped when the set's epoch changes
 	for _, s := range cur.rs.Sets {
 		if recreated[s.Name] {
+			continue
+		}
+		if s.Dynamic {
+			if prev.sets[s.Name].Epoch != s.Epoch {
+				try(b.flushSet(s.Name))
+			}
 			continue
 		}
 		var del []nft.Element
@@ -332,6 +339,7 @@ func diff(b *batch, prev, cur *state, st *Stats) error {
 // sameSetDef reports whether two sets have the same type, flags and comment.
 func sameSetDef(a, b *nft.Set) bool {
 	return a != nil && b != nil && a.Interval == b.Interval && a.Comment == b.Comment &&
+		a.Dynamic == b.Dynamic && a.Timeout == b.Timeout && a.Size == b.Size &&
 		slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data)
 }
 

@@ -143,6 +143,12 @@ func (b *batch) addSet(s *nft.Set) error {
 		if s.Interval {
 			flags |= unix.NFT_SET_INTERVAL
 		}
+		if s.Timeout > 0 {
+			flags |= unix.NFT_SET_TIMEOUT
+		}
+		if s.Dynamic {
+			flags |= unix.NFT_SET_EVAL
+		}
 		ae.Uint32(unix.NFTA_SET_FLAGS, flags)
 		ae.Uint32(unix.NFTA_SET_KEY_TYPE, keyType)
 		ae.Uint32(unix.NFTA_SET_KEY_LEN, keyLen)
@@ -156,6 +162,15 @@ func (b *batch) addSet(s *nft.Set) error {
 			ae.Uint32(unix.NFTA_SET_DATA_LEN, dl)
 		}
 		ae.Uint32(unix.NFTA_SET_ID, id)
+		if s.Size > 0 {
+			ae.Nested(unix.NFTA_SET_DESC, func(nae *netlink.AttributeEncoder) error {
+				nae.Uint32(unix.NFTA_SET_DESC_SIZE, s.Size)
+				return nil
+			})
+		}
+		if s.Timeout > 0 {
+			ae.Uint64(unix.NFTA_SET_TIMEOUT, uint64(s.Timeout)*1000)
+		}
 		ae.Bytes(unix.NFTA_SET_USERDATA, setUserdata(b.fam, s))
 	})
 }
@@ -198,6 +213,14 @@ func (b *batch) elems(s *nft.Set, es []nft.Element, del bool) error {
 		}
 	}
 	return nil
+}
+
+// flushSet deletes every element of a set (dynamic sets' learned entries).
+func (b *batch) flushSet(name string) error {
+	return b.add(unix.NFT_MSG_DELSETELEM, 0, "flush set "+name, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+		ae.String(unix.NFTA_SET_ELEM_LIST_SET, name)
+	})
 }
 
 func encodeElement(s *nft.Set, e nft.Element, keyOnly bool) ([]byte, error) {

@@ -17,8 +17,8 @@ import (
 
 const (
 	reg1      = 1 // NFT_REG_1: 16 bytes, aliases NFT_REG32_00..03
+	reg2      = 2 // NFT_REG_2: 16 bytes, aliases NFT_REG32_04..07
 	reg32base = 8 // NFT_REG32_00
-	regV6Port = 2 // NFT_REG_2: after a 16-byte IPv6 address in NFT_REG_1
 )
 
 // exprs encodes one rule's statements.
@@ -84,19 +84,49 @@ func stmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
 	case nft.Masquerade:
 		return []expr.Any{&expr.Masq{FullyRandom: s.FullyRandom}}, nil
 	case nft.DNATNumgenMap:
-		portReg := uint32(reg32base + 1)
-		if fam == nft.IPv6 {
-			portReg = regV6Port
-		}
 		return []expr.Any{
 			&expr.Numgen{Register: reg1, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM, Offset: s.Offset},
 			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: s.Map},
-			&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(fam), RegAddrMin: reg1, RegAddrMax: reg1, RegProtoMin: portReg, RegProtoMax: portReg, Specified: true},
+			dnatRegs(fam, natPortReg(fam)),
 		}, nil
 	case nft.Counter:
 		return []expr.Any{&expr.Counter{}}, nil
+	case nft.MatchFibSaddrLocal:
+		return []expr.Any{
+			&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: le32(unix.RTN_LOCAL)},
+		}, nil
+	case nft.MatchNumgen:
+		return []expr.Any{
+			&expr.Numgen{Register: reg1, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: le32(0)},
+		}, nil
+	case nft.DNATTo:
+		return []expr.Any{
+			&expr.Immediate{Register: reg1, Data: s.Addr.AsSlice()},
+			&expr.Immediate{Register: reg2, Data: binary.BigEndian.AppendUint16(nil, s.Port)},
+			dnatRegs(fam, reg2),
+		}, nil
+	case nft.UpdateSaddr:
+		off, n := addrField(fam, nft.FieldSaddr)
+		return []expr.Any{
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+			&expr.Dynset{SrcRegKey: reg1, SetName: s.Set, Operation: unix.NFT_DYNSET_OP_UPDATE},
+		}, nil
 	}
 	return nil, fmt.Errorf("kernel: no encoding for statement %T", s)
+}
+
+// natPortReg is where a map lookup leaves the port of an "address . port" value.
+func natPortReg(fam nft.Family) uint32 {
+	if fam == nft.IPv6 {
+		return reg2
+	}
+	return reg32base + 1
+}
+
+func dnatRegs(fam nft.Family, portReg uint32) *expr.NAT {
+	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(fam), RegAddrMin: reg1, RegAddrMax: reg1, RegProtoMin: portReg, RegProtoMax: portReg, Specified: true}
 }
 
 func verdict(v nft.Verdict) (*expr.Verdict, error) {
@@ -321,6 +351,11 @@ func setUserdata(fam nft.Family, s *nft.Set) []byte {
 		cat = udataTLV(cat, 0, typeofExpr(exprPayload, payloadTypeof(addrDesc, addrField)))
 		cat = udataTLV(cat, 1, typeofExpr(exprPayload, payloadTypeof(11, 2))) // proto_th, THDR_DPORT
 		u = udataTLV(u, udataSetDataTypeof, typeofExpr(exprConcat, cat))
+		u = udataU32(u, udataSetDataInterval, 0)
+	case len(s.Key) == 1 && s.IsMap() && len(s.Data) > 1:
+		u = udataU32(u, udataSetKeyByteorder, 2)
+		u = udataU32(u, udataSetDataByteorder, 0)
+		u = udataTLV(u, udataSetDataTypeof, typeofExpr(exprConcat, nil))
 		u = udataU32(u, udataSetDataInterval, 0)
 	case len(s.Key) == 1:
 		u = udataU32(u, udataSetKeyByteorder, 2) // big endian
