@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -23,6 +24,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
@@ -46,6 +48,9 @@ type Config struct {
 	SyncPeriod        time.Duration
 	// LocalAddrs lists the machine's addresses (for --nodeport-addresses CIDRs).
 	LocalAddrs func() ([]netip.Addr, error)
+	// ServiceCIDRs are used when the API serves no ServiceCIDR objects
+	// (--service-cluster-ip-range).
+	ServiceCIDRs []netip.Prefix
 }
 
 // Dataplane is what the controller needs from the kernel side.
@@ -68,6 +73,7 @@ type Proxy struct {
 	services    corelisters.ServiceLister
 	slices      discoverylisters.EndpointSliceLister
 	nodes       corelisters.NodeLister
+	cidrs       networkinglisters.ServiceCIDRLister // nil when the API has no ServiceCIDRs
 
 	slots    map[nft.Family]*compile.Slots
 	reported map[model.Problem]bool // problems already logged, so each is logged once
@@ -107,7 +113,15 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	sliceInf := p.factory.Discovery().V1().EndpointSlices()
 	nodeInf := p.nodeFactory.Core().V1().Nodes()
 	p.services, p.slices, p.nodes = svcInf.Lister(), sliceInf.Lister(), nodeInf.Lister()
-	for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer(), nodeInf.Informer()} {
+	infs := []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer(), nodeInf.Informer()}
+	if servesServiceCIDRs(client) {
+		cidrInf := p.factory.Networking().V1().ServiceCIDRs()
+		p.cidrs = cidrInf.Lister()
+		infs = append(infs, cidrInf.Informer())
+	} else {
+		log.Info("The API serves no ServiceCIDR objects; using --service-cluster-ip-range", "cidrs", cfg.ServiceCIDRs)
+	}
+	for _, inf := range infs {
 		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { p.changed() },
 			UpdateFunc: func(old, cur any) { p.changed() },
@@ -208,7 +222,15 @@ func (p *Proxy) compile() (*model.Snapshot, []*nft.Ruleset, error) {
 		return nil, nil, err
 	}
 	node, _ := p.nodes.Get(p.cfg.NodeName) // nil until the Node is known
-	snap, rulesets, problems, err := Compile(p.cfg, p.slots, svcs, slices, node)
+	cfg := p.cfg
+	if p.cidrs != nil {
+		objs, err := p.cidrs.List(labels.Everything())
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.ServiceCIDRs = serviceCIDRs(objs)
+	}
+	snap, rulesets, problems, err := Compile(cfg, p.slots, svcs, slices, node)
 	p.report(problems)
 	return snap, rulesets, err
 }
@@ -220,6 +242,7 @@ var Families = []nft.Family{nft.IPv4, nft.IPv6}
 // per family (see compile.Slots); problems lists bad input that was skipped.
 func Compile(cfg Config, slots map[nft.Family]*compile.Slots, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
 	snap, problems := model.Build(svcs, slices, node)
+	snap.ServiceCIDRs = cfg.ServiceCIDRs
 	npAddrs, allLocal, err := nodePortAddrs(cfg, snap.Node)
 	if err != nil {
 		return nil, nil, problems, err
@@ -246,6 +269,37 @@ func Compile(cfg Config, slots map[nft.Family]*compile.Slots, svcs []*v1.Service
 		out = append(out, rs)
 	}
 	return snap, out, problems, nil
+}
+
+// servesServiceCIDRs asks the API whether it has networking.k8s.io/v1 ServiceCIDRs (an
+// informer for a resource the API lacks would never sync).
+func servesServiceCIDRs(client kubernetes.Interface) bool {
+	list, err := client.Discovery().ServerResourcesForGroupVersion("networking.k8s.io/v1")
+	if err != nil {
+		return false
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "servicecidrs" {
+			return true
+		}
+	}
+	return false
+}
+
+// serviceCIDRs collects the ranges of ServiceCIDR objects that are not being deleted.
+func serviceCIDRs(objs []*networkingv1.ServiceCIDR) []netip.Prefix {
+	var out []netip.Prefix
+	for _, o := range objs {
+		if o.DeletionTimestamp != nil {
+			continue
+		}
+		for _, c := range o.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	return out
 }
 
 // nodePortAddrs resolves --nodeport-addresses into addresses, or "all local" per family.
