@@ -46,7 +46,7 @@ func (b *batch) add(typ uint16, flags netlink.HeaderFlags, what string, build fu
 	msg := netlink.Message{
 		Header: netlink.Header{
 			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ),
-			Flags: netlink.Request | netlink.Acknowledge | flags,
+			Flags: netlink.Request | flags,
 		},
 		Data: append([]byte{byte(b.fam), unix.NFNETLINK_V0, 0, 0}, data...),
 	}
@@ -293,8 +293,10 @@ func verdictCode(v nft.Verdict) (uint32, string, error) {
 	return 0, "", fmt.Errorf("unknown verdict kind %d", v.Kind)
 }
 
-// send submits the batch as one transaction and waits for the kernel's answer to every
-// message. The kernel applies all of it or, on any error, none of it.
+// send submits the batch as one transaction. The kernel applies all of it or, on any
+// error, none of it. Only the last message asks for an acknowledgement: the kernel
+// answers a failing message whether asked or not, and one ack per message would overflow
+// the socket's receive buffer for large batches (ENOBUFS).
 func (b *batch) send(c *netlink.Conn) error {
 	if len(b.msgs) == 0 {
 		return nil
@@ -305,37 +307,51 @@ func (b *batch) send(c *netlink.Conn) error {
 	end.Header.Type = unix.NFNL_MSG_BATCH_END
 	msgs = append(msgs, begin)
 	msgs = append(msgs, b.msgs...)
+	msgs[len(msgs)-1].Header.Flags |= netlink.Acknowledge
 	msgs = append(msgs, end)
 	if err := sizeBuffers(c, b.bytes); err != nil {
 		return err
 	}
-	if _, err := c.SendMessages(msgs); err != nil {
+	sent, err := c.SendMessages(msgs)
+	if err != nil {
 		return fmt.Errorf("sending batch of %d messages (%d bytes): %w", len(msgs), b.bytes, err)
 	}
-	// Every message asked for an ack; the kernel answers each (error or ack) after
-	// processing the whole batch. The deadline guards against a lost answer.
+	lastSeq := sent[len(sent)-2].Header.Sequence
 	if err := c.SetReadDeadline(time.Now().Add(ackTimeout)); err != nil {
 		return err
 	}
 	var errs []error
-	for pending := len(b.msgs); pending > 0; {
+	for {
 		replies, err := c.Receive()
 		switch {
 		case err == nil:
-			pending -= len(replies)
-		case errors.Is(err, syscall.ENOBUFS), errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, os.ErrPermission):
+			for _, r := range replies {
+				if r.Header.Sequence == lastSeq {
+					return b.failure(errs)
+				}
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded) && len(errs) > 0:
+			return b.failure(errs) // all errors of a failed batch have arrived
+		case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, syscall.ENOBUFS), errors.Is(err, os.ErrPermission):
 			return fmt.Errorf("transaction of %d messages (%d bytes): %w", len(b.msgs), b.bytes, errors.Join(append(errs, err)...))
 		default:
-			pending--
+			// An error for some message: the batch failed. Collect the rest of the
+			// errors (they arrive together) without waiting for the full timeout.
 			if len(errs) < 5 {
 				errs = append(errs, err)
 			}
+			if err := c.SetReadDeadline(time.Now().Add(200 * time.Millisecond)); err != nil {
+				return err
+			}
 		}
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("kernel refused the transaction of %d messages: %w", len(b.msgs), errors.Join(errs...))
+}
+
+func (b *batch) failure(errs []error) error {
+	if len(errs) == 0 {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("kernel refused the transaction of %d messages: %w", len(b.msgs), errors.Join(errs...))
 }
 
 const ackTimeout = 60 * time.Second
@@ -350,11 +366,9 @@ func sizeBuffers(c *netlink.Conn, bytes int) error {
 	}
 	var serr error
 	if err := raw.Control(func(fd uintptr) {
-		if want > 4<<20 {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, want)
-		}
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, want)
 		if serr == nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20)
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20)
 		}
 	}); err != nil {
 		return err
