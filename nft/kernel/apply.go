@@ -212,8 +212,7 @@ func index(rs *nft.Ruleset) *state {
 		m := make(map[string]encodedElem, len(s.Elements))
 		for _, e := range s.Elements {
 			k, _ := encodeValues(s.Key, e.Key)
-			full, _ := encodeElement(s, e, false)
-			m[string(k)] = encodedElem{elem: e, full: string(full)}
+			m[string(k)] = encodedElem{elem: e, full: fingerprint(s, e, k)}
 		}
 		st.elems[s.Name] = m
 	}
@@ -221,6 +220,22 @@ func index(rs *nft.Ruleset) *state {
 		st.chains[c.Name] = c
 	}
 	return st
+}
+
+// fingerprint identifies an element's key, value and comment: equal fingerprints need no
+// kernel update.
+func fingerprint(s *nft.Set, e nft.Element, key []byte) string {
+	b := append([]byte(nil), key...)
+	b = append(b, 0)
+	if e.Verdict != nil {
+		b = append(b, byte(e.Verdict.Kind))
+		b = append(b, e.Verdict.Chain...)
+	} else if len(e.Data) > 0 {
+		data, _ := encodeValues(s.Data, e.Data)
+		b = append(b, data...)
+	}
+	b = append(b, 0)
+	return string(append(b, e.Comment...))
 }
 
 // diff appends to b the messages that turn prev into cur, in an order the kernel accepts
