@@ -13,6 +13,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 
@@ -40,7 +41,7 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 			if len(bytes.TrimSpace(doc)) == 0 || onlyComments(doc) {
 				continue
 			}
-			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+			obj, _, err := strict.UniversalDeserializer().Decode(doc, nil, nil)
 			if err != nil {
 				t.Errorf("%s: decoding: %v", f, err)
 				continue
@@ -55,6 +56,10 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 		t.Fatalf("only %d objects in manifests/, want at least a DaemonSet, ServiceAccount, ClusterRole and binding", objects)
 	}
 }
+
+// strict decoding rejects unknown and duplicate fields, which a typed object would
+// otherwise drop silently before the API server could see them.
+var strict = serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict)
 
 func onlyComments(doc []byte) bool {
 	for _, line := range bytes.Split(doc, []byte("\n")) {
