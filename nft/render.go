@@ -43,8 +43,6 @@ func renderSet(b *strings.Builder, fam Family, s *Set) {
 		fmt.Fprintf(b, "\t\tsize %d\n", s.Size)
 	}
 	switch {
-	case s.Interval:
-		b.WriteString("\t\tflags interval\n")
 	case s.Dynamic && s.Timeout > 0:
 		b.WriteString("\t\tflags dynamic,timeout\n")
 	case s.Dynamic:
@@ -151,12 +149,6 @@ func renderValues(types []Datatype, vals []Value) string {
 func renderValue(t Datatype, v Value) string {
 	switch t {
 	case TypeIPv4Addr, TypeIPv6Addr:
-		if v.Prefix.IsValid() {
-			if v.Prefix.Bits() == v.Prefix.Addr().BitLen() {
-				return v.Prefix.Addr().String()
-			}
-			return v.Prefix.String()
-		}
 		return v.Addr.String()
 	case TypeInetProto:
 		return ProtoName(uint8(v.Num))

@@ -126,9 +126,9 @@ func TestRenderRule(t *testing.T) {
 
 func TestRender(t *testing.T) {
 	rs := &Ruleset{Family: IPv4, Table: "t", Sets: []*Set{
-		{Name: "nets", Key: []Datatype{TypeIPv4Addr}, Interval: true, Elements: []Element{
-			{Key: []Value{Net(netip.MustParsePrefix("10.0.0.0/8"))}},
-			{Key: []Value{Net(netip.MustParsePrefix("192.0.2.1/32"))}},
+		{Name: "nets", Key: []Datatype{TypeIPv4Addr}, Dynamic: true, Timeout: 60, Size: 100, Elements: []Element{
+			{Key: []Value{Addr(netip.MustParseAddr("10.0.0.1"))}},
+			{Key: []Value{Addr(netip.MustParseAddr("192.0.2.1"))}},
 		}},
 		{Name: "ports", Key: []Datatype{TypeInetProto, TypeInetService}, Data: []Datatype{TypeVerdict}, Comment: "c", Elements: []Element{
 			{Key: []Value{Num(17), Num(53)}, Verdict: &Verdict{Kind: Goto, Chain: "x"}, Comment: "dns"},
@@ -141,8 +141,10 @@ func TestRender(t *testing.T) {
 	want := `table ip t {
 	set nets {
 		type ipv4_addr
-		flags interval
-		elements = { 10.0.0.0/8,
+		size 100
+		flags dynamic,timeout
+		timeout 60s
+		elements = { 10.0.0.1,
 			     192.0.2.1 }
 	}
 

@@ -102,7 +102,6 @@ type Set struct {
 	// Data is the map's value type: {TypeVerdict} for a verdict map, or address and port
 	// for a NAT target map.
 	Data     []Datatype
-	Interval bool
 	Comment  string
 	Elements []Element
 	// Dynamic sets are filled from rules ("update @s {…}") with entries that expire
@@ -126,12 +125,11 @@ type Element struct {
 }
 
 // Value is one field of a key or value. Which member is meaningful depends on the
-// Datatype at the same position: Addr for addresses, Prefix for interval address keys,
-// Num for protocols, ports and integers.
+// Datatype at the same position: Addr for addresses, Num for protocols, ports and
+// integers.
 type Value struct {
-	Addr   netip.Addr
-	Prefix netip.Prefix
-	Num    uint32
+	Addr netip.Addr
+	Num  uint32
 }
 
 // Addr returns an address value.
@@ -139,6 +137,3 @@ func Addr(a netip.Addr) Value { return Value{Addr: a} }
 
 // Num returns a numeric value (protocol, port, integer).
 func Num(n uint32) Value { return Value{Num: n} }
-
-// Net returns a prefix value for interval sets.
-func Net(p netip.Prefix) Value { return Value{Prefix: p} }

@@ -66,6 +66,7 @@ func Compile(snap *model.Snapshot, cfg Config, slots *Slots) (*nft.Ruleset, []mo
 		hairpinIP: map[netip.Addr]bool{},
 	}
 	c.init()
+	c.reserve(snap)
 	live := map[model.ServicePortName]bool{}
 	for i := range snap.Services {
 		for _, owner := range c.servicePort(&snap.Services[i]) {
@@ -432,15 +433,30 @@ func (c *compiler) firewall(sp *model.ServicePort, lbIPs []netip.Addr, comment s
 	}
 }
 
+// reserve sizes the large element lists up front: appending hundreds of thousands of
+// elements one by one would copy them over and over.
+func (c *compiler) reserve(snap *model.Snapshot) {
+	eps := 0
+	for i := range snap.Services {
+		eps += len(snap.Services[i].Endpoints)
+	}
+	n := len(snap.Services)
+	c.clusterIPs.Elements = make([]nft.Element, 0, n)
+	c.serviceIPs.Elements = make([]nft.Element, 0, n)
+	c.hairpin.Elements = make([]nft.Element, 0, eps)
+	c.serviceChains = make([]*nft.Chain, 0, n)
+}
+
 // endpointMap returns the endpoints map of a slot page.
 func (c *compiler) endpointMap(page uint32) *nft.Set {
 	m := c.endpointMaps[page]
 	if m == nil {
 		m = &nft.Set{
-			Name:    fmt.Sprintf("%s%d", mapEndpointsPrefix, page),
-			Key:     []nft.Datatype{nft.TypeNumgen},
-			Data:    []nft.Datatype{c.addrType(), nft.TypeInetService},
-			Comment: "endpoint slots: a service's slot base + random index → endpoint",
+			Elements: make([]nft.Element, 0, PageSlots),
+			Name:     fmt.Sprintf("%s%d", mapEndpointsPrefix, page),
+			Key:      []nft.Datatype{nft.TypeNumgen},
+			Data:     []nft.Datatype{c.addrType(), nft.TypeInetService},
+			Comment:  "endpoint slots: a service's slot base + random index → endpoint",
 		}
 		c.endpointMaps[page] = m
 	}

@@ -236,11 +236,8 @@ func slotTargets(t *testing.T, rs *nft.Ruleset, ch *nft.Chain, used map[string]i
 // ---- readable views of ruleset values ------------------------------------------------
 
 func valueString(v nft.Value) string {
-	switch {
-	case v.Addr.IsValid():
+	if v.Addr.IsValid() {
 		return v.Addr.String()
-	case v.Prefix.IsValid():
-		return v.Prefix.String()
 	}
 	return strconv.FormatUint(uint64(v.Num), 10)
 }

@@ -116,12 +116,23 @@ func topologyMode(eps []Endpoint, node Node) topology {
 	return topologyNone
 }
 
+// filter returns the endpoints keep accepts; when it accepts all (the common case) it
+// returns eps itself, without copying.
 func filter(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
-	var out []Endpoint
-	for _, e := range eps {
+	for i, e := range eps {
 		if keep(e) {
-			out = append(out, e)
+			continue
 		}
+		out := append(make([]Endpoint, 0, len(eps)-1), eps[:i]...)
+		for _, e := range eps[i+1:] {
+			if keep(e) {
+				out = append(out, e)
+			}
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		return out
 	}
-	return out
+	return eps
 }

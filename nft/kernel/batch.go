@@ -140,9 +140,6 @@ func (b *batch) addSet(s *nft.Set) error {
 		if s.IsMap() {
 			flags |= unix.NFT_SET_MAP
 		}
-		if s.Interval {
-			flags |= unix.NFT_SET_INTERVAL
-		}
 		if s.Timeout > 0 {
 			flags |= unix.NFT_SET_TIMEOUT
 		}
