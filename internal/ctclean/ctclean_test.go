@@ -29,7 +29,9 @@ func dns(proto uint8, eps ...model.Endpoint) model.ServicePort {
 	}
 }
 
-func snap(sps ...model.ServicePort) *model.Snapshot { return &model.Snapshot{Node: node, Services: sps} }
+func snap(sps ...model.ServicePort) *model.Snapshot {
+	return &model.Snapshot{Node: node, Services: sps}
+}
 
 func flows(fs []Flow) []string {
 	out := make([]string, len(fs))
@@ -120,10 +122,10 @@ func TestCleanKernel(t *testing.T) {
 		}
 		ns.MustRun(t, "", args...)
 	}
-	add("udp", "10.244.1.9", "10.96.0.10", 53, "10.244.1.2", 40000) // stale endpoint: delete
-	add("udp", "10.244.1.9", "10.96.0.10", 53, "10.244.1.3", 40001) // kept endpoint
-	add("udp", "10.244.1.9", "10.96.0.11", 53, "10.244.1.2", 40002) // another service
-	add("tcp", "10.244.1.9", "10.96.0.10", 53, "10.244.1.2", 40003) // TCP is never touched
+	add("udp", "10.244.1.9", "10.96.0.10", 53, "10.244.1.2", 40000)    // stale endpoint: delete
+	add("udp", "10.244.1.9", "10.96.0.10", 53, "10.244.1.3", 40001)    // kept endpoint
+	add("udp", "10.244.1.9", "10.96.0.11", 53, "10.244.1.2", 40002)    // another service
+	add("tcp", "10.244.1.9", "10.96.0.10", 53, "10.244.1.2", 40003)    // TCP is never touched
 	add("udp", "10.244.1.9", "192.0.2.10", 30053, "10.244.1.2", 40004) // node port via stale endpoint: delete
 
 	runtime.LockOSThread()
