@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/ctclean"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/runner"
 	"github.com/nftproxy/nftproxy/nft"
@@ -51,6 +52,8 @@ type Config struct {
 	// ServiceCIDRs are used when the API serves no ServiceCIDR objects
 	// (--service-cluster-ip-range).
 	ServiceCIDRs []netip.Prefix
+	// Conntrack deletes stale UDP conntrack entries after each sync; nil: never.
+	Conntrack ctclean.Deleter
 }
 
 // Dataplane is what the controller needs from the kernel side.
@@ -76,6 +79,7 @@ type Proxy struct {
 	cidrs       networkinglisters.ServiceCIDRLister // nil when the API has no ServiceCIDRs
 
 	slots    map[nft.Family]*compile.Slots
+	prevSnap *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
 	reported map[model.Problem]bool // problems already logged, so each is logged once
 
 	mu     sync.Mutex
@@ -92,6 +96,8 @@ type Status struct {
 	Failures      int
 	Services      int // service ports in the last snapshot
 	LastError     string
+	// ConntrackDeleted counts stale UDP conntrack entries deleted.
+	ConntrackDeleted int
 }
 
 // New creates a Proxy; Run starts it.
@@ -191,6 +197,7 @@ func (p *Proxy) sync(periodic bool) error {
 		if err == nil {
 			p.log.V(2).Info("Synced", "services", len(snap.Services), "full", st.Full, "messages", st.Messages,
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start))
+			p.cleanConntrack(snap)
 			p.mu.Lock()
 			p.status.LastSync, p.status.LastDuration, p.status.LastKernel = time.Now(), time.Since(start), st.Kernel
 			p.status.Syncs++
@@ -209,6 +216,30 @@ func (p *Proxy) sync(periodic bool) error {
 	}
 	p.mu.Unlock()
 	return err
+}
+
+// cleanConntrack deletes UDP conntrack entries the change from the previous snapshot
+// made stale. Failures are logged: the rules are right, only some UDP clients may wait
+// for their entries to time out.
+func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
+	prev := p.prevSnap
+	p.prevSnap = snap
+	if p.cfg.Conntrack == nil {
+		return
+	}
+	flows := ctclean.Stale(prev, snap, ctclean.Categorized)
+	if len(flows) == 0 {
+		return
+	}
+	n, err := ctclean.Clean(p.cfg.Conntrack, flows)
+	if err != nil {
+		p.log.Error(err, "Deleting stale UDP conntrack entries failed", "flows", len(flows))
+		return
+	}
+	p.log.V(2).Info("Deleted stale UDP conntrack entries", "entries", n, "flows", len(flows))
+	p.mu.Lock()
+	p.status.ConntrackDeleted += n
+	p.mu.Unlock()
 }
 
 // compile builds the snapshot and the rulesets of every family, reporting bad input.
