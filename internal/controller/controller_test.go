@@ -3,12 +3,14 @@ package controller
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/vishvananda/netlink"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -169,5 +171,60 @@ func TestFailedApplyIsRetried(t *testing.T) {
 	st := p.Status()
 	if st.Failures != 1 || st.Syncs < 1 || st.LastError != "" {
 		t.Fatalf("status: %+v", st)
+	}
+}
+
+// fakeConntrack records delete requests.
+type fakeConntrack struct {
+	mu      sync.Mutex
+	filters []netlink.CustomConntrackFilter
+}
+
+func (f *fakeConntrack) ConntrackDeleteFilters(_ netlink.ConntrackTableType, _ netlink.InetFamily, filters ...netlink.CustomConntrackFilter) (uint, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.filters = append(f.filters, filters...)
+	return uint(len(filters)), nil
+}
+
+// matches reports whether a recorded filter would delete a UDP entry to dst:80 DNATed
+// to ep.
+func (f *fakeConntrack) matches(dst, ep string) bool {
+	flow := &netlink.ConntrackFlow{FamilyType: 2}
+	flow.Forward.Protocol, flow.Forward.DstIP, flow.Forward.DstPort = 17, net.ParseIP(dst).To4(), 80
+	flow.Forward.SrcIP = net.ParseIP("10.244.1.50").To4()
+	flow.Reverse.Protocol, flow.Reverse.SrcIP, flow.Reverse.DstIP = 17, net.ParseIP(ep).To4(), flow.Forward.SrcIP
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, filter := range f.filters {
+		if filter.MatchConntrackFlow(flow) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestStaleUDPConntrackIsDeleted(t *testing.T) {
+	dp, ct := &fakeDataplane{}, &fakeConntrack{}
+	svc := service("dns", "10.96.0.53")
+	svc.Spec.Ports[0].Protocol = v1.ProtocolUDP
+	sl := slice("dns", "dns-1", "10.244.1.2")
+	proto := v1.ProtocolUDP
+	sl.Ports[0].Protocol = &proto
+	client := fake.NewClientset(svc, sl)
+	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Conntrack: ct}, logr.Discard())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "first sync", func() bool { return strings.Contains(dp.last(), "10.244.1.2 . 8080") })
+
+	sl.Endpoints[0].Addresses = []string{"10.244.1.3"}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "conntrack entries to the replaced endpoint deleted", func() bool { return ct.matches("10.96.0.53", "10.244.1.2") })
+	if ct.matches("10.96.0.53", "10.244.1.3") {
+		t.Error("entries to the new endpoint would be deleted too")
 	}
 }
