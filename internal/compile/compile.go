@@ -402,12 +402,16 @@ func (c *compiler) affinity(ch *nft.Chain, sp *model.ServicePort, eps []model.En
 func (c *compiler) firewall(sp *model.ServicePort, lbIPs []netip.Addr, comment string) {
 	var ranges []netip.Prefix
 	for _, r := range sp.SourceRanges {
-		if r.Addr().Is6() == c.v6 {
-			ranges = append(ranges, r)
+		if r.Addr().Is6() != c.v6 {
+			continue
 		}
+		if r.Bits() == 0 {
+			return // everyone of this family is allowed
+		}
+		ranges = append(ranges, r)
 	}
-	if len(lbIPs) == 0 || len(sp.SourceRanges) == 0 {
-		return
+	if len(lbIPs) == 0 || len(ranges) == 0 {
+		return // no ranges for this family: no restriction in it, as upstream
 	}
 	name := ChainName("fw", sp.Name)
 	ch := &nft.Chain{Name: name}
@@ -476,14 +480,6 @@ func (c *compiler) clusterIPsCheck() []nft.Rule {
 	return rules
 }
 
-func isClusterIP(ip netip.Addr, clusterIPs []netip.Addr) bool {
-	for _, c := range clusterIPs {
-		if c == ip {
-			return true
-		}
-	}
-	return false
-}
 
 func (c *compiler) finish() *nft.Ruleset {
 	mark := c.cfg.masqMark()

@@ -29,7 +29,8 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
-	"github.com/nftproxy/nftproxy/internal/ctclean"
+	"github.com/nftproxy/nftproxy/internal/conntrack"
+	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/runner"
 	"github.com/nftproxy/nftproxy/nft"
@@ -53,7 +54,14 @@ type Config struct {
 	// (--service-cluster-ip-range).
 	ServiceCIDRs []netip.Prefix
 	// Conntrack deletes stale UDP conntrack entries after each sync; nil: never.
-	Conntrack ctclean.Deleter
+	Conntrack conntrack.Deleter
+	// HealthChecks serves healthCheckNodePorts; nil: none.
+	HealthChecks HealthChecks
+}
+
+// HealthChecks is the health-check node port server (see internal/healthcheck).
+type HealthChecks interface {
+	Sync(map[healthcheck.ServiceName]healthcheck.Service) error
 }
 
 // Dataplane is what the controller needs from the kernel side.
@@ -78,9 +86,10 @@ type Proxy struct {
 	nodes       corelisters.NodeLister
 	cidrs       networkinglisters.ServiceCIDRLister // nil when the API has no ServiceCIDRs
 
-	slots    map[nft.Family]*compile.Slots
-	prevSnap *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
-	reported map[model.Problem]bool // problems already logged, so each is logged once
+	slots     map[nft.Family]*compile.Slots
+	prevSnap  *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
+	healthErr string                 // last health-check server error, logged once
+	reported  map[model.Problem]bool // problems already logged, so each is logged once
 
 	mu     sync.Mutex
 	status Status
@@ -198,6 +207,7 @@ func (p *Proxy) sync(periodic bool) error {
 			p.log.V(2).Info("Synced", "services", len(snap.Services), "full", st.Full, "messages", st.Messages,
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start))
 			p.cleanConntrack(snap)
+			p.syncHealthChecks(snap)
 			p.mu.Lock()
 			p.status.LastSync, p.status.LastDuration, p.status.LastKernel = time.Now(), time.Since(start), st.Kernel
 			p.status.Syncs++
@@ -227,11 +237,11 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
 	if p.cfg.Conntrack == nil {
 		return
 	}
-	flows := ctclean.Stale(prev, snap, ctclean.Categorized)
+	flows := conntrack.StaleWith(prev, snap, servingEndpoints)
 	if len(flows) == 0 {
 		return
 	}
-	n, err := ctclean.Clean(p.cfg.Conntrack, flows)
+	n, err := (&conntrack.Cleaner{Deleter: p.cfg.Conntrack}).Clean(flows)
 	if err != nil {
 		p.log.Error(err, "Deleting stale UDP conntrack entries failed", "flows", len(flows))
 		return
@@ -240,6 +250,37 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
 	p.mu.Lock()
 	p.status.ConntrackDeleted += n
 	p.mu.Unlock()
+}
+
+// servingEndpoints are the endpoints whose UDP flows are kept: like kube-proxy, a
+// terminating endpoint that still serves drains its clients instead of cutting them.
+func servingEndpoints(sp *model.ServicePort) []model.Endpoint {
+	var out []model.Endpoint
+	for _, e := range sp.Endpoints {
+		if e.Serving || e.Ready {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// syncHealthChecks opens, updates and closes the health-check node port servers; a
+// failure (a port already taken) is logged when it changes and retried every sync.
+func (p *Proxy) syncHealthChecks(snap *model.Snapshot) {
+	if p.cfg.HealthChecks == nil {
+		return
+	}
+	err := p.cfg.HealthChecks.Sync(healthcheck.FromSnapshot(snap))
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	if msg != p.healthErr {
+		p.healthErr = msg
+		if err != nil {
+			p.log.Error(err, "Health check node port server problem; will retry")
+		}
+	}
 }
 
 // compile builds the snapshot and the rulesets of every family, reporting bad input.

@@ -193,7 +193,9 @@ func (f *fakeConntrack) matches(dst, ep string) bool {
 	flow := &netlink.ConntrackFlow{FamilyType: 2}
 	flow.Forward.Protocol, flow.Forward.DstIP, flow.Forward.DstPort = 17, net.ParseIP(dst).To4(), 80
 	flow.Forward.SrcIP = net.ParseIP("10.244.1.50").To4()
+	flow.Forward.SrcPort = 40000
 	flow.Reverse.Protocol, flow.Reverse.SrcIP, flow.Reverse.DstIP = 17, net.ParseIP(ep).To4(), flow.Forward.SrcIP
+	flow.Reverse.SrcPort, flow.Reverse.DstPort = 8080, 40000
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, filter := range f.filters {

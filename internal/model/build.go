@@ -152,7 +152,10 @@ const (
 func (b *builder) policies(svc *v1.Service, sp *ServicePort) {
 	sp.InternalPolicyLocal = svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
 	sp.ExternalPolicyLocal = sp.ExternallyAccessible() && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
-	if sp.ExternalPolicyLocal && svc.Spec.Type == v1.ServiceTypeLoadBalancer && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
+	// Like kube-proxy, serve the health check for every Local-policy load balancer, even
+	// before it has an ingress IP: a cloud load balancer may already be probing.
+	if svc.Spec.Type == v1.ServiceTypeLoadBalancer && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal &&
+		svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
 		sp.HealthCheckNodePort = uint16(svc.Spec.HealthCheckNodePort)
 	}
 	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {

@@ -1,0 +1,152 @@
+package conntrack
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/nftproxy/nftproxy/internal/model"
+)
+
+// UsableFunc returns the endpoints of a service port that new connections may use.
+type UsableFunc func(sp *model.ServicePort) []model.Endpoint
+
+// Usable is the default UsableFunc: model.UsableEndpoints applied to each address
+// family on its own, so that the terminating fallback of one family does not depend on
+// the other family's ready endpoints.
+func Usable(sp *model.ServicePort) []model.Endpoint {
+	var v4, v6 []model.Endpoint
+	for _, e := range sp.Endpoints {
+		if e.Addr.Is6() {
+			v6 = append(v6, e)
+		} else {
+			v4 = append(v4, e)
+		}
+	}
+	return append(model.UsableEndpoints(v4), model.UsableEndpoints(v6)...)
+}
+
+// Stale returns the conntrack entries to delete after the proxy moved from prev to cur
+// (either may be nil: no services), with Usable deciding which endpoints are in use.
+// See StaleWith.
+func Stale(prev, cur *model.Snapshot) []Flow { return StaleWith(prev, cur, Usable) }
+
+// StaleWith returns the conntrack entries to delete after the proxy moved from prev to
+// cur, for UDP service ports only, sorted and without duplicates:
+//
+//   - for each endpoint usable in prev and no longer usable in cur (removed, not ready,
+//     or its service port deleted), the entries from one of the port's frontends in prev
+//     (cluster, external and load-balancer IP:port, node port on any address) that are
+//     DNATed to it;
+//   - for each address family in which a port had no usable endpoint in prev and has
+//     one in cur, the entries to its frontends in cur that nothing DNATed (their reply
+//     source is the frontend itself): they were created while the service had no
+//     endpoint and would keep their packets away from the new ones.
+//
+// Entries DNATed to endpoints that stay usable are never selected, so with prev nil (a
+// restart) only the un-DNATed entries of ports with endpoints are.
+func StaleWith(prev, cur *model.Snapshot, usable UsableFunc) []Flow {
+	before, after := udpPorts(prev, usable), udpPorts(cur, usable)
+	var flows []Flow
+	for name, old := range before {
+		flows = append(flows, goneEndpoints(old, after[name])...)
+	}
+	for name, now := range after {
+		flows = append(flows, firstEndpoints(before[name], now)...)
+	}
+	slices.SortFunc(flows, Flow.compare)
+	return slices.Compact(flows)
+}
+
+// portState is a UDP service port with the endpoints in use.
+type portState struct {
+	sp     *model.ServicePort
+	usable []model.Endpoint
+}
+
+func (p *portState) uses(ap netip.AddrPort) bool {
+	return p != nil && slices.ContainsFunc(p.usable, func(e model.Endpoint) bool { return e.AddrPort() == ap })
+}
+
+func (p *portState) usesFamily(v6 bool) bool {
+	return p != nil && slices.ContainsFunc(p.usable, func(e model.Endpoint) bool { return e.Addr.Is6() == v6 })
+}
+
+func udpPorts(snap *model.Snapshot, usable UsableFunc) map[model.ServicePortName]*portState {
+	ports := map[model.ServicePortName]*portState{}
+	if snap == nil {
+		return ports
+	}
+	for i := range snap.Services {
+		sp := &snap.Services[i]
+		if sp.Name.Protocol == model.ProtoUDP {
+			ports[sp.Name] = &portState{sp: sp, usable: usable(sp)}
+		}
+	}
+	return ports
+}
+
+// goneEndpoints selects the entries DNATed to endpoints of old that now (nil: the port
+// is gone) no longer uses.
+func goneEndpoints(old, now *portState) []Flow {
+	var flows []Flow
+	for _, e := range old.usable {
+		if !now.uses(e.AddrPort()) {
+			flows = append(flows, toEndpoint(old.sp, e)...)
+		}
+	}
+	return flows
+}
+
+// toEndpoint selects the entries from any frontend of sp to endpoint e.
+func toEndpoint(sp *model.ServicePort, e model.Endpoint) []Flow {
+	v6 := e.Addr.Is6()
+	var flows []Flow
+	for _, ip := range frontendIPs(sp, v6) {
+		flows = append(flows, Flow{Protocol: model.ProtoUDP, IPv6: v6, OrigDstIP: ip, OrigDstPort: sp.Port,
+			ReplySrcIP: e.Addr, ReplySrcPort: e.Port})
+	}
+	if sp.NodePort != 0 {
+		flows = append(flows, Flow{Protocol: model.ProtoUDP, IPv6: v6, OrigDstPort: sp.NodePort,
+			ReplySrcIP: e.Addr, ReplySrcPort: e.Port})
+	}
+	return flows
+}
+
+// firstEndpoints selects the un-DNATed entries to the frontends of now in each family
+// where old (nil: the port is new) had no usable endpoint and now has one.
+func firstEndpoints(old, now *portState) []Flow {
+	var flows []Flow
+	for _, v6 := range []bool{false, true} {
+		if now.usesFamily(v6) && !old.usesFamily(v6) {
+			flows = append(flows, notDNATed(now.sp, v6)...)
+		}
+	}
+	return flows
+}
+
+// notDNATed selects the entries to the frontends of sp in one family whose replies come
+// from the frontend itself: nothing DNATed them.
+func notDNATed(sp *model.ServicePort, v6 bool) []Flow {
+	var flows []Flow
+	for _, ip := range frontendIPs(sp, v6) {
+		flows = append(flows, Flow{Protocol: model.ProtoUDP, IPv6: v6, OrigDstIP: ip, OrigDstPort: sp.Port,
+			ReplySrcIP: ip, ReplySrcPort: sp.Port})
+	}
+	if sp.NodePort != 0 {
+		// The node port is open on any node address, so the address is not known here;
+		// the reply port still tells un-DNATed entries from DNATed ones.
+		flows = append(flows, Flow{Protocol: model.ProtoUDP, IPv6: v6, OrigDstPort: sp.NodePort,
+			ReplySrcPort: sp.NodePort})
+	}
+	return flows
+}
+
+// frontendIPs are the service IPs of sp in one family: cluster, external and
+// load-balancer IPs.
+func frontendIPs(sp *model.ServicePort, v6 bool) []netip.Addr {
+	var ips []netip.Addr
+	for _, list := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
+		ips = append(ips, model.AddrsOf(list, v6)...)
+	}
+	return ips
+}
