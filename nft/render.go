@@ -51,6 +51,9 @@ func renderSet(b *strings.Builder, fam Family, s *Set) {
 	if s.Timeout > 0 {
 		fmt.Fprintf(b, "\t\ttimeout %ds\n", s.Timeout)
 	}
+	if s.Counter {
+		b.WriteString("\t\tcounter\n")
+	}
 	if s.Comment != "" {
 		fmt.Fprintf(b, "\t\tcomment %s\n", strconv.Quote(s.Comment))
 	}
@@ -123,6 +126,9 @@ func typeName(t Datatype) string {
 
 func renderElement(s *Set, e Element) string {
 	out := renderValues(s.Key, e.Key)
+	if s.Counter {
+		out += " counter packets 0 bytes 0"
+	}
 	if e.Comment != "" {
 		out += " comment " + strconv.Quote(e.Comment)
 	}

@@ -111,6 +111,8 @@ type Set struct {
 	Timeout uint32
 	Size    uint32
 	Epoch   string
+	// Counter gives every element packet and byte counters, updated by lookups.
+	Counter bool
 }
 
 // IsMap reports whether the set carries values.

@@ -27,6 +27,8 @@ const (
 	mapEndpointsPrefix     = "endpoints-" // + page number
 	setHairpin             = "hairpin"
 	mapFirewallIPs         = "firewall-ips"
+	setServiceCounters     = "service-counters"
+	setNodePortCounters    = "nodeport-counters"
 
 	chainServices        = "services"
 	chainMarkMasq        = "mark-for-masquerade"
@@ -96,6 +98,7 @@ type compiler struct {
 	clusterIPs, nodePortIPs, serviceIPs, serviceNodePorts *nft.Set
 	noEndpointServices, noEndpointNodePorts               *nft.Set
 	hairpin, firewallIPs                                  *nft.Set
+	serviceCounters, nodePortCounters                     *nft.Set
 	affinitySets                                          []*nft.Set
 	node                                                  model.Node
 	serviceCIDRs                                          []netip.Prefix
@@ -158,6 +161,8 @@ func (c *compiler) init() {
 	c.noEndpointNodePorts = &nft.Set{Name: mapNoEndpointNodePorts, Key: port, Data: verdict, Comment: "node ports without endpoints: rejected"}
 	c.endpointMaps = map[uint32]*nft.Set{}
 	c.firewallIPs = &nft.Set{Name: mapFirewallIPs, Key: frontend, Data: verdict, Comment: "load-balancer IPs with source ranges"}
+	c.serviceCounters = &nft.Set{Name: setServiceCounters, Key: frontend, Counter: true, Comment: "packets and bytes sent to each service address"}
+	c.nodePortCounters = &nft.Set{Name: setNodePortCounters, Key: port, Counter: true, Comment: "packets and bytes sent to each node port"}
 	c.hairpin = &nft.Set{Name: setHairpin, Key: []nft.Datatype{a, a}, Comment: "endpoint . endpoint: hairpin traffic to masquerade"}
 	for _, ip := range c.cfg.NodePortAddrs {
 		if ip.Is6() == c.v6 {
@@ -265,6 +270,12 @@ func (c *compiler) frontendElements(sp *model.ServicePort, p policy, hasAny bool
 	if !hasAny {
 		internalVerdict = &nft.Verdict{Kind: nft.Goto, Chain: chainReject}
 		externalVerdict = internalVerdict
+	}
+	for _, ip := range append(internal, external...) {
+		c.serviceCounters.Elements = append(c.serviceCounters.Elements, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Comment: comment})
+	}
+	if nodePort != 0 {
+		c.nodePortCounters.Elements = append(c.nodePortCounters.Elements, nft.Element{Key: []nft.Value{proto, nft.Num(uint32(nodePort))}, Comment: comment})
 	}
 	for _, ip := range internal {
 		key := []nft.Value{nft.Addr(ip), proto, port}
@@ -447,6 +458,7 @@ func (c *compiler) reserve(snap *model.Snapshot) {
 	n := len(snap.Services)
 	c.clusterIPs.Elements = make([]nft.Element, 0, n)
 	c.serviceIPs.Elements = make([]nft.Element, 0, n)
+	c.serviceCounters.Elements = make([]nft.Element, 0, n)
 	c.hairpin.Elements = make([]nft.Element, 0, eps)
 	c.serviceChains = make([]*nft.Chain, 0, n)
 }
@@ -512,16 +524,22 @@ func (c *compiler) finish() *nft.Ruleset {
 		}},
 		{Name: chainClusterIPsCheck, Rules: c.clusterIPsCheck()},
 		{Name: chainFirewallCheck, Rules: []nft.Rule{rule(nft.VMap{Fields: frontend, Map: mapFirewallIPs})}},
-		{Name: chainReject, Rules: []nft.Rule{rule(nft.Reject{})}},
+		{Name: chainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints"}}},
 	}
 	chains = append(chains, c.serviceChains...)
+	// Every packet sent to a service address or node port updates its element's
+	// counters (kernel only; read for the per-service metrics).
+	counting := []nft.Rule{
+		rule(nft.Lookup{Fields: frontend, Set: setServiceCounters}),
+		rule(nodePortMatch, nft.Lookup{Fields: portKey, Set: setNodePortCounters}),
+	}
 	base := func(name string, t nft.ChainType, h nft.HookPoint, prio int32, rules ...nft.Rule) *nft.Chain {
 		return &nft.Chain{Name: name, Hook: &nft.Hook{Type: t, Hook: h, Priority: prio}, Rules: rules}
 	}
 	chains = append(chains,
 		// Source ranges are checked before DNAT, on the load-balancer IP.
-		base("filter-prerouting-pre-dnat", nft.TypeFilter, nft.Prerouting, -110, rule(ctNew, jump(chainFirewallCheck))),
-		base("filter-output-pre-dnat", nft.TypeFilter, nft.Output, -110, rule(ctNew, jump(chainFirewallCheck))),
+		base("filter-prerouting-pre-dnat", nft.TypeFilter, nft.Prerouting, -110, append(counting, rule(ctNew, jump(chainFirewallCheck)))...),
+		base("filter-output-pre-dnat", nft.TypeFilter, nft.Output, -110, append(counting, rule(ctNew, jump(chainFirewallCheck)))...),
 		// The checks run after DNAT (filter priority 0): a packet that still has a
 		// service address as destination was not sent to an endpoint.
 		base("filter-input", nft.TypeFilter, nft.Input, 0, rule(ctNew, jump(chainEndpointsCheck))),
@@ -532,7 +550,7 @@ func (c *compiler) finish() *nft.Ruleset {
 		base("nat-postrouting", nft.TypeNAT, nft.Postrouting, 100, rule(jump(chainMasquerading))),
 	)
 	sets := []*nft.Set{c.clusterIPs, c.nodePortIPs, c.serviceIPs, c.serviceNodePorts,
-		c.noEndpointServices, c.noEndpointNodePorts, c.hairpin, c.firewallIPs}
+		c.noEndpointServices, c.noEndpointNodePorts, c.hairpin, c.firewallIPs, c.serviceCounters, c.nodePortCounters}
 	sets = append(sets, c.affinitySets...)
 	pages := make([]uint32, 0, len(c.endpointMaps))
 	for p := range c.endpointMaps {

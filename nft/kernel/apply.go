@@ -354,7 +354,7 @@ func diff(b *batch, prev, cur *state, st *Stats) error {
 // sameSetDef reports whether two sets have the same type, flags and comment.
 func sameSetDef(a, b *nft.Set) bool {
 	return a != nil && b != nil && a.Comment == b.Comment &&
-		a.Dynamic == b.Dynamic && a.Timeout == b.Timeout && a.Size == b.Size &&
+		a.Dynamic == b.Dynamic && a.Timeout == b.Timeout && a.Size == b.Size && a.Counter == b.Counter &&
 		slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data)
 }
 

@@ -169,6 +169,9 @@ func (b *batch) addSet(s *nft.Set) error {
 			ae.Uint64(unix.NFTA_SET_TIMEOUT, uint64(s.Timeout)*1000)
 		}
 		ae.Bytes(unix.NFTA_SET_USERDATA, setUserdata(b.fam, s))
+		if s.Counter {
+			ae.Nested(nftaSetExpr, counterExpr)
+		}
 	})
 }
 
@@ -209,6 +212,19 @@ func (b *batch) elems(s *nft.Set, es []nft.Element, del bool) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// Attributes golang.org/x/sys/unix does not name.
+const (
+	nftaSetExpr     = 17 // NFTA_SET_EXPR
+	nftaSetElemExpr = 7  // NFTA_SET_ELEM_EXPR
+)
+
+// counterExpr encodes a zeroed counter expression, as nft attaches to counter sets.
+func counterExpr(ae *netlink.AttributeEncoder) error {
+	ae.String(unix.NFTA_EXPR_NAME, "counter")
+	ae.Nested(unix.NFTA_EXPR_DATA, func(*netlink.AttributeEncoder) error { return nil })
 	return nil
 }
 
@@ -260,6 +276,9 @@ func encodeElement(s *nft.Set, e nft.Element, keyOnly bool) ([]byte, error) {
 		}
 		if e.Comment != "" {
 			ae.Bytes(unix.NFTA_SET_ELEM_USERDATA, udataString(nil, udataComment, e.Comment))
+		}
+		if s.Counter {
+			ae.Nested(nftaSetElemExpr, counterExpr)
 		}
 	}
 	return ae.Encode()
