@@ -492,7 +492,6 @@ func (c *compiler) clusterIPsCheck() []nft.Rule {
 	return rules
 }
 
-
 func (c *compiler) finish() *nft.Ruleset {
 	mark := c.cfg.masqMark()
 	rule := func(s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s} }
