@@ -222,3 +222,37 @@ func TestLargeTransaction(t *testing.T) {
 		t.Fatalf("%d endpoints maps, want one per page of %d slots (%d)", n, compile.PageSlots, want)
 	}
 }
+
+// TestCounters sends UDP datagrams from a process in a throwaway namespace to two
+// service addresses and reads the per-element counters back.
+func TestCounters(t *testing.T) {
+	ns := testnetns.New(t)
+	ns.MustRun(t, "", "sh", "-c", "ip link add d0 type veth peer name d1 && ip addr add 192.0.2.1/24 dev d0 && ip link set d0 up && ip link set d1 up && ip route add default dev d0")
+	applier := kernel.New(kernel.WithNetNS(ns.FD))
+	a, b := svc("a", "10.96.0.1", 0, 0, 1), svc("b", "10.96.0.2", 0, 5, 0)
+	a.Name.Protocol, b.Name.Protocol = model.ProtoUDP, model.ProtoUDP
+	rs, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{a, b}}, cfg(), compile.NewSlots())
+	if _, err := applier.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	// 3 datagrams to a (DNATed), 2 to b (no endpoints: rejected), from the node itself.
+	ns.MustRun(t, "", "bash", "-c", "for i in 1 2 3; do echo x > /dev/udp/10.96.0.1/80; done; for i in 1 2; do echo y > /dev/udp/10.96.0.2/80; done; true")
+	counts, err := applier.SetCounts(nft.IPv4, "nftproxy", "service-counters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	for _, c := range counts {
+		got[c.Comment] = c.Packets
+	}
+	if got["default/a:http"] != 3 || got["default/b:http"] != 2 {
+		t.Fatalf("packets per service = %v, want a:3 b:2", got)
+	}
+	rejects, err := applier.RuleCounts(nft.IPv4, "nftproxy", "reject-chain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rejects) != 1 || rejects[0].Packets != 2 {
+		t.Fatalf("reject counter = %+v, want 2 packets", rejects)
+	}
+}
