@@ -2,7 +2,7 @@
 # program network namespaces they create themselves.
 GO       ?= go
 BIN      := $(CURDIR)/bin
-PKGS     := ./cmd/... ./internal/... ./nft/...
+PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
 
 .PHONY: all build deps test lint unit e2e demo bench clean
 
@@ -18,7 +18,7 @@ deps:
 test: deps lint unit e2e
 
 lint:
-	@unformatted="$$(gofmt -l cmd internal nft e2e)"; if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	@unformatted="$$(gofmt -l cmd internal nft e2e manifests)"; if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(BIN)/staticcheck ./...
 

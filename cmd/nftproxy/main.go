@@ -5,12 +5,16 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
-	"net/http"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/zapr"
@@ -18,6 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -25,7 +30,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/healthcheck"
+	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/internal/serve"
 	"github.com/nftproxy/nftproxy/nft"
@@ -33,21 +41,20 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "explain" {
+		os.Exit(runExplain(os.Args[2:]))
+	}
 	fs, o := options.NewFlagSet()
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "nftproxy:", err)
-		os.Exit(2)
+	if code, exit := configure(fs, o, os.Args[1:], os.Stderr); exit {
+		os.Exit(code)
 	}
-	if err := o.Validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "nftproxy:", err)
-		os.Exit(2)
+	log, err := newLogger(os.Stderr, o.LoggingFormat, o.Verbosity)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nftproxy: logger:", err)
+		os.Exit(1)
 	}
-	log := newLogger(o)
-	for _, f := range o.Ignored() {
-		log.Info("Ignoring kube-proxy flag that has no effect in nftproxy", "flag", f)
+	for _, n := range o.Notes() {
+		log.Info("Configuration", "note", n)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -57,24 +64,76 @@ func main() {
 	}
 }
 
-func newLogger(o *options.Options) logr.Logger {
-	cfg := zap.NewProductionConfig()
-	if o.LoggingFormat == "text" {
-		cfg = zap.NewDevelopmentConfig()
-		cfg.Development = false
-		cfg.EncoderConfig.EncodeLevel = zapcore.CapitalLevelEncoder
+// configure parses the command line, loads --config and validates; it handles
+// --help and --write-config-to. exit tells main to exit with code right away.
+func configure(fs *pflag.FlagSet, o *options.Options, args []string, stderr io.Writer) (code int, exit bool) {
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0, true
+		}
+		fmt.Fprintln(stderr, "nftproxy:", err)
+		return 2, true
 	}
-	cfg.Level = zap.NewAtomicLevelAt(zapcore.Level(-o.Verbosity)) // logr V(n) is zap level -n
-	cfg.Sampling = nil
-	cfg.DisableStacktrace = true
-	z, err := cfg.Build()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "nftproxy: logger:", err)
-		os.Exit(1)
+	if err := o.Complete(fs); err != nil {
+		fmt.Fprintln(stderr, "nftproxy:", err)
+		return 2, true
 	}
-	log := zapr.NewLogger(z)
+	if err := o.Validate(); err != nil {
+		fmt.Fprintln(stderr, "nftproxy:", err)
+		return 2, true
+	}
+	if o.WriteConfigTo != "" {
+		for _, n := range o.Notes() {
+			fmt.Fprintln(stderr, "nftproxy: note:", n)
+		}
+		if err := config.WriteFile(o.WriteConfigTo, o.EffectiveConfig()); err != nil {
+			fmt.Fprintln(stderr, "nftproxy: --write-config-to:", err)
+			return 1, true
+		}
+		fmt.Fprintln(stderr, "nftproxy: wrote the effective configuration to", o.WriteConfigTo)
+		return 0, true
+	}
+	return 0, false
+}
+
+// newLogger returns a zap logger behind logr writing to w: format "text" (console) or
+// "json" (kube's JSON layout: ts in epoch milliseconds, msg, v, err). -v works like
+// kube-proxy's: logr V(n) lines are shown when n <= verbosity. client-go's klog output
+// goes through the same logger at the same verbosity.
+func newLogger(w io.Writer, format string, verbosity int) (logr.Logger, error) {
+	verbosity = min(max(verbosity, 0), 127) // zap levels are int8
+	var enc zapcore.Encoder
+	opts := []zapr.Option{zapr.ErrorKey("err")}
+	switch format {
+	case "json":
+		opts = append(opts, zapr.LogInfoLevel("v"))
+		enc = zapcore.NewJSONEncoder(zapcore.EncoderConfig{
+			MessageKey: "msg", CallerKey: "caller", NameKey: "logger", TimeKey: "ts",
+			EncodeTime: func(t time.Time, e zapcore.PrimitiveArrayEncoder) {
+				e.AppendFloat64(float64(t.UnixNano()) / 1e6)
+			},
+			EncodeDuration: zapcore.StringDurationEncoder,
+			EncodeCaller:   zapcore.ShortCallerEncoder,
+		})
+	case "text", "":
+		cfg := zap.NewDevelopmentEncoderConfig()
+		cfg.EncodeLevel = func(l zapcore.Level, e zapcore.PrimitiveArrayEncoder) {
+			zapcore.CapitalLevelEncoder(max(l, zapcore.InfoLevel), e) // V(n) lines are INFO, as klog's
+		}
+		enc = zapcore.NewConsoleEncoder(cfg)
+	default:
+		return logr.Logger{}, fmt.Errorf("unknown log format %q", format)
+	}
+	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), zap.NewAtomicLevelAt(zapcore.Level(-verbosity))) // logr V(n) is zap level -n
+	log := zapr.NewLoggerWithOptions(zap.New(core, zap.AddCaller()), opts...)
+	var klogFlags flag.FlagSet
+	klog.InitFlags(&klogFlags)
+	if err := klogFlags.Set("v", strconv.Itoa(verbosity)); err != nil {
+		return logr.Logger{}, err
+	}
 	klog.SetLogger(log.WithName("client-go")) // route client-go's logs through zap
-	return log
+	return log, nil
 }
 
 func run(ctx context.Context, o *options.Options, log logr.Logger) error {
@@ -98,7 +157,7 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		ClusterCIDRs:      cidrs,
 		MasqueradeAll:     o.MasqueradeAll,
 		MasqueradeBit:     uint32(o.MasqueradeBit),
-		NodePortAddresses: o.NodePortAddresses,
+		NodePortAddresses: o.NodePortCIDRs(),
 		MinSyncPeriod:     o.MinSyncPeriod,
 		SyncPeriod:        o.SyncPeriod,
 		LocalAddrs:        localAddrs,
@@ -114,24 +173,36 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		return dryRun(ctx, client, cfg)
 	}
 	log.Info("Starting nftproxy", "node", nodeName, "clusterCIDRs", o.ClusterCIDR)
+	ct, err := netlink.NewHandle(unix.NETLINK_NETFILTER) // stale UDP conntrack entries
+	if err != nil {
+		return fmt.Errorf("netlink handle for conntrack: %w", err)
+	}
+	defer ct.Close()
+	cfg.Conntrack = ct
+	hc := healthcheck.New(net.Listen, "", log.WithName("healthcheck")) // healthCheckNodePorts
+	defer hc.Close()
+	cfg.HealthChecks = hc
 	p := controller.New(client, applier, cfg, log)
-	if err := serve.Start(ctx, log, "healthz", o.HealthzBindAddress, healthMux(p, o)); err != nil {
+	hc.SetProxyHealth(func() bool { return serve.Healthy(p.Status(), o.SyncPeriod, time.Now()) })
+
+	rec := metrics.New(metrics.Options{})
+	// Until the controller reports to rec itself, metrics are derived from its status.
+	bridge := metrics.NewStatusBridge(rec, func() metrics.Observed {
+		st := p.Status()
+		return metrics.Observed{LastSync: st.LastSync, LastDuration: st.LastDuration, LastKernel: st.LastKernel,
+			OldestPending: st.OldestPending, Syncs: st.Syncs, Failures: st.Failures, Services: st.Services}
+	})
+	go bridge.Run(ctx.Done(), min(max(o.MinSyncPeriod, 100*time.Millisecond), time.Second))
+	health := &serve.Health{Status: p.Status, SyncPeriod: o.SyncPeriod, Node: serve.WatchNode(ctx, client, nodeName), Probes: rec}
+	if err := serve.Start(ctx, log, "healthz", o.HealthzBindAddress, health.Handler()); err != nil {
 		return err
 	}
-	if err := serve.Start(ctx, log, "metrics", o.MetricsBindAddress, serve.MetricsHandler(p.Status)); err != nil {
+	if err := serve.Start(ctx, log, "metrics", o.MetricsBindAddress, serve.MetricsMux(bridge.Handler(), o.EffectiveConfig())); err != nil {
 		return err
 	}
 	err = p.Run(ctx)
 	log.Info("Stopped; nftables rules are left in place for the next nftproxy to take over")
 	return err
-}
-
-func healthMux(p *controller.Proxy, o *options.Options) http.Handler {
-	mux := http.NewServeMux()
-	h := serve.HealthHandler(p.Status, o.SyncPeriod)
-	mux.Handle("/healthz", h)
-	mux.Handle("/livez", h)
-	return mux
 }
 
 func newClient(o *options.Options) (kubernetes.Interface, error) {

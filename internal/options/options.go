@@ -1,16 +1,23 @@
 // Package options defines nftproxy's command line: kube-proxy's flag names with
 // kube-proxy's meanings, so that a kube-proxy DaemonSet's arguments work unchanged. Flags
-// of kube-proxy that have no meaning here are accepted and reported.
+// of kube-proxy that have no meaning here are accepted and reported. --config reads
+// kube-proxy's configuration file (see internal/config); flags given on the command line
+// win over it.
 package options
 
 import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/nftproxy/nftproxy/internal/config"
 )
 
 // Options holds the parsed command line.
@@ -34,28 +41,39 @@ type Options struct {
 	KubeAPIBurst       int32
 	KubeAPIContentType string
 	DetectLocalMode    string
+	ConfigFile         string
+	WriteConfigTo      string
 
-	ignored []string // kube-proxy flags that were set but have no effect
+	ignored []string     // kube-proxy flags that were set but have no effect
+	file    *config.File // the --config file, once Complete has loaded it
+	notes   []string     // things to log once at startup
 }
 
 // NewFlagSet returns the flag set and the Options it fills.
 func NewFlagSet() (*pflag.FlagSet, *Options) {
 	o := &Options{}
 	fs := pflag.NewFlagSet("nftproxy", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&o.ConfigFile, "config", "", "The path to a kube-proxy configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1). Flags given on the command line win over the file.")
+	fs.StringVar(&o.WriteConfigTo, "write-config-to", "", "If set, write the effective configuration (defaults, --config file and flags) to this file and exit.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Path to kubeconfig file with authorization information (the master location can be overridden by --master). In-cluster config is used when empty.")
 	fs.StringVar(&o.Master, "master", "", "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.HostnameOverride, "hostname-override", "", "If non-empty, will be used as the name of the Node that nftproxy is running on. If unset, the node name is assumed to be the same as the node's hostname.")
 	fs.StringVar(&o.ClusterCIDR, "cluster-cidr", "", "The CIDR range of the pods in the cluster (comma-separated, at most one per IP family). Traffic to a service from outside this range is masqueraded.")
-	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", nil, "A list of CIDR ranges that contain valid node IPs, or alternatively, the single string 'primary'. NodePort connections are accepted on local IPs in these ranges; 'primary' (the default) means the node's primary IPs from its Node object.")
+	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", nil, "A list of CIDR ranges that contain valid node IPs, or the keywords 'primary' (alone: the node's primary IPs from its Node object, the default) or 'all' (0.0.0.0/0 and ::/0). NodePort connections are accepted on local IPs in these ranges.")
 	fs.BoolVar(&o.MasqueradeAll, "masquerade-all", false, "SNAT all traffic sent via Service cluster IPs.")
 	fs.Int32Var(&o.MasqueradeBit, "iptables-masquerade-bit", 14, "The bit of the packet mark (0-31) used to mark packets for masquerading, as kube-proxy's iptables and nftables modes.")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "The minimum period between syncs of the ruleset to the kernel; changes within it are batched.")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "An interval at which the whole ruleset is rewritten even without changes, correcting drift.")
-	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", "0.0.0.0:10256", "The IP address and port for the health check server to serve on. Set empty to disable.")
-	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "127.0.0.1:10249", "The IP address and port for the metrics server to serve on. Set empty to disable.")
+	fs.DurationVar(&o.MinSyncPeriod, "iptables-min-sync-period", time.Second, "kube-proxy's name for --min-sync-period.")
+	fs.DurationVar(&o.SyncPeriod, "iptables-sync-period", 30*time.Second, "kube-proxy's name for --sync-period.")
+	fs.DurationVar(&o.MinSyncPeriod, "nftables-min-sync-period", time.Second, "Same as --min-sync-period.")
+	fs.DurationVar(&o.SyncPeriod, "nftables-sync-period", 30*time.Second, "Same as --sync-period.")
+	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", "0.0.0.0:10256", "The IP address and port for the health check server (/healthz, /livez) to serve on; a bare IP gets port 10256. Set empty to disable.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "127.0.0.1:10249", "The IP address and port for the metrics server (/metrics) to serve on; a bare IP gets port 10249. Set empty to disable.")
 	fs.BoolVar(&o.Cleanup, "cleanup", false, "If true cleanup nftproxy's nftables tables and exit.")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "Print the ruleset that would be programmed, in nft syntax, and exit.")
-	fs.IntVarP(&o.Verbosity, "v", "v", 0, "Number for the log level verbosity.")
+	fs.IntVarP(&o.Verbosity, "v", "v", 0, "Number for the log level verbosity: 2 logs one line per sync, 4 and more add client-go's details.")
 	fs.StringVar(&o.LoggingFormat, "logging-format", "text", `Sets the log format: "text" or "json".`)
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 5, "QPS to use while talking with the Kubernetes API server.")
 	fs.Int32Var(&o.KubeAPIBurst, "kube-api-burst", 10, "Burst to use while talking with the Kubernetes API server.")
@@ -67,22 +85,31 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 
 // kube-proxy flags that nftproxy accepts without effect: name → is boolean.
 var ignoredFlags = map[string]bool{
-	"proxy-mode": false, "config": false, "write-config-to": false, "bind-address": false,
+	"proxy-mode": false, "bind-address": false,
 	"bind-address-hard-fail": true, "feature-gates": false, "init-only": true,
-	"iptables-min-sync-period": false, "iptables-sync-period": false, "iptables-localhost-nodeports": true,
+	"iptables-localhost-nodeports": true, "config-sync-period": false,
 	"ipvs-exclude-cidrs": false, "ipvs-min-sync-period": false, "ipvs-scheduler": false,
 	"ipvs-strict-arp": true, "ipvs-sync-period": false, "ipvs-tcp-timeout": false,
 	"ipvs-tcpfin-timeout": false, "ipvs-udp-timeout": false,
 	"conntrack-max-per-core": false, "conntrack-min": false, "conntrack-tcp-be-liberal": true,
 	"conntrack-tcp-timeout-close-wait": false, "conntrack-tcp-timeout-established": false,
 	"conntrack-udp-timeout": false, "conntrack-udp-timeout-stream": false,
-	"nftables-min-sync-period": false, "nftables-sync-period": false,
 	"oom-score-adj": false, "pod-bridge-interface": false, "pod-interface-name-prefix": false,
 	"profiling": true, "proxy-port-range": false, "show-hidden-metrics-for-version": false,
 	"log-flush-frequency": false, "log-json-split-stream": true, "log-json-info-buffer-size": false,
 	"log-text-split-stream": true, "log-text-info-buffer-size": false, "vmodule": false,
 	"healthz-port": false, "metrics-port": false, "udp-timeout": false, "windows-service": true,
 	"hostname-override-from-node": true,
+}
+
+// IgnoredFlags lists the kube-proxy flags that are accepted without effect, sorted.
+func IgnoredFlags() []string {
+	out := make([]string, 0, len(ignoredFlags))
+	for name := range ignoredFlags {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func addIgnored(fs *pflag.FlagSet, o *Options) {
@@ -108,6 +135,9 @@ type ignoredValue struct {
 func (v *ignoredValue) String() string { return v.val }
 func (v *ignoredValue) Set(s string) error {
 	v.val = s
+	if v.name == "proxy-mode" && s == "nftables" {
+		return nil // what nftproxy does
+	}
 	v.o.ignored = append(v.o.ignored, "--"+v.name+"="+s)
 	return nil
 }
@@ -120,6 +150,87 @@ func (v *ignoredValue) Type() string {
 
 // Ignored returns the kube-proxy flags given that have no effect, for a warning.
 func (o *Options) Ignored() []string { return o.ignored }
+
+// Notes returns what to log once at startup: kube-proxy flags and configuration file
+// settings that have no effect, and other remarks about the configuration.
+func (o *Options) Notes() []string {
+	var out []string
+	for _, f := range o.ignored {
+		out = append(out, "kube-proxy flag "+f+" has no effect in nftproxy")
+	}
+	return append(out, o.notes...)
+}
+
+// binding ties the flags of one setting to its value in a configuration file.
+type binding struct {
+	flags []string // the flag and its aliases
+	apply func(o *Options, v config.Values)
+	store func(o *Options, v *config.Values)
+}
+
+var bindings = []binding{
+	{[]string{"kubeconfig"}, func(o *Options, v config.Values) { o.Kubeconfig = v.Kubeconfig }, func(o *Options, v *config.Values) { v.Kubeconfig = o.Kubeconfig }},
+	{[]string{"kube-api-qps"}, func(o *Options, v config.Values) { o.KubeAPIQPS = v.KubeAPIQPS }, func(o *Options, v *config.Values) { v.KubeAPIQPS = o.KubeAPIQPS }},
+	{[]string{"kube-api-burst"}, func(o *Options, v config.Values) { o.KubeAPIBurst = v.KubeAPIBurst }, func(o *Options, v *config.Values) { v.KubeAPIBurst = o.KubeAPIBurst }},
+	{[]string{"kube-api-content-type"}, func(o *Options, v config.Values) { o.KubeAPIContentType = v.KubeAPIContentType }, func(o *Options, v *config.Values) { v.KubeAPIContentType = o.KubeAPIContentType }},
+	{[]string{"hostname-override"}, func(o *Options, v config.Values) { o.HostnameOverride = v.HostnameOverride }, func(o *Options, v *config.Values) { v.HostnameOverride = o.HostnameOverride }},
+	{[]string{"cluster-cidr"}, func(o *Options, v config.Values) { o.ClusterCIDR = v.ClusterCIDR }, func(o *Options, v *config.Values) { v.ClusterCIDR = o.ClusterCIDR }},
+	{[]string{"nodeport-addresses"}, func(o *Options, v config.Values) { o.NodePortAddresses = slices.Clone(v.NodePortAddresses) }, func(o *Options, v *config.Values) { v.NodePortAddresses = slices.Clone(o.NodePortAddresses) }},
+	{[]string{"masquerade-all"}, func(o *Options, v config.Values) { o.MasqueradeAll = v.MasqueradeAll }, func(o *Options, v *config.Values) { v.MasqueradeAll = o.MasqueradeAll }},
+	{[]string{"iptables-masquerade-bit"}, func(o *Options, v config.Values) { o.MasqueradeBit = v.MasqueradeBit }, func(o *Options, v *config.Values) { v.MasqueradeBit = o.MasqueradeBit }},
+	{[]string{"sync-period", "iptables-sync-period", "nftables-sync-period"}, func(o *Options, v config.Values) { o.SyncPeriod = v.SyncPeriod }, func(o *Options, v *config.Values) { v.SyncPeriod = o.SyncPeriod }},
+	{[]string{"min-sync-period", "iptables-min-sync-period", "nftables-min-sync-period"}, func(o *Options, v config.Values) { o.MinSyncPeriod = v.MinSyncPeriod }, func(o *Options, v *config.Values) { v.MinSyncPeriod = o.MinSyncPeriod }},
+	{[]string{"healthz-bind-address"}, func(o *Options, v config.Values) { o.HealthzBindAddress = v.HealthzBindAddress }, func(o *Options, v *config.Values) { v.HealthzBindAddress = o.HealthzBindAddress }},
+	{[]string{"metrics-bind-address"}, func(o *Options, v config.Values) { o.MetricsBindAddress = v.MetricsBindAddress }, func(o *Options, v *config.Values) { v.MetricsBindAddress = o.MetricsBindAddress }},
+	{[]string{"detect-local-mode"}, func(o *Options, v config.Values) { o.DetectLocalMode = v.DetectLocalMode }, func(o *Options, v *config.Values) { v.DetectLocalMode = o.DetectLocalMode }},
+	{[]string{"v"}, func(o *Options, v config.Values) { o.Verbosity = v.Verbosity }, func(o *Options, v *config.Values) { v.Verbosity = o.Verbosity }},
+	{[]string{"logging-format"}, func(o *Options, v config.Values) { o.LoggingFormat = v.LoggingFormat }, func(o *Options, v *config.Values) { v.LoggingFormat = o.LoggingFormat }},
+}
+
+// Complete runs after fs.Parse: it loads --config, if given, into every setting whose
+// flag was not given on the command line (flags win over the file), and completes
+// server addresses given as a bare IP with the default port.
+func (o *Options) Complete(fs *pflag.FlagSet) error {
+	if o.ConfigFile != "" {
+		f, err := config.Load(o.ConfigFile)
+		if err != nil {
+			return err
+		}
+		o.file = f
+		for _, b := range bindings {
+			if !slices.ContainsFunc(b.flags, fs.Changed) {
+				b.apply(o, f.Values)
+			}
+		}
+		o.notes = append(o.notes, f.Notes...)
+	}
+	o.HealthzBindAddress = config.AppendPortIfNeeded(o.HealthzBindAddress, config.HealthzPort)
+	o.MetricsBindAddress = config.AppendPortIfNeeded(o.MetricsBindAddress, config.MetricsPort)
+	_, notes := config.NormalizeNodePortAddresses(o.NodePortAddresses)
+	o.notes = append(o.notes, notes...)
+	return nil
+}
+
+// Values returns the effective settings that a configuration file can hold.
+func (o *Options) Values() config.Values {
+	var v config.Values
+	for _, b := range bindings {
+		b.store(o, &v)
+	}
+	return v
+}
+
+// EffectiveConfig returns the configuration nftproxy runs with, as a
+// KubeProxyConfiguration: the --config file (or kube-proxy's defaults) with the
+// effective settings written over it. This is what --write-config-to writes.
+func (o *Options) EffectiveConfig() *v1alpha1.KubeProxyConfiguration {
+	c := config.Defaulted()
+	if o.file != nil {
+		c = o.file.Config.DeepCopy()
+	}
+	o.Values().Apply(c)
+	return c
+}
 
 // NodeName returns the node's name: --hostname-override or the hostname.
 func (o *Options) NodeName() (string, error) {
@@ -135,52 +246,60 @@ func (o *Options) NodeName() (string, error) {
 
 // ClusterCIDRs parses --cluster-cidr: at most one CIDR per family.
 func (o *Options) ClusterCIDRs() ([]netip.Prefix, error) {
-	if strings.TrimSpace(o.ClusterCIDR) == "" {
-		return nil, nil
+	p, err := config.ParseClusterCIDRs(o.ClusterCIDR)
+	if err != nil {
+		return nil, fmt.Errorf("--cluster-cidr: %w", err)
 	}
-	var out []netip.Prefix
-	var seen4, seen6 bool
-	for _, s := range strings.Split(o.ClusterCIDR, ",") {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return nil, fmt.Errorf("--cluster-cidr: %q is not a CIDR", s)
-		}
-		if (p.Addr().Is4() && seen4) || (p.Addr().Is6() && seen6) {
-			return nil, fmt.Errorf("--cluster-cidr: at most one CIDR per IP family, got %q", o.ClusterCIDR)
-		}
-		seen4, seen6 = seen4 || p.Addr().Is4(), seen6 || p.Addr().Is6()
-		out = append(out, p.Masked())
-	}
-	return out, nil
+	return p, nil
 }
 
-// Validate checks values that flags' types do not.
+// NodePortCIDRs returns --nodeport-addresses as the proxy takes it: empty or
+// ["primary"] for the node's primary IPs, else CIDRs ("all" expanded).
+func (o *Options) NodePortCIDRs() []string {
+	out, _ := config.NormalizeNodePortAddresses(o.NodePortAddresses)
+	return out
+}
+
+// Validate checks values that flags' types do not. A value that came from the --config
+// file was checked when it was loaded, with an error naming its field there.
 func (o *Options) Validate() error {
 	if _, err := o.ClusterCIDRs(); err != nil {
 		return err
 	}
-	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
-		return fmt.Errorf("--iptables-masquerade-bit: %d is not in 0..31", o.MasqueradeBit)
+	if err := config.CheckMasqueradeBit(o.MasqueradeBit); err != nil {
+		return fmt.Errorf("--iptables-masquerade-bit: %w", err)
 	}
-	if o.MinSyncPeriod < 0 || o.SyncPeriod <= 0 {
-		return fmt.Errorf("--min-sync-period must be >= 0 and --sync-period > 0")
+	if o.SyncPeriod <= 0 {
+		return fmt.Errorf("--sync-period: %v must be greater than 0", o.SyncPeriod)
+	}
+	if o.MinSyncPeriod < 0 {
+		return fmt.Errorf("--min-sync-period: %v must not be negative", o.MinSyncPeriod)
 	}
 	if o.MinSyncPeriod > o.SyncPeriod {
 		return fmt.Errorf("--min-sync-period (%v) must not exceed --sync-period (%v)", o.MinSyncPeriod, o.SyncPeriod)
 	}
 	for _, a := range o.NodePortAddresses {
-		if a == "primary" && len(o.NodePortAddresses) == 1 {
-			continue
-		}
-		if _, err := netip.ParsePrefix(a); err != nil {
-			return fmt.Errorf("--nodeport-addresses: %q is not a CIDR (or the single value \"primary\")", a)
+		if err := config.CheckNodePortAddress(a, o.NodePortAddresses); err != nil {
+			return fmt.Errorf("--nodeport-addresses: %w", err)
 		}
 	}
-	if o.LoggingFormat != "text" && o.LoggingFormat != "json" {
-		return fmt.Errorf("--logging-format: %q is not text or json", o.LoggingFormat)
+	if err := config.CheckBindAddress(o.HealthzBindAddress); err != nil {
+		return fmt.Errorf("--healthz-bind-address: %w", err)
 	}
-	if o.DetectLocalMode != "ClusterCIDR" && o.DetectLocalMode != "" {
-		return fmt.Errorf("--detect-local-mode: only ClusterCIDR is supported, got %q", o.DetectLocalMode)
+	if err := config.CheckBindAddress(o.MetricsBindAddress); err != nil {
+		return fmt.Errorf("--metrics-bind-address: %w", err)
+	}
+	if err := config.CheckLoggingFormat(o.LoggingFormat); err != nil {
+		return fmt.Errorf("--logging-format: %w", err)
+	}
+	if err := config.CheckDetectLocalMode(o.DetectLocalMode); err != nil {
+		return fmt.Errorf("--detect-local-mode: %w", err)
+	}
+	if o.Verbosity < 0 {
+		return fmt.Errorf("-v: %d must not be negative", o.Verbosity)
+	}
+	if o.KubeAPIBurst < 0 || o.KubeAPIQPS < 0 {
+		return fmt.Errorf("--kube-api-qps and --kube-api-burst must not be negative")
 	}
 	return nil
 }

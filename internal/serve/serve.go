@@ -1,5 +1,6 @@
-// Package serve runs the health (/healthz, /livez) and metrics (/metrics) HTTP servers
-// from the controller's sync status.
+// Package serve runs nftproxy's HTTP servers: health (/healthz, /livez) from the
+// controller's sync status and this node's Node, and whatever handler it is given for
+// metrics (see internal/metrics).
 package serve
 
 import (
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	v1 "k8s.io/api/core/v1"
 
 	"github.com/nftproxy/nftproxy/internal/controller"
 )
@@ -19,49 +21,124 @@ import (
 // StatusFunc returns the controller's current status.
 type StatusFunc func() controller.Status
 
-// Healthy applies kube-proxy's rule: unhealthy when a change has waited for more than
-// twice the sync period without being programmed.
+// ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it is about to
+// delete; like kube-proxy, /healthz then fails so load balancers drain the node.
+const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
+
+// Healthy applies kube-proxy's rule: unhealthy once a change has waited twice the sync
+// period or longer without being programmed.
 func Healthy(st controller.Status, syncPeriod time.Duration, now time.Time) bool {
-	return st.OldestPending.IsZero() || now.Sub(st.OldestPending) <= 2*syncPeriod
+	return st.OldestPending.IsZero() || now.Sub(st.OldestPending) < 2*syncPeriod
 }
 
-// HealthHandler answers /healthz and /livez with kube-proxy's JSON body.
-func HealthHandler(status StatusFunc, syncPeriod time.Duration) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		st, now := status(), time.Now()
+// NodeEligible tells whether the node should receive traffic: it is known, not being
+// deleted and not tainted for deletion by the cluster autoscaler.
+func NodeEligible(n *v1.Node) bool {
+	if n == nil || n.DeletionTimestamp != nil {
+		return false
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == ToBeDeletedTaint {
+			return false
+		}
+	}
+	return true
+}
+
+// ProbeRecorder counts health answers (kubeproxy_proxy_healthz_total and
+// kubeproxy_proxy_livez_total); *metrics.Prometheus is one.
+type ProbeRecorder interface {
+	Probe(path string, code int)
+}
+
+// Health answers /healthz and /livez with kube-proxy's semantics:
+//
+//   - /livez fails (503) when a change has been queued for 2× the sync period or
+//     longer without being programmed;
+//   - /healthz fails in that case too, and also when this node is not eligible for
+//     traffic (see NodeEligible), so that load balancers stop sending it traffic.
+type Health struct {
+	Status     StatusFunc
+	SyncPeriod time.Duration
+	// Node returns this node's Node object, nil while it is unknown. When Node itself
+	// is nil the node is not checked.
+	Node func() *v1.Node
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Probes, if set, counts the answers.
+	Probes ProbeRecorder
+}
+
+// Report is the JSON body of both endpoints; its first four fields are kube-proxy's.
+type Report struct {
+	// LastUpdated is the current time when healthy (as kube-proxy reports), else the
+	// end of the last successful sync.
+	LastUpdated time.Time `json:"lastUpdated"`
+	CurrentTime time.Time `json:"currentTime"`
+	// NodeEligible is only set by /healthz.
+	NodeEligible *bool `json:"nodeEligible,omitempty"`
+	Healthy      bool  `json:"healthy"`
+	// nftproxy's additions.
+	LastSync      time.Time  `json:"lastSync"`
+	OldestPending *time.Time `json:"oldestPending,omitempty"`
+	Syncs         int        `json:"syncs"`
+	Failures      int        `json:"failures"`
+	LastError     string     `json:"lastError,omitempty"`
+}
+
+// Check computes the report of /healthz (withNode) or /livez.
+func (h *Health) Check(withNode bool) Report {
+	now := time.Now()
+	if h.Now != nil {
+		now = h.Now()
+	}
+	st := h.Status()
+	r := Report{
+		CurrentTime: now,
+		Healthy:     Healthy(st, h.SyncPeriod, now),
+		LastSync:    st.LastSync,
+		Syncs:       st.Syncs,
+		Failures:    st.Failures,
+		LastError:   st.LastError,
+		LastUpdated: st.LastSync,
+	}
+	if !st.OldestPending.IsZero() {
+		p := st.OldestPending
+		r.OldestPending = &p
+	}
+	if withNode {
+		eligible := h.Node == nil || NodeEligible(h.Node())
+		r.NodeEligible = &eligible
+		r.Healthy = r.Healthy && eligible
+	}
+	if r.Healthy {
+		r.LastUpdated = now
+	}
+	return r
+}
+
+// Handler serves /healthz and /livez.
+func (h *Health) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/healthz", h.endpoint("/healthz", true))
+	mux.Handle("/livez", h.endpoint("/livez", false))
+	return mux
+}
+
+func (h *Health) endpoint(path string, withNode bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		r := h.Check(withNode)
 		code := http.StatusOK
-		if !Healthy(st, syncPeriod, now) {
+		if !r.Healthy {
 			code = http.StatusServiceUnavailable
+		}
+		if h.Probes != nil {
+			h.Probes.Probe(path, code)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.WriteHeader(code)
-		_ = json.NewEncoder(w).Encode(map[string]any{
-			"lastUpdated":  st.LastSync,
-			"currentTime":  now,
-			"nodeEligible": true,
-			"syncs":        st.Syncs,
-			"failures":     st.Failures,
-		})
-	})
-}
-
-// MetricsHandler exposes the sync metrics in Prometheus text format, with kube-proxy's
-// metric names where one exists.
-func MetricsHandler(status StatusFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		st := status()
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		var last float64
-		if !st.LastSync.IsZero() {
-			last = float64(st.LastSync.UnixNano()) / 1e9
-		}
-		fmt.Fprintf(w, "# HELP kubeproxy_sync_proxy_rules_last_timestamp_seconds The last time proxy rules were successfully synced.\n# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge\nkubeproxy_sync_proxy_rules_last_timestamp_seconds %g\n", last)
-		fmt.Fprintf(w, "# HELP nftproxy_sync_last_duration_seconds Duration of the last successful sync.\n# TYPE nftproxy_sync_last_duration_seconds gauge\nnftproxy_sync_last_duration_seconds %g\n", st.LastDuration.Seconds())
-		fmt.Fprintf(w, "# HELP nftproxy_sync_last_kernel_seconds Time the kernel took for the last successful transaction.\n# TYPE nftproxy_sync_last_kernel_seconds gauge\nnftproxy_sync_last_kernel_seconds %g\n", st.LastKernel.Seconds())
-		fmt.Fprintf(w, "# HELP nftproxy_syncs_total Successful syncs.\n# TYPE nftproxy_syncs_total counter\nnftproxy_syncs_total %d\n", st.Syncs)
-		fmt.Fprintf(w, "# HELP kubeproxy_sync_proxy_rules_iptables_restore_failures_total Failed syncs (transactions the kernel refused).\n# TYPE kubeproxy_sync_proxy_rules_iptables_restore_failures_total counter\nkubeproxy_sync_proxy_rules_iptables_restore_failures_total %d\n", st.Failures)
-		fmt.Fprintf(w, "# HELP nftproxy_service_ports Service ports in the last synced snapshot.\n# TYPE nftproxy_service_ports gauge\nnftproxy_service_ports %d\n", st.Services)
+		_ = json.NewEncoder(w).Encode(r)
 	})
 }
 
@@ -88,4 +165,27 @@ func Start(ctx context.Context, log logr.Logger, name, addr string, h http.Handl
 	}()
 	log.Info("Serving", "server", name, "address", ln.Addr().String())
 	return nil
+}
+
+// MetricsMux serves what kube-proxy's metrics server does: /metrics, /proxyMode
+// ("nftables"), /healthz ("ok": the server is up) and /configz (the effective
+// configuration as JSON, under the key "kubeproxy.config.k8s.io").
+func MetricsMux(metrics http.Handler, config any) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics)
+	text := func(body string) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			_, _ = fmt.Fprint(w, body)
+		}
+	}
+	mux.Handle("/proxyMode", text("nftables"))
+	mux.Handle("/healthz", text("ok"))
+	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_ = json.NewEncoder(w).Encode(map[string]any{"kubeproxy.config.k8s.io": config})
+	})
+	return mux
 }

@@ -1,0 +1,540 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/options"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/trace"
+)
+
+// explainRequest is a parsed "nftproxy explain" command line.
+type explainRequest struct {
+	opts  *options.Options // the proxy's flags (and --config)
+	from  string
+	local bool
+	rules bool
+	dest  netip.AddrPort
+	proto uint8
+}
+
+// runExplain implements "nftproxy explain [flags] DEST": what the dataplane does with the
+// first packet of a connection to DEST, computed from the API like --dry-run. It returns
+// the exit code.
+func runExplain(args []string) int {
+	req, err := parseExplain(args, os.Stderr)
+	if errors.Is(err, pflag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nftproxy explain:", err)
+		return 2
+	}
+	client, err := newClient(req.opts)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err = explain(ctx, client, req, os.Stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nftproxy explain:", err)
+		return 1
+	}
+	return 0
+}
+
+// parseExplain parses explain's command line: the proxy's flags, explain's own and DEST.
+func parseExplain(args []string, stderr io.Writer) (*explainRequest, error) {
+	fs, o := options.NewFlagSet()
+	req := &explainRequest{opts: o}
+	fs.StringVar(&req.from, "from", "", "Client address. Default: a pod (an address in --cluster-cidr), or the node with --local.")
+	fs.BoolVar(&req.local, "local", false, "The packet is sent by a process on the node (hook output) instead of arriving from the network.")
+	fs.BoolVar(&req.rules, "rules", false, "Also print the rules each packet goes through.")
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: nftproxy explain [flags] ip:port[/tcp|udp|sctp]\n\n"+
+			"Explains what nftproxy's rules do with a new connection to the destination, from the\n"+
+			"Services, EndpointSlices and Node in the API. It takes the proxy's flags.\n\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return nil, fmt.Errorf("expected one destination, got %d arguments", fs.NArg())
+	}
+	var err error
+	if req.dest, req.proto, err = parseDest(fs.Arg(0)); err != nil {
+		return nil, err
+	}
+	if err := o.Complete(fs); err != nil { // --config, as the proxy reads it
+		return nil, err
+	}
+	return req, o.Validate()
+}
+
+// parseDest parses "ip:port[/proto]" ("[v6]:port" for IPv6); the protocol defaults to tcp.
+func parseDest(s string) (netip.AddrPort, uint8, error) {
+	addr, protoName, _ := strings.Cut(s, "/")
+	protos := map[string]uint8{"": model.ProtoTCP, "tcp": model.ProtoTCP, "udp": model.ProtoUDP, "sctp": model.ProtoSCTP}
+	proto, ok := protos[strings.ToLower(protoName)]
+	if !ok {
+		return netip.AddrPort{}, 0, fmt.Errorf("%q: protocol %q is not tcp, udp or sctp", s, protoName)
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return netip.AddrPort{}, 0, fmt.Errorf("%q is not ip:port[/tcp|udp|sctp] ([ip]:port for IPv6)", s)
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), proto, nil
+}
+
+// explain builds the rulesets from the API, traces the packet and writes the explanation.
+func explain(ctx context.Context, client kubernetes.Interface, req *explainRequest, w io.Writer) error {
+	cfg, err := explainConfig(req.opts)
+	if err != nil {
+		return err
+	}
+	snap, rulesets, problems, err := fromAPI(ctx, client, cfg)
+	if err != nil {
+		return err
+	}
+	pkt, sc, err := packetFor(req, cfg, snap)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(rulesets, func(rs *nft.Ruleset) bool { return rs.Family == pkt.Family })
+	if i < 0 {
+		return fmt.Errorf("no %s ruleset", pkt.Family)
+	}
+	res, err := trace.Trace(rulesets[i], pkt, trace.Context{SaddrLocal: req.local, IsLocal: nodeAddr(snap, pkt, req.local)})
+	if err != nil {
+		return err
+	}
+	sc.rules = req.rules
+	sc.services, sc.nodeIPs = frontends(snap), snap.Node.IPs
+	sc.problems = problemsOf(problems, sc.services[pkt.Daddr])
+	formatResult(w, res, sc)
+	return nil
+}
+
+// explainConfig is the proxy's configuration from the flags, as run builds it.
+func explainConfig(o *options.Options) (controller.Config, error) {
+	nodeName, err := o.NodeName()
+	if err != nil {
+		return controller.Config{}, err
+	}
+	cidrs, _ := o.ClusterCIDRs() // validated
+	return controller.Config{
+		NodeName:          nodeName,
+		ClusterCIDRs:      cidrs,
+		MasqueradeAll:     o.MasqueradeAll,
+		MasqueradeBit:     uint32(o.MasqueradeBit),
+		NodePortAddresses: o.NodePortCIDRs(),
+	}, nil
+}
+
+// fromAPI lists the API once and compiles the rulesets, like --dry-run.
+func fromAPI(ctx context.Context, client kubernetes.Interface, cfg controller.Config) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("listing services: %w", err)
+	}
+	eps, err := client.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("listing endpoint slices: %w", err)
+	}
+	node, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "nftproxy explain: node %q: %v; explaining without node addresses (see --hostname-override)\n", cfg.NodeName, err)
+		node = nil
+	}
+	// The machine running explain need not be the node: --nodeport-addresses ranges
+	// select among the node's addresses from its Node object.
+	nodeSnap, _ := model.Build(nil, nil, node)
+	nodeIPs := nodeSnap.Node.IPs
+	cfg.LocalAddrs = func() ([]netip.Addr, error) { return nodeIPs, nil }
+	if list, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{}); err == nil {
+		for _, c := range list.Items {
+			cfg.ServiceCIDRs = append(cfg.ServiceCIDRs, parseCIDRs(c.DeletionTimestamp, c.Spec.CIDRs)...)
+		}
+	}
+	snap, rulesets, problems, err := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, ptrs(svcs.Items), ptrs(eps.Items), node)
+	return snap, rulesets, problems, err
+}
+
+func parseCIDRs(deleted *metav1.Time, cidrs []string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil && deleted == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
+
+// packetFor builds the traced packet; the scene it returns says how the source was chosen.
+func packetFor(req *explainRequest, cfg controller.Config, snap *model.Snapshot) (trace.Packet, scene, error) {
+	dest := req.dest
+	v6 := dest.Addr().Is6()
+	pkt := trace.Packet{Family: nft.IPv4, Daddr: dest.Addr(), Dport: dest.Port(), L4Proto: req.proto, Hook: nft.Prerouting}
+	if v6 {
+		pkt.Family = nft.IPv6
+	}
+	if req.local {
+		pkt.Hook = nft.Output
+	}
+	var sc scene
+	switch {
+	case req.from != "":
+		a, err := netip.ParseAddr(req.from)
+		if err != nil || a.Unmap().Is6() != v6 {
+			return pkt, sc, fmt.Errorf("--from %q is not an %s address like the destination", req.from, pkt.Family)
+		}
+		pkt.Saddr = a.Unmap()
+	case req.local:
+		ips := model.AddrsOf(snap.Node.IPs, v6)
+		if len(ips) == 0 {
+			return pkt, sc, fmt.Errorf("the Node object has no %s address: give the node's address with --from", pkt.Family)
+		}
+		pkt.Saddr, sc.source = ips[0], "the node"
+	default:
+		for _, c := range cfg.ClusterCIDRs {
+			if c.Addr().Is6() == v6 {
+				pkt.Saddr, sc.source = c.Addr().Next(), "a pod"
+			}
+		}
+		if !pkt.Saddr.IsValid() {
+			return pkt, sc, fmt.Errorf("no %s --cluster-cidr to pick a pod address from: give the client address with --from", pkt.Family)
+		}
+	}
+	return pkt, sc, nil
+}
+
+// nodeAddr reports the node's addresses: those of its Node object, loopback, and the
+// source of a locally generated packet.
+func nodeAddr(snap *model.Snapshot, pkt trace.Packet, local bool) func(netip.Addr) bool {
+	return func(a netip.Addr) bool {
+		for _, ip := range snap.Node.IPs {
+			if a == ip {
+				return true
+			}
+		}
+		return a.IsLoopback() || (local && a == pkt.Saddr)
+	}
+}
+
+// frontends lists, by address, the service ports using it (cluster, external and
+// load-balancer IPs), for packets that no rule attributes to a service.
+func frontends(snap *model.Snapshot) map[netip.Addr][]frontend {
+	out := map[netip.Addr][]frontend{}
+	for _, sp := range snap.Services {
+		f := frontend{service: sp.Name.Namespace + "/" + sp.Name.Name, port: fmt.Sprintf("%d/%s", sp.Port, model.ProtoString(sp.Name.Protocol))}
+		for _, list := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
+			for _, a := range list {
+				out[a] = append(out[a], f)
+			}
+		}
+	}
+	return out
+}
+
+// problemsOf returns the ignored input about the given services.
+func problemsOf(problems []model.Problem, fs []frontend) []string {
+	var out []string
+	for _, p := range problems {
+		for _, f := range fs {
+			if p.Kind == "Service" && p.Namespace+"/"+p.Name == f.service {
+				out = append(out, p.String())
+				break
+			}
+		}
+	}
+	return out
+}
+
+// frontend is a service port using an address.
+type frontend struct {
+	service string // namespace/name
+	port    string // "80/TCP"
+}
+
+// scene is what the explanation says besides the trace.
+type scene struct {
+	source   string // how the source address was chosen ("a pod", "the node"); "" if given
+	services map[netip.Addr][]frontend
+	nodeIPs  []netip.Addr
+	problems []string // ignored input about the services using the destination address
+	rules    bool     // print each outcome's rules
+}
+
+// formatResult writes the explanation of res for humans.
+func formatResult(w io.Writer, res *trace.Result, sc scene) {
+	p := res.Packet
+	source := p.Saddr.String()
+	if sc.source != "" {
+		source += " (" + sc.source + ")"
+	}
+	where := "arriving from the network"
+	if p.Hook == nft.Output {
+		where = "sent by the node itself"
+	}
+	fmt.Fprintf(w, "%s %s → %s, %s\n", nft.ProtoName(p.L4Proto), source, netip.AddrPortFrom(p.Daddr, p.Dport), where)
+	if svc := serviceOfResult(res); svc != "" {
+		fmt.Fprintf(w, "service %s\n", svc)
+	}
+	for _, o := range res.Outcomes {
+		line := outcomeLine(o, p, sc)
+		if len(res.Outcomes) > 1 {
+			line = fmt.Sprintf("%6s  %s", fmt.Sprintf("%.3g%%", o.Probability*100), line)
+		}
+		fmt.Fprintf(w, "  %s\n", line)
+		if sc.rules {
+			writePath(w, o)
+		}
+	}
+	if hasAffinity(res) {
+		fmt.Fprintln(w, "note: session affinity (ClientIP): a client seen recently goes back to its endpoint; these are a new client's chances")
+	}
+	for _, pr := range sc.problems {
+		fmt.Fprintf(w, "note: ignored: %s\n", pr)
+	}
+}
+
+// hasAffinity reports whether a packet's path records the client for session affinity.
+func hasAffinity(res *trace.Result) bool {
+	for _, o := range res.Outcomes {
+		for _, s := range o.Path {
+			if _, ok := stmtOf[nft.UpdateSaddr](s.Rule); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func writePath(w io.Writer, o trace.Outcome) {
+	for _, s := range o.Path {
+		fmt.Fprintf(w, "        %s: %s\n", s.Chain, s.Text)
+		for _, m := range s.Matched {
+			fmt.Fprintf(w, "          @%s: %s\n", m.Set.Name, m.Text)
+		}
+	}
+}
+
+// outcomeLine is one outcome in words: where the packet goes, or why it does not.
+func outcomeLine(o trace.Outcome, p trace.Packet, sc scene) string {
+	var line string
+	switch {
+	case o.Verdict == trace.Drop:
+		return "dropped: " + dropReason(o, p, sc)
+	case o.Verdict == trace.Reject:
+		return "rejected: " + rejectReason(o, p, sc)
+	case o.DNAT.IsValid():
+		line = "→ " + o.DNAT.String()
+	default:
+		line = "not translated: " + untouchedReason(o, p, sc)
+	}
+	if o.Masquerade {
+		return line + ", masqueraded: " + masqueradeReason(o)
+	}
+	if o.DNAT.IsValid() {
+		return line + ", client address kept"
+	}
+	return line
+}
+
+// stmtOf returns the first statement of kind T in r.
+func stmtOf[T nft.Stmt](r nft.Rule) (T, bool) {
+	for _, s := range r.Stmts {
+		if v, ok := s.(T); ok {
+			return v, true
+		}
+	}
+	var zero T
+	return zero, false
+}
+
+// serviceOf names the service an outcome went through: the comment of the verdict-map
+// entry that routed it (service frontends carry their service's name), else of its DNAT
+// rule, else of any element it matched.
+func serviceOf(o trace.Outcome) string {
+	if m, ok := lastVerdictEntry(o); ok && m.Element.Comment != "" {
+		return m.Element.Comment
+	}
+	for _, s := range o.Path {
+		_, dnat := stmtOf[nft.DNATTo](s.Rule)
+		_, dnatMap := stmtOf[nft.DNATNumgenMap](s.Rule)
+		if (dnat || dnatMap) && s.Rule.Comment != "" {
+			return s.Rule.Comment
+		}
+	}
+	for _, s := range o.Path {
+		for _, m := range s.Matched {
+			if m.Element.Comment != "" {
+				return m.Element.Comment
+			}
+		}
+	}
+	return ""
+}
+
+// lastVerdictEntry returns the last verdict-map entry the outcome's packet matched.
+func lastVerdictEntry(o trace.Outcome) (trace.Match, bool) {
+	for i := len(o.Path) - 1; i >= 0; i-- {
+		ms := o.Path[i].Matched
+		for j := len(ms) - 1; j >= 0; j-- {
+			if ms[j].Element.Verdict != nil {
+				return ms[j], true
+			}
+		}
+	}
+	return trace.Match{}, false
+}
+
+func serviceOfResult(res *trace.Result) string {
+	for _, o := range res.Outcomes {
+		if svc := serviceOf(o); svc != "" {
+			return svc
+		}
+	}
+	return ""
+}
+
+// masqueradeReason says why an outcome is masqueraded: the masquerading rule itself
+// (hairpin), or the rule that marked the packet for it.
+func masqueradeReason(o trace.Outcome) string {
+	for _, s := range o.Path {
+		_, masq := stmtOf[nft.Masquerade](s.Rule)
+		l, lookup := stmtOf[nft.Lookup](s.Rule)
+		if masq && lookup && slices.Contains(l.Fields, nft.FieldSaddr) && slices.Contains(l.Fields, nft.FieldDaddr) {
+			return "hairpin: the client is the endpoint itself, so the reply must come back through the service"
+		}
+	}
+	for i, s := range o.Path {
+		if m, ok := stmtOf[nft.SetMarkBits](s.Rule); ok && !m.Xor {
+			if !hasCondition(s.Rule) && i > 0 {
+				s = o.Path[i-1] // the rule that jumped to the marking chain
+			}
+			return markReason(s)
+		}
+	}
+	return "by the masquerading rules"
+}
+
+// hasCondition reports whether r has a statement other than a verdict or a mark.
+func hasCondition(r nft.Rule) bool {
+	for _, s := range r.Stmts {
+		switch s.(type) {
+		case nft.Verdict, nft.SetMarkBits, nft.Counter:
+		default:
+			return true
+		}
+	}
+	return false
+}
+
+// markReason explains the conditions of the rule that marked a packet for masquerading.
+func markReason(s trace.Step) string {
+	var saddr, daddr *nft.MatchPrefix
+	fibSaddr := false
+	for _, st := range s.Rule.Stmts {
+		switch st := st.(type) {
+		case nft.MatchPrefix:
+			if st.Field == nft.FieldSaddr {
+				saddr = &st
+			} else {
+				daddr = &st
+			}
+		case nft.MatchFibSaddrLocal:
+			fibSaddr = true
+		}
+	}
+	switch {
+	case saddr != nil && saddr.Op == nft.OpNeq:
+		return fmt.Sprintf("the source is outside the cluster CIDR %s", saddr.Prefix)
+	case fibSaddr:
+		return "the client is the node itself"
+	case !hasCondition(s.Rule):
+		return "external traffic (node port, external or load-balancer IP) may go to an endpoint on another node, whose reply must come back through this one"
+	case daddr != nil && saddr == nil:
+		return "--masquerade-all"
+	}
+	return fmt.Sprintf("by rule %q in chain %s", s.Text, s.Chain)
+}
+
+// rejectReason: a service frontend routed to reject (no endpoints), or a cluster IP
+// port that no service defines.
+func rejectReason(o trace.Outcome, p trace.Packet, sc scene) string {
+	if m, ok := lastVerdictEntry(o); ok && m.Element.Comment != "" && !o.DNAT.IsValid() {
+		return "no endpoints: the service has no ready endpoints"
+	}
+	last := o.Path[len(o.Path)-1]
+	if l, ok := stmtOf[nft.Lookup](last.Rule); ok && slices.Equal(l.Fields, []nft.Field{nft.FieldDaddr}) {
+		return notAPort(p, sc)
+	}
+	return fmt.Sprintf("by rule %q in chain %s", last.Text, last.Chain)
+}
+
+// dropReason: a Local traffic policy without local endpoints, a source outside
+// loadBalancerSourceRanges, or an unallocated service IP.
+func dropReason(o trace.Outcome, p trace.Packet, sc scene) string {
+	last := o.Path[len(o.Path)-1]
+	if m, ok := lastVerdictEntry(o); ok && m.Element.Comment != "" {
+		if m.Element.Verdict.Kind == nft.Drop {
+			return "no local endpoints: the service's traffic policy for this traffic is Local and none of its ready endpoints runs on this node"
+		}
+		if strings.HasSuffix(last.Rule.Comment, "source ranges") {
+			return fmt.Sprintf("the source %s is not in the service's loadBalancerSourceRanges", p.Saddr)
+		}
+	}
+	if m, ok := stmtOf[nft.MatchPrefix](last.Rule); ok && m.Field == nft.FieldDaddr && len(sc.services[p.Daddr]) == 0 {
+		return fmt.Sprintf("no service uses this address (an unallocated address of the service CIDR %s)", m.Prefix)
+	}
+	return fmt.Sprintf("by rule %q in chain %s", last.Text, last.Chain)
+}
+
+// untouchedReason: no rule picked the packet up.
+func untouchedReason(o trace.Outcome, p trace.Packet, sc scene) string {
+	if len(sc.services[p.Daddr]) > 0 {
+		return notAPort(p, sc) + "; nftproxy leaves the packet alone"
+	}
+	if slices.Contains(sc.nodeIPs, p.Daddr) {
+		return fmt.Sprintf("no node port %d/%s; nftproxy leaves the packet to the node", p.Dport, model.ProtoString(p.L4Proto))
+	}
+	return "no service uses this address; nftproxy leaves the packet alone"
+}
+
+// notAPort says which ports the services at the destination address do have.
+func notAPort(p trace.Packet, sc scene) string {
+	fs := sc.services[p.Daddr]
+	if len(fs) == 0 {
+		return "no service uses this address"
+	}
+	var names []string
+	ports := map[string][]string{}
+	for _, f := range fs {
+		if ports[f.service] == nil {
+			names = append(names, f.service)
+		}
+		ports[f.service] = append(ports[f.service], f.port)
+	}
+	for i, n := range names {
+		names[i] = fmt.Sprintf("%s (%s)", n, strings.Join(ports[n], ", "))
+	}
+	return fmt.Sprintf("port %d/%s is not a port of service %s", p.Dport, model.ProtoString(p.L4Proto), strings.Join(names, ", "))
+}

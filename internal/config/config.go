@@ -1,0 +1,448 @@
+// Package config reads and writes kube-proxy's configuration file, a
+// KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1), so that the file a
+// kube-proxy DaemonSet mounts works unchanged with nftproxy.
+//
+// Load decodes a file, fills in kube-proxy's defaults, validates the settings nftproxy
+// uses (an invalid value is an error that names its field) and lists the settings that
+// have no effect here. Values is the part of the file nftproxy uses; Apply writes it back
+// into a KubeProxyConfiguration for --write-config-to.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"reflect"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/kube-proxy/config/v1alpha1"
+	"sigs.k8s.io/yaml"
+)
+
+// Default ports of the health and metrics servers, as kube-proxy's.
+const (
+	HealthzPort = 10256
+	MetricsPort = 10249
+)
+
+// Values are the settings of a KubeProxyConfiguration that nftproxy uses. Each has a
+// command-line flag of the same meaning.
+type Values struct {
+	Kubeconfig         string        // clientConnection.kubeconfig
+	KubeAPIQPS         float32       // clientConnection.qps
+	KubeAPIBurst       int32         // clientConnection.burst
+	KubeAPIContentType string        // clientConnection.contentType
+	HostnameOverride   string        // hostnameOverride
+	ClusterCIDR        string        // clusterCIDR
+	NodePortAddresses  []string      // nodePortAddresses
+	MasqueradeAll      bool          // nftables.masqueradeAll, else iptables.masqueradeAll
+	MasqueradeBit      int32         // nftables.masqueradeBit, else iptables.masqueradeBit
+	SyncPeriod         time.Duration // nftables.syncPeriod, else iptables.syncPeriod
+	MinSyncPeriod      time.Duration // nftables.minSyncPeriod, else iptables.minSyncPeriod
+	HealthzBindAddress string        // healthzBindAddress
+	MetricsBindAddress string        // metricsBindAddress
+	DetectLocalMode    string        // detectLocalMode
+	Verbosity          int           // logging.verbosity
+	LoggingFormat      string        // logging.format
+}
+
+// File is a loaded configuration file.
+type File struct {
+	// Config is the file's configuration with kube-proxy's defaults filled in.
+	Config *v1alpha1.KubeProxyConfiguration
+	// Values are the settings nftproxy uses, validated.
+	Values Values
+	// Notes are things to tell the operator once: settings that have no effect in
+	// nftproxy, unknown fields, settings shadowed by others.
+	Notes []string
+}
+
+// mapped lists the JSON paths of the fields nftproxy uses; every other field with a
+// non-default value is reported as having no effect.
+var mapped = map[string]bool{
+	"apiVersion": true, "kind": true,
+	"clientConnection.kubeconfig": true, "clientConnection.qps": true,
+	"clientConnection.burst": true, "clientConnection.contentType": true,
+	"hostnameOverride": true, "clusterCIDR": true, "nodePortAddresses": true,
+	"iptables.masqueradeAll": true, "iptables.masqueradeBit": true,
+	"iptables.syncPeriod": true, "iptables.minSyncPeriod": true,
+	"nftables.masqueradeAll": true, "nftables.masqueradeBit": true,
+	"nftables.syncPeriod": true, "nftables.minSyncPeriod": true,
+	"healthzBindAddress": true, "metricsBindAddress": true,
+	"detectLocalMode": true, "logging.verbosity": true, "logging.format": true,
+}
+
+// Load reads and parses the configuration file at path.
+func Load(path string) (*File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading config file: %w", err)
+	}
+	f, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return f, nil
+}
+
+func newCodecs(strict bool) serializer.CodecFactory {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		panic(err) // a static registration
+	}
+	mode := serializer.DisableStrict
+	if strict {
+		mode = serializer.EnableStrict
+	}
+	return serializer.NewCodecFactory(scheme, mode)
+}
+
+// Parse decodes a KubeProxyConfiguration (YAML or JSON), fills in kube-proxy's defaults
+// and validates it. Unknown fields are tolerated, as kube-proxy does, and reported in
+// Notes.
+func Parse(data []byte) (*File, error) {
+	var notes []string
+	obj, gvk, err := newCodecs(true).UniversalDeserializer().Decode(data, nil, nil)
+	if err != nil {
+		if !runtime.IsStrictDecodingError(err) {
+			return nil, fmt.Errorf("decoding: %w", err)
+		}
+		strictErr := err
+		obj, gvk, err = newCodecs(false).UniversalDeserializer().Decode(data, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("decoding: %w", strictErr)
+		}
+		notes = append(notes, fmt.Sprintf("config file: ignoring what strict decoding refused: %v", strictErr))
+	}
+	cfg, ok := obj.(*v1alpha1.KubeProxyConfiguration)
+	if !ok {
+		return nil, fmt.Errorf("got %v, want kubeproxy.config.k8s.io/v1alpha1 KubeProxyConfiguration", gvk)
+	}
+	present, err := presentFields(data)
+	if err != nil {
+		return nil, fmt.Errorf("decoding: %w", err)
+	}
+	SetDefaults(cfg)
+	vals, more, err := resolve(cfg, present)
+	if err != nil {
+		return nil, err
+	}
+	notes = append(notes, more...)
+	notes = append(notes, notApplicable(cfg)...)
+	return &File{Config: cfg, Values: vals, Notes: notes}, nil
+}
+
+// presentFields returns the dotted paths of every field the document sets.
+func presentFields(data []byte) (map[string]bool, error) {
+	var m map[string]any
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	flatten("", m, func(path string, _ any) { out[path] = true })
+	return out, nil
+}
+
+// flatten calls f for every leaf of a decoded JSON document (lists are leaves).
+func flatten(prefix string, v any, f func(path string, v any)) {
+	m, ok := v.(map[string]any)
+	if !ok || (len(m) == 0 && prefix != "") {
+		f(prefix, v)
+		return
+	}
+	for k, sub := range m {
+		p := k
+		if prefix != "" {
+			p = prefix + "." + k
+		}
+		flatten(p, sub, f)
+	}
+}
+
+// SetDefaults fills in kube-proxy's defaults for unset fields, as kube-proxy v1.37
+// does for a v1alpha1 file.
+func SetDefaults(c *v1alpha1.KubeProxyConfiguration) {
+	if c.BindAddress == "" {
+		c.BindAddress = "0.0.0.0"
+	}
+	healthzHost, metricsHost := "0.0.0.0", "127.0.0.1"
+	if ip, err := netip.ParseAddr(c.BindAddress); err == nil && ip.Unmap().Is6() {
+		healthzHost, metricsHost = "::", "::1"
+	}
+	c.HealthzBindAddress = defaultBindAddress(c.HealthzBindAddress, healthzHost, HealthzPort)
+	c.MetricsBindAddress = defaultBindAddress(c.MetricsBindAddress, metricsHost, MetricsPort)
+	if c.OOMScoreAdj == nil {
+		c.OOMScoreAdj = ptr(int32(-999))
+	}
+	for _, s := range []*struct{ sync, min *metav1.Duration }{
+		{&c.IPTables.SyncPeriod, &c.IPTables.MinSyncPeriod},
+		{&c.NFTables.SyncPeriod, &c.NFTables.MinSyncPeriod},
+		{&c.IPVS.SyncPeriod, nil},
+	} {
+		if s.sync.Duration == 0 {
+			s.sync.Duration = 30 * time.Second
+		}
+		if s.min != nil && s.min.Duration == 0 {
+			s.min.Duration = time.Second
+		}
+	}
+	if c.IPTables.LocalhostNodePorts == nil {
+		c.IPTables.LocalhostNodePorts = ptr(true)
+	}
+	if c.IPTables.MasqueradeBit == nil {
+		c.IPTables.MasqueradeBit = ptr(int32(14))
+	}
+	if c.NFTables.MasqueradeBit == nil {
+		c.NFTables.MasqueradeBit = ptr(int32(14))
+	}
+	if c.Conntrack.MaxPerCore == nil {
+		c.Conntrack.MaxPerCore = ptr(int32(32 * 1024))
+	}
+	if c.Conntrack.Min == nil {
+		c.Conntrack.Min = ptr(int32(128 * 1024))
+	}
+	if c.Conntrack.TCPEstablishedTimeout == nil {
+		c.Conntrack.TCPEstablishedTimeout = &metav1.Duration{Duration: 24 * time.Hour}
+	}
+	if c.Conntrack.TCPCloseWaitTimeout == nil {
+		c.Conntrack.TCPCloseWaitTimeout = &metav1.Duration{Duration: time.Hour}
+	}
+	if c.ConfigSyncPeriod.Duration == 0 {
+		c.ConfigSyncPeriod.Duration = 15 * time.Minute
+	}
+	if c.ClientConnection.ContentType == "" {
+		c.ClientConnection.ContentType = "application/vnd.kubernetes.protobuf"
+	}
+	if c.ClientConnection.QPS == 0 {
+		c.ClientConnection.QPS = 5
+	}
+	if c.ClientConnection.Burst == 0 {
+		c.ClientConnection.Burst = 10
+	}
+	if c.FeatureGates == nil {
+		c.FeatureGates = map[string]bool{}
+	}
+	logsapi.SetRecommendedLoggingConfiguration(&c.Logging)
+}
+
+// Defaulted returns an empty configuration with kube-proxy's defaults.
+func Defaulted() *v1alpha1.KubeProxyConfiguration {
+	c := &v1alpha1.KubeProxyConfiguration{}
+	c.APIVersion, c.Kind = v1alpha1.SchemeGroupVersion.String(), "KubeProxyConfiguration"
+	SetDefaults(c)
+	return c
+}
+
+func defaultBindAddress(addr, host string, port int) string {
+	if addr == "" {
+		return net.JoinHostPort(host, strconv.Itoa(port))
+	}
+	return AppendPortIfNeeded(addr, port)
+}
+
+// AppendPortIfNeeded adds port to a bare IP address (kube-proxy accepts "0.0.0.0" for
+// "0.0.0.0:10256"); anything else is returned unchanged.
+func AppendPortIfNeeded(addr string, port int) string {
+	if _, _, err := net.SplitHostPort(addr); err == nil {
+		return addr
+	}
+	ip, err := netip.ParseAddr(strings.Trim(addr, "[]"))
+	if err != nil {
+		return addr
+	}
+	return net.JoinHostPort(ip.String(), strconv.Itoa(port))
+}
+
+// resolve picks the values nftproxy uses, validating each and naming the field it came
+// from in errors.
+func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Values, []string, error) {
+	var notes []string
+	set := leaves(c)
+	// pick returns the nftables.* field if the file sets it, else the iptables.* one.
+	pick := func(name string) string {
+		nft, ipt := "nftables."+name, "iptables."+name
+		if present[nft] {
+			if present[ipt] && !reflect.DeepEqual(set[nft], set[ipt]) {
+				notes = append(notes, fmt.Sprintf("config file: %s is used; %s is ignored", nft, ipt))
+			}
+			return nft
+		}
+		if present[ipt] {
+			return ipt
+		}
+		return nft
+	}
+	v := Values{
+		Kubeconfig:         c.ClientConnection.Kubeconfig,
+		KubeAPIQPS:         c.ClientConnection.QPS,
+		KubeAPIBurst:       c.ClientConnection.Burst,
+		KubeAPIContentType: c.ClientConnection.ContentType,
+		HostnameOverride:   c.HostnameOverride,
+		ClusterCIDR:        c.ClusterCIDR,
+		NodePortAddresses:  c.NodePortAddresses,
+		HealthzBindAddress: c.HealthzBindAddress,
+		MetricsBindAddress: c.MetricsBindAddress,
+		DetectLocalMode:    string(c.DetectLocalMode),
+		Verbosity:          int(c.Logging.Verbosity),
+		LoggingFormat:      c.Logging.Format,
+	}
+	var errs []error
+	fail := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+
+	bitField, allField := pick("masqueradeBit"), pick("masqueradeAll")
+	syncField, minField := pick("syncPeriod"), pick("minSyncPeriod")
+	if strings.HasPrefix(bitField, "nftables") {
+		v.MasqueradeBit = *c.NFTables.MasqueradeBit
+	} else {
+		v.MasqueradeBit = *c.IPTables.MasqueradeBit
+	}
+	v.MasqueradeAll = c.NFTables.MasqueradeAll
+	if strings.HasPrefix(allField, "iptables") {
+		v.MasqueradeAll = c.IPTables.MasqueradeAll
+	}
+	v.SyncPeriod, v.MinSyncPeriod = c.NFTables.SyncPeriod.Duration, c.NFTables.MinSyncPeriod.Duration
+	if strings.HasPrefix(syncField, "iptables") {
+		v.SyncPeriod = c.IPTables.SyncPeriod.Duration
+	}
+	if strings.HasPrefix(minField, "iptables") {
+		v.MinSyncPeriod = c.IPTables.MinSyncPeriod.Duration
+	}
+
+	if err := CheckMasqueradeBit(v.MasqueradeBit); err != nil {
+		fail(bitField, "%v", err)
+	}
+	if v.SyncPeriod <= 0 {
+		fail(syncField, "%v must be greater than 0", v.SyncPeriod)
+	}
+	if v.MinSyncPeriod < 0 {
+		fail(minField, "%v must not be negative", v.MinSyncPeriod)
+	} else if v.SyncPeriod > 0 && v.MinSyncPeriod > v.SyncPeriod {
+		fail(minField, "%v must not exceed %s (%v)", v.MinSyncPeriod, syncField, v.SyncPeriod)
+	}
+	if _, err := ParseClusterCIDRs(v.ClusterCIDR); err != nil {
+		fail("clusterCIDR", "%v", err)
+	}
+	for i, a := range v.NodePortAddresses {
+		if err := CheckNodePortAddress(a, v.NodePortAddresses); err != nil {
+			fail(fmt.Sprintf("nodePortAddresses[%d]", i), "%v", err)
+		}
+	}
+	if err := CheckBindAddress(v.HealthzBindAddress); err != nil {
+		fail("healthzBindAddress", "%v", err)
+	}
+	if err := CheckBindAddress(v.MetricsBindAddress); err != nil {
+		fail("metricsBindAddress", "%v", err)
+	}
+	if err := CheckDetectLocalMode(v.DetectLocalMode); err != nil {
+		fail("detectLocalMode", "%v", err)
+	}
+	if err := CheckLoggingFormat(v.LoggingFormat); err != nil {
+		fail("logging.format", "%v", err)
+	}
+	if v.KubeAPIBurst < 0 {
+		fail("clientConnection.burst", "%d must not be negative", v.KubeAPIBurst)
+	}
+	if v.KubeAPIQPS < 0 {
+		fail("clientConnection.qps", "%v must not be negative", v.KubeAPIQPS)
+	}
+	return v, notes, errors.Join(errs...)
+}
+
+// notApplicable lists, one note each, the fields that differ from kube-proxy's
+// defaults but mean nothing to nftproxy.
+func notApplicable(c *v1alpha1.KubeProxyConfiguration) []string {
+	got, def := leaves(c), leaves(Defaulted())
+	var notes []string
+	for path, val := range got {
+		if mapped[path] || reflect.DeepEqual(val, def[path]) {
+			continue
+		}
+		if path == "mode" && val == "nftables" {
+			continue // what nftproxy does
+		}
+		js, _ := json.Marshal(val)
+		notes = append(notes, fmt.Sprintf("config file: %s: %s has no effect in nftproxy", path, js))
+	}
+	sort.Strings(notes)
+	return notes
+}
+
+func leaves(c *v1alpha1.KubeProxyConfiguration) map[string]any {
+	data, err := json.Marshal(c)
+	if err != nil {
+		panic(err) // plain data
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		panic(err)
+	}
+	out := map[string]any{}
+	flatten("", m, func(path string, v any) {
+		if v != nil {
+			out[path] = v
+		}
+	})
+	return out
+}
+
+// Apply writes v into c, so that c read back (by nftproxy or by kube-proxy) yields v:
+// mode becomes nftables and the proxy settings go into both nftables.* and iptables.*.
+func (v Values) Apply(c *v1alpha1.KubeProxyConfiguration) {
+	c.APIVersion, c.Kind = v1alpha1.SchemeGroupVersion.String(), "KubeProxyConfiguration"
+	c.Mode = "nftables" // what nftproxy always does
+	c.ClientConnection.Kubeconfig = v.Kubeconfig
+	c.ClientConnection.QPS = v.KubeAPIQPS
+	c.ClientConnection.Burst = v.KubeAPIBurst
+	c.ClientConnection.ContentType = v.KubeAPIContentType
+	c.HostnameOverride = v.HostnameOverride
+	c.ClusterCIDR = v.ClusterCIDR
+	c.NodePortAddresses = slices.Clone(v.NodePortAddresses)
+	c.NFTables.MasqueradeAll, c.IPTables.MasqueradeAll = v.MasqueradeAll, v.MasqueradeAll
+	c.NFTables.MasqueradeBit, c.IPTables.MasqueradeBit = ptr(v.MasqueradeBit), ptr(v.MasqueradeBit)
+	c.NFTables.SyncPeriod.Duration, c.IPTables.SyncPeriod.Duration = v.SyncPeriod, v.SyncPeriod
+	c.NFTables.MinSyncPeriod.Duration, c.IPTables.MinSyncPeriod.Duration = v.MinSyncPeriod, v.MinSyncPeriod
+	c.HealthzBindAddress = v.HealthzBindAddress
+	c.MetricsBindAddress = v.MetricsBindAddress
+	c.DetectLocalMode = v1alpha1.LocalMode(v.DetectLocalMode)
+	c.Logging.Verbosity = logsapi.VerbosityLevel(v.Verbosity)
+	c.Logging.Format = v.LoggingFormat
+}
+
+// Encode writes c as a YAML document.
+func Encode(w io.Writer, c *v1alpha1.KubeProxyConfiguration) error {
+	c.APIVersion, c.Kind = v1alpha1.SchemeGroupVersion.String(), "KubeProxyConfiguration"
+	var buf bytes.Buffer
+	s := kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, nil, nil, kjson.SerializerOptions{Yaml: true})
+	if err := s.Encode(c, &buf); err != nil {
+		return err
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// WriteFile writes c to path (as --write-config-to).
+func WriteFile(path string, c *v1alpha1.KubeProxyConfiguration) error {
+	var buf bytes.Buffer
+	if err := Encode(&buf, c); err != nil {
+		return err
+	}
+	return os.WriteFile(path, buf.Bytes(), 0o644)
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,338 @@
+// Package metrics exposes nftproxy's Prometheus metrics, under kube-proxy's metric
+// names where kube-proxy has one, so existing dashboards and alerts keep working.
+//
+// The proxy reports events through the Recorder interface; Prometheus implements it on
+// its own registry (never the global default one) and serves it with Handler.
+// StatusBridge derives the same metrics from a polled status for a proxy that does not
+// call a Recorder.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Recorder receives the proxy's events. Implementations are safe for concurrent use.
+type Recorder interface {
+	// Changes counts changes seen from the API: endpoints EndpointSlice and services
+	// Service add/update/delete events. They are pending until the next SyncStarted.
+	Changes(endpoints, services int)
+	// SyncStarted tells that a sync took all pending changes.
+	SyncStarted()
+	// SyncDone records a successful sync: full when the whole table was rewritten,
+	// took for the whole sync, kernel for the netlink transaction.
+	SyncDone(full bool, took, kernel time.Duration)
+	// SyncFailed records a sync that failed after running for took.
+	SyncFailed(full bool, took time.Duration)
+	// Programmed records the network programming latency of one endpoint change: from
+	// its EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time to the end
+	// of the sync that programmed it.
+	Programmed(latency time.Duration)
+	// ServicePorts records the number of service ports in the last synced snapshot.
+	ServicePorts(n int)
+}
+
+// Nop is a Recorder that records nothing.
+type Nop struct{}
+
+func (Nop) Changes(int, int)                            {}
+func (Nop) SyncStarted()                                {}
+func (Nop) SyncDone(bool, time.Duration, time.Duration) {}
+func (Nop) SyncFailed(bool, time.Duration)              {}
+func (Nop) Programmed(time.Duration)                    {}
+func (Nop) ServicePorts(int)                            {}
+
+// Label values of ip_family, as kube-proxy's (v1.IPFamily).
+const (
+	IPv4 = "IPv4"
+	IPv6 = "IPv6"
+)
+
+// Options configure a Prometheus recorder.
+type Options struct {
+	// Families are the ip_family label values each sync is recorded under. nftproxy
+	// programs both families in one transaction, so a sync counts once per family,
+	// as with a dual-stack kube-proxy. Default: IPv4 and IPv6.
+	Families []string
+	// Now is the clock for timestamps. Default: time.Now.
+	Now func() time.Time
+	// NoRuntimeMetrics leaves out the go_* and process_* collectors.
+	NoRuntimeMetrics bool
+}
+
+// Prometheus is a Recorder on its own registry.
+type Prometheus struct {
+	reg      *prometheus.Registry
+	families []string
+	now      func() time.Time
+
+	syncDuration        *prometheus.HistogramVec
+	syncFullDuration    *prometheus.HistogramVec
+	syncPartialDuration *prometheus.HistogramVec
+	lastSync            *prometheus.GaugeVec
+	lastQueued          *prometheus.GaugeVec
+	programming         *prometheus.HistogramVec
+	endpointsPending    prometheus.Gauge
+	endpointsTotal      prometheus.Counter
+	servicesPending     prometheus.Gauge
+	servicesTotal       prometheus.Counter
+	syncFailures        *prometheus.CounterVec
+	healthz             *prometheus.CounterVec
+	livez               *prometheus.CounterVec
+	kernelDuration      prometheus.Histogram
+	servicePorts        prometheus.Gauge
+}
+
+var _ Recorder = (*Prometheus)(nil)
+
+// syncBuckets are kube-proxy's for sync durations: 1ms doubling to about 16s.
+var syncBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+
+// programmingBuckets are kube-proxy's for network programming latency: 0.25s and 0.5s,
+// every second to 59s, every 5s to 115s, every 30s to 5 minutes.
+func programmingBuckets() []float64 {
+	b := []float64{0.25, 0.5}
+	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)
+	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)
+	return append(b, prometheus.LinearBuckets(120, 30, 7)...)
+}
+
+// New returns a Prometheus recorder with every metric registered.
+func New(o Options) *Prometheus {
+	if len(o.Families) == 0 {
+		o.Families = []string{IPv4, IPv6}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	fam := []string{"ip_family"}
+	hist := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, fam)
+	}
+	p := &Prometheus{
+		reg: prometheus.NewRegistry(), families: o.Families, now: o.Now,
+		syncDuration:        hist("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds (full and partial syncs, successful or not).", syncBuckets),
+		syncFullDuration:    hist("kubeproxy_sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs (the whole table rewritten).", syncBuckets),
+		syncPartialDuration: hist("kubeproxy_sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs (only the difference sent).", syncBuckets),
+		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+			Help: "The last time proxy rules were successfully synced."}, fam),
+		lastQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+			Help: "The last time a sync of proxy rules was queued."}, fam),
+		programming: hist("kubeproxy_network_programming_duration_seconds", "In Cluster Network Programming Latency in seconds.", programmingBuckets()),
+		endpointsPending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+			Help: "Pending proxy rules Endpoint changes."}),
+		endpointsTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+			Help: "Cumulative proxy rules Endpoint changes."}),
+		servicesPending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kubeproxy_sync_proxy_rules_service_changes_pending",
+			Help: "Pending proxy rules Service changes."}),
+		servicesTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "kubeproxy_sync_proxy_rules_service_changes_total",
+			Help: "Cumulative proxy rules Service changes."}),
+		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+			Help: "Cumulative proxy nftables sync failures."}, fam),
+		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kubeproxy_proxy_healthz_total",
+			Help: "Cumulative proxy healthz HTTP status."}, []string{"code"}),
+		livez: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kubeproxy_proxy_livez_total",
+			Help: "Cumulative proxy livez HTTP status."}, []string{"code"}),
+		kernelDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "nftproxy_sync_kernel_duration_seconds",
+			Help:    "Time the kernel took for a successful sync's netlink transaction (both families).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		servicePorts: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftproxy_service_ports",
+			Help: "Service ports in the last synced snapshot."}),
+	}
+	p.reg.MustRegister(p.syncDuration, p.syncFullDuration, p.syncPartialDuration, p.lastSync, p.lastQueued,
+		p.programming, p.endpointsPending, p.endpointsTotal, p.servicesPending, p.servicesTotal,
+		p.syncFailures, p.healthz, p.livez, p.kernelDuration, p.servicePorts)
+	// Series that exist from the start, as kube-proxy's: a counter at 0 rather than
+	// absent, so rate() and alerts work before the first event.
+	for _, f := range p.families {
+		p.syncFailures.WithLabelValues(f)
+		p.syncDuration.WithLabelValues(f)
+	}
+	if !o.NoRuntimeMetrics {
+		p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	return p
+}
+
+// Registry returns the recorder's registry, for more collectors.
+func (p *Prometheus) Registry() *prometheus.Registry { return p.reg }
+
+// Handler serves the registry in Prometheus text format (and OpenMetrics if asked).
+func (p *Prometheus) Handler() http.Handler {
+	return promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{Registry: p.reg})
+}
+
+func seconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
+// Changes implements Recorder.
+func (p *Prometheus) Changes(endpoints, services int) {
+	if endpoints > 0 {
+		p.endpointsTotal.Add(float64(endpoints))
+		p.endpointsPending.Add(float64(endpoints))
+	}
+	if services > 0 {
+		p.servicesTotal.Add(float64(services))
+		p.servicesPending.Add(float64(services))
+	}
+	if endpoints > 0 || services > 0 {
+		p.queued(p.now())
+	}
+}
+
+func (p *Prometheus) queued(t time.Time) {
+	for _, f := range p.families {
+		p.lastQueued.WithLabelValues(f).Set(seconds(t))
+	}
+}
+
+// SyncStarted implements Recorder.
+func (p *Prometheus) SyncStarted() {
+	p.endpointsPending.Set(0)
+	p.servicesPending.Set(0)
+}
+
+// observe records a sync's duration; kind is "full", "partial" or "" (unknown).
+func (p *Prometheus) observe(kind string, took time.Duration) {
+	for _, f := range p.families {
+		p.syncDuration.WithLabelValues(f).Observe(took.Seconds())
+		switch kind {
+		case "full":
+			p.syncFullDuration.WithLabelValues(f).Observe(took.Seconds())
+		case "partial":
+			p.syncPartialDuration.WithLabelValues(f).Observe(took.Seconds())
+		}
+	}
+}
+
+func kind(full bool) string {
+	if full {
+		return "full"
+	}
+	return "partial"
+}
+
+// SyncDone implements Recorder.
+func (p *Prometheus) SyncDone(full bool, took, kernel time.Duration) {
+	p.observe(kind(full), took)
+	p.kernelDuration.Observe(kernel.Seconds())
+	p.synced(p.now())
+}
+
+func (p *Prometheus) synced(t time.Time) {
+	for _, f := range p.families {
+		p.lastSync.WithLabelValues(f).Set(seconds(t))
+	}
+}
+
+// SyncFailed implements Recorder.
+func (p *Prometheus) SyncFailed(full bool, took time.Duration) {
+	p.observe(kind(full), took)
+	p.failed(1)
+}
+
+func (p *Prometheus) failed(n int) {
+	for _, f := range p.families {
+		p.syncFailures.WithLabelValues(f).Add(float64(n))
+	}
+}
+
+// Programmed implements Recorder.
+func (p *Prometheus) Programmed(latency time.Duration) {
+	for _, f := range p.families {
+		p.programming.WithLabelValues(f).Observe(latency.Seconds())
+	}
+}
+
+// ServicePorts implements Recorder.
+func (p *Prometheus) ServicePorts(n int) { p.servicePorts.Set(float64(n)) }
+
+// Probe counts one answer of the health server: path "/healthz" or "/livez".
+func (p *Prometheus) Probe(path string, code int) {
+	switch path {
+	case "/healthz":
+		p.healthz.WithLabelValues(strconv.Itoa(code)).Inc()
+	case "/livez":
+		p.livez.WithLabelValues(strconv.Itoa(code)).Inc()
+	}
+}
+
+// Observed is one poll of a proxy's sync status (the fields of controller.Status that
+// metrics can be derived from).
+type Observed struct {
+	LastSync      time.Time     // end of the last successful sync
+	LastDuration  time.Duration // its duration
+	LastKernel    time.Duration // the kernel's part of it
+	OldestPending time.Time     // first change not yet synced; zero if none
+	Syncs         int           // successful syncs so far
+	Failures      int           // failed syncs so far
+	Services      int           // service ports in the last snapshot
+}
+
+// StatusBridge feeds a Prometheus recorder from polled status, for a proxy that does
+// not call the Recorder itself. It cannot tell full from partial syncs (only
+// kubeproxy_sync_proxy_rules_duration_seconds is observed), sees one duration per poll
+// (several syncs between two polls are all recorded with the last one's duration),
+// records no failure durations, no change counts and no network programming latency.
+// Do not use it together with direct Recorder calls: events would count twice.
+type StatusBridge struct {
+	p      *Prometheus
+	status func() Observed
+	mu     sync.Mutex
+	last   Observed
+}
+
+// NewStatusBridge returns a bridge from status to p.
+func NewStatusBridge(p *Prometheus, status func() Observed) *StatusBridge {
+	return &StatusBridge{p: p, status: status}
+}
+
+// Update polls the status once and records what changed since the last poll.
+func (b *StatusBridge) Update() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.status()
+	if n := st.Syncs - b.last.Syncs; n > 0 {
+		for range n {
+			b.p.observe("", st.LastDuration)
+			b.p.kernelDuration.Observe(st.LastKernel.Seconds())
+		}
+		b.p.synced(st.LastSync)
+	}
+	if n := st.Failures - b.last.Failures; n > 0 {
+		b.p.failed(n)
+	}
+	if !st.OldestPending.IsZero() && !st.OldestPending.Equal(b.last.OldestPending) {
+		b.p.queued(st.OldestPending)
+	}
+	b.p.ServicePorts(st.Services)
+	b.last = st
+}
+
+// Run polls every interval until stop is closed.
+func (b *StatusBridge) Run(stop <-chan struct{}, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			b.Update()
+		}
+	}
+}
+
+// Handler polls the status, then serves the metrics.
+func (b *StatusBridge) Handler() http.Handler {
+	h := b.p.Handler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.Update()
+		h.ServeHTTP(w, r)
+	})
+}

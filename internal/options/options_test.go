@@ -1,0 +1,245 @@
+package options
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nftproxy/nftproxy/internal/config"
+)
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	data := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" + body
+	if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// parse runs what main does: Parse, Complete, Validate.
+func parse(t *testing.T, args ...string) (*Options, error) {
+	t.Helper()
+	fs, o := NewFlagSet()
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := o.Complete(fs); err != nil {
+		return o, err
+	}
+	return o, o.Validate()
+}
+
+func TestDefaultsWithoutConfig(t *testing.T) {
+	o, err := parse(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Values{
+		KubeAPIQPS: 5, KubeAPIBurst: 10, KubeAPIContentType: "application/vnd.kubernetes.protobuf",
+		MasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
+		HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249",
+		DetectLocalMode: "ClusterCIDR", LoggingFormat: "text",
+	}
+	if got := o.Values(); !reflect.DeepEqual(got, want) {
+		t.Errorf("defaults:\n got %+v\nwant %+v", got, want)
+	}
+	// The flag defaults are kube-proxy's configuration defaults.
+	d := config.Defaulted()
+	if d.ClientConnection.QPS != want.KubeAPIQPS || d.ClientConnection.Burst != want.KubeAPIBurst ||
+		*d.NFTables.MasqueradeBit != want.MasqueradeBit || d.NFTables.SyncPeriod.Duration != want.SyncPeriod ||
+		d.NFTables.MinSyncPeriod.Duration != want.MinSyncPeriod || d.HealthzBindAddress != want.HealthzBindAddress ||
+		d.MetricsBindAddress != want.MetricsBindAddress {
+		t.Errorf("flag defaults differ from kube-proxy's config defaults: %+v", d)
+	}
+}
+
+// Everything not given as a flag comes from the file; every flag given wins, even when
+// it is set to its default value.
+func TestConfigFileAndFlagPrecedence(t *testing.T) {
+	path := writeFile(t, `
+clientConnection: {kubeconfig: /from/file, qps: 50, burst: 100}
+hostnameOverride: file-node
+clusterCIDR: 10.1.0.0/16
+nodePortAddresses: [192.0.2.0/24]
+nftables: {masqueradeAll: true, masqueradeBit: 9, syncPeriod: 10s, minSyncPeriod: 2s}
+healthzBindAddress: 127.0.0.1:1111
+metricsBindAddress: 127.0.0.1:2222
+logging: {verbosity: 3, format: json}
+`)
+	o, err := parse(t, "--config", path,
+		"--cluster-cidr", "10.2.0.0/16", // flag wins
+		"--iptables-masquerade-bit=14", // flag equal to the default still wins
+		"-v=1",
+		"--iptables-min-sync-period=500ms", // kube-proxy's alias of --min-sync-period
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Values{
+		Kubeconfig: "/from/file", KubeAPIQPS: 50, KubeAPIBurst: 100,
+		KubeAPIContentType: "application/vnd.kubernetes.protobuf",
+		HostnameOverride:   "file-node", ClusterCIDR: "10.2.0.0/16", NodePortAddresses: []string{"192.0.2.0/24"},
+		MasqueradeAll: true, MasqueradeBit: 14, SyncPeriod: 10 * time.Second, MinSyncPeriod: 500 * time.Millisecond,
+		HealthzBindAddress: "127.0.0.1:1111", MetricsBindAddress: "127.0.0.1:2222",
+		Verbosity: 1, LoggingFormat: "json",
+	}
+	if got := o.Values(); !reflect.DeepEqual(got, want) {
+		t.Errorf("effective:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestSyncPeriodAliases(t *testing.T) {
+	for _, flag := range []string{"--sync-period", "--iptables-sync-period", "--nftables-sync-period"} {
+		o, err := parse(t, flag+"=45s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.SyncPeriod != 45*time.Second {
+			t.Errorf("%s: SyncPeriod = %v", flag, o.SyncPeriod)
+		}
+		if strings.Contains(strings.Join(o.Notes(), "\n"), "sync-period") {
+			t.Errorf("%s reported as having no effect: %q", flag, o.Notes())
+		}
+	}
+}
+
+func TestInvalidConfigFileNamesField(t *testing.T) {
+	path := writeFile(t, "clusterCIDR: x\n")
+	_, err := parse(t, "--config", path)
+	if err == nil || !strings.Contains(err.Error(), `clusterCIDR: "x" is not a CIDR`) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("error %v, want one naming the file and clusterCIDR", err)
+	}
+	// An invalid file value is an error even when a flag overrides it: the file is wrong.
+	_, err = parse(t, "--config", path, "--cluster-cidr", "10.0.0.0/8")
+	if err == nil {
+		t.Fatal("invalid file accepted because a flag overrode the field")
+	}
+	if _, err := parse(t, "--config", filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Fatal("missing file accepted")
+	}
+}
+
+func TestNotesReportIgnoredFlagsAndFields(t *testing.T) {
+	path := writeFile(t, "mode: ipvs\nnodePortAddresses: [localhost, 10.0.0.0/8]\n")
+	o, err := parse(t, "--config", path, "--proxy-mode=iptables", "--ipvs-strict-arp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(o.Notes(), "\n")
+	for _, want := range []string{
+		"--proxy-mode=iptables has no effect",
+		"--ipvs-strict-arp=true has no effect",
+		`mode: "ipvs" has no effect`,
+		`"localhost" has no effect`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("notes lack %q:\n%s", want, got)
+		}
+	}
+	if want := []string{"10.0.0.0/8"}; !reflect.DeepEqual(o.NodePortCIDRs(), want) {
+		t.Errorf("NodePortCIDRs = %q, want %q", o.NodePortCIDRs(), want)
+	}
+}
+
+// --config and --write-config-to are real flags now, not ignored ones.
+func TestConfigFlagsNotIgnored(t *testing.T) {
+	for _, name := range []string{"config", "write-config-to"} {
+		if _, ok := ignoredFlags[name]; ok {
+			t.Errorf("--%s is in ignoredFlags", name)
+		}
+	}
+	o, err := parse(t, "--write-config-to", "/tmp/x")
+	if err != nil || o.WriteConfigTo != "/tmp/x" || len(o.Ignored()) != 0 {
+		t.Errorf("--write-config-to: %v %q %q", err, o.WriteConfigTo, o.Ignored())
+	}
+}
+
+// The effective configuration, written and read back through --config, gives the same
+// settings: --write-config-to output is a usable config file.
+func TestEffectiveConfigRoundTrip(t *testing.T) {
+	path := writeFile(t, "mode: ipvs\nclusterCIDR: 10.1.0.0/16\nconntrack: {maxPerCore: 0}\n")
+	o, err := parse(t, "--config", path, "--hostname-override", "n1", "--sync-period=1m", "--nodeport-addresses=all", "--masquerade-all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "effective.yaml")
+	if err := config.WriteFile(out, o.EffectiveConfig()); err != nil {
+		t.Fatal(err)
+	}
+	o2, err := parse(t, "--config", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(o.Values(), o2.Values()) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", o2.Values(), o.Values())
+	}
+	// Fields nftproxy does not use are carried over from the file.
+	ec := o.EffectiveConfig()
+	if *ec.Conntrack.MaxPerCore != 0 {
+		t.Errorf("unused field not preserved: maxPerCore %d", *ec.Conntrack.MaxPerCore)
+	}
+	if ec.Mode != "nftables" {
+		t.Errorf("mode %q, want nftables (what runs)", ec.Mode)
+	}
+}
+
+func TestBareIPBindAddressGetsDefaultPort(t *testing.T) {
+	o, err := parse(t, "--healthz-bind-address=::", "--metrics-bind-address=127.0.0.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.HealthzBindAddress != "[::]:10256" || o.MetricsBindAddress != "127.0.0.2:10249" {
+		t.Errorf("got %q %q", o.HealthzBindAddress, o.MetricsBindAddress)
+	}
+	if o, err := parse(t, "--healthz-bind-address="); err != nil || o.HealthzBindAddress != "" {
+		t.Errorf("empty address (disabled): %v %q", err, o.HealthzBindAddress)
+	}
+}
+
+func TestValidateFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--cluster-cidr=x"}, `--cluster-cidr: "x" is not a CIDR`},
+		{[]string{"--iptables-masquerade-bit=32"}, `--iptables-masquerade-bit: 32 is not in 0..31`},
+		{[]string{"--sync-period=0"}, `--sync-period: 0s must be greater than 0`},
+		{[]string{"--min-sync-period=-1s"}, `--min-sync-period: -1s must not be negative`},
+		{[]string{"--min-sync-period=1m", "--sync-period=30s"}, `--min-sync-period (1m0s) must not exceed --sync-period (30s)`},
+		{[]string{"--nodeport-addresses=primary,10.0.0.0/8"}, `--nodeport-addresses: "primary" must be used alone`},
+		{[]string{"--nodeport-addresses=bogus"}, `--nodeport-addresses: "bogus" is not a CIDR`},
+		{[]string{"--healthz-bind-address=nohost:1"}, `--healthz-bind-address: "nohost:1": "nohost" is not an IP address`},
+		{[]string{"--metrics-bind-address=1.2.3.4:99999"}, `--metrics-bind-address: "1.2.3.4:99999": "99999" is not a port`},
+		{[]string{"--logging-format=xml"}, `--logging-format: "xml" is not text or json`},
+		{[]string{"--detect-local-mode=NodeCIDR"}, `--detect-local-mode: "NodeCIDR" is not supported`},
+		{[]string{"-v=-1"}, `-v: -1 must not be negative`},
+	} {
+		_, err := parse(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestKubeProxyCommandLineAccepted(t *testing.T) {
+	// A typical kube-proxy DaemonSet command line.
+	o, err := parse(t, "--config=/dev/null/none", "--hostname-override=n")
+	if err == nil {
+		t.Fatal("a missing config file must fail")
+	}
+	_ = o
+	o, err = parse(t, "--proxy-mode=nftables", "--hostname-override=n", "--conntrack-max-per-core=0",
+		"--iptables-localhost-nodeports=false", "--feature-gates=A=true", "--v=2", "--profiling")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// --proxy-mode=nftables is what nftproxy does: not reported.
+	if o.Verbosity != 2 || len(o.Ignored()) != 4 || strings.Contains(strings.Join(o.Ignored(), " "), "proxy-mode") {
+		t.Errorf("verbosity %d, ignored %q", o.Verbosity, o.Ignored())
+	}
+}
