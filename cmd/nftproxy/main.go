@@ -182,22 +182,16 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	hc := healthcheck.New(net.Listen, "", log.WithName("healthcheck")) // healthCheckNodePorts
 	defer hc.Close()
 	cfg.HealthChecks = hc
+	rec := metrics.New(metrics.Options{})
+	rec.Registry().MustRegister(metrics.NewServiceCounters(serviceCounts(applier), log))
+	cfg.Metrics = rec
 	p := controller.New(client, applier, cfg, log)
 	hc.SetProxyHealth(func() bool { return serve.Healthy(p.Status(), o.SyncPeriod, time.Now()) })
-
-	rec := metrics.New(metrics.Options{})
-	// Until the controller reports to rec itself, metrics are derived from its status.
-	bridge := metrics.NewStatusBridge(rec, func() metrics.Observed {
-		st := p.Status()
-		return metrics.Observed{LastSync: st.LastSync, LastDuration: st.LastDuration, LastKernel: st.LastKernel,
-			OldestPending: st.OldestPending, Syncs: st.Syncs, Failures: st.Failures, Services: st.Services}
-	})
-	go bridge.Run(ctx.Done(), min(max(o.MinSyncPeriod, 100*time.Millisecond), time.Second))
 	health := &serve.Health{Status: p.Status, SyncPeriod: o.SyncPeriod, Node: serve.WatchNode(ctx, client, nodeName), Probes: rec}
 	if err := serve.Start(ctx, log, "healthz", o.HealthzBindAddress, health.Handler()); err != nil {
 		return err
 	}
-	if err := serve.Start(ctx, log, "metrics", o.MetricsBindAddress, serve.MetricsMux(bridge.Handler(), o.EffectiveConfig())); err != nil {
+	if err := serve.Start(ctx, log, "metrics", o.MetricsBindAddress, serve.MetricsMux(rec.Handler(), o.EffectiveConfig())); err != nil {
 		return err
 	}
 	err = p.Run(ctx)
@@ -266,4 +260,25 @@ func localAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
+}
+
+// serviceCounts reads the kernel's per-service counters of every family.
+func serviceCounts(a *kernel.Applier) func() (services, rejects []kernel.Count, err error) {
+	return func() (services, rejects []kernel.Count, err error) {
+		for _, fam := range controller.Families {
+			for _, set := range []string{compile.SetServiceCounters, compile.SetNodePortCounters} {
+				c, err := a.SetCounts(fam, compile.TableName, set)
+				if err != nil {
+					return nil, nil, err
+				}
+				services = append(services, c...)
+			}
+			r, err := a.RuleCounts(fam, compile.TableName, compile.ChainReject)
+			if err != nil {
+				return nil, nil, err
+			}
+			rejects = append(rejects, r...)
+		}
+		return services, rejects, nil
+	}
 }

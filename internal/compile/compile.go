@@ -27,16 +27,19 @@ const (
 	mapEndpointsPrefix     = "endpoints-" // + page number
 	setHairpin             = "hairpin"
 	mapFirewallIPs         = "firewall-ips"
-	setServiceCounters     = "service-counters"
-	setNodePortCounters    = "nodeport-counters"
+	// SetServiceCounters and SetNodePortCounters count packets and bytes per service
+	// address and node port; their elements' comments name the service port.
+	SetServiceCounters  = "service-counters"
+	SetNodePortCounters = "nodeport-counters"
 
 	chainServices        = "services"
 	chainMarkMasq        = "mark-for-masquerade"
 	chainMasquerading    = "masquerading"
 	chainEndpointsCheck  = "service-endpoints-check"
 	chainClusterIPsCheck = "cluster-ips-check"
-	chainReject          = "reject-chain"
-	chainFirewallCheck   = "firewall-check"
+	// ChainReject rejects traffic to services without endpoints; its rule counts it.
+	ChainReject        = "reject-chain"
+	chainFirewallCheck = "firewall-check"
 )
 
 // Config holds the flags that shape the ruleset.
@@ -161,8 +164,8 @@ func (c *compiler) init() {
 	c.noEndpointNodePorts = &nft.Set{Name: mapNoEndpointNodePorts, Key: port, Data: verdict, Comment: "node ports without endpoints: rejected"}
 	c.endpointMaps = map[uint32]*nft.Set{}
 	c.firewallIPs = &nft.Set{Name: mapFirewallIPs, Key: frontend, Data: verdict, Comment: "load-balancer IPs with source ranges"}
-	c.serviceCounters = &nft.Set{Name: setServiceCounters, Key: frontend, Counter: true, Comment: "packets and bytes sent to each service address"}
-	c.nodePortCounters = &nft.Set{Name: setNodePortCounters, Key: port, Counter: true, Comment: "packets and bytes sent to each node port"}
+	c.serviceCounters = &nft.Set{Name: SetServiceCounters, Key: frontend, Counter: true, Comment: "packets and bytes sent to each service address"}
+	c.nodePortCounters = &nft.Set{Name: SetNodePortCounters, Key: port, Counter: true, Comment: "packets and bytes sent to each node port"}
 	c.hairpin = &nft.Set{Name: setHairpin, Key: []nft.Datatype{a, a}, Comment: "endpoint . endpoint: hairpin traffic to masquerade"}
 	for _, ip := range c.cfg.NodePortAddrs {
 		if ip.Is6() == c.v6 {
@@ -268,7 +271,7 @@ func (c *compiler) frontendElements(sp *model.ServicePort, p policy, hasAny bool
 	proto, port := nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))
 	internalVerdict, externalVerdict := &nft.Verdict{Kind: nft.Drop}, &nft.Verdict{Kind: nft.Drop}
 	if !hasAny {
-		internalVerdict = &nft.Verdict{Kind: nft.Goto, Chain: chainReject}
+		internalVerdict = &nft.Verdict{Kind: nft.Goto, Chain: ChainReject}
 		externalVerdict = internalVerdict
 	}
 	for _, ip := range append(internal, external...) {
@@ -523,14 +526,14 @@ func (c *compiler) finish() *nft.Ruleset {
 		}},
 		{Name: chainClusterIPsCheck, Rules: c.clusterIPsCheck()},
 		{Name: chainFirewallCheck, Rules: []nft.Rule{rule(nft.VMap{Fields: frontend, Map: mapFirewallIPs})}},
-		{Name: chainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints"}}},
+		{Name: ChainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints"}}},
 	}
 	chains = append(chains, c.serviceChains...)
 	// Every packet sent to a service address or node port updates its element's
 	// counters (kernel only; read for the per-service metrics).
 	counting := []nft.Rule{
-		rule(nft.Lookup{Fields: frontend, Set: setServiceCounters}),
-		rule(nodePortMatch, nft.Lookup{Fields: portKey, Set: setNodePortCounters}),
+		rule(nft.Lookup{Fields: frontend, Set: SetServiceCounters}),
+		rule(nodePortMatch, nft.Lookup{Fields: portKey, Set: SetNodePortCounters}),
 	}
 	base := func(name string, t nft.ChainType, h nft.HookPoint, prio int32, rules ...nft.Rule) *nft.Chain {
 		return &nft.Chain{Name: name, Hook: &nft.Hook{Type: t, Hook: h, Priority: prio}, Rules: rules}

@@ -364,7 +364,7 @@ func manyEndpoints(n int) []model.Endpoint {
 
 const (
 	markMasq = "mark-for-masquerade"
-	reject   = "goto " + chainReject
+	reject   = "goto " + ChainReject
 	echoSvc  = "svc-default/echo/tcp/http"
 	echoExt  = "ext-default/echo/tcp/http"
 )

@@ -31,6 +31,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
+	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/runner"
 	"github.com/nftproxy/nftproxy/nft"
@@ -57,6 +58,8 @@ type Config struct {
 	Conntrack conntrack.Deleter
 	// HealthChecks serves healthCheckNodePorts; nil: none.
 	HealthChecks HealthChecks
+	// Metrics receives sync and change observations; nil: none.
+	Metrics metrics.Recorder
 }
 
 // HealthChecks is the health-check node port server (see internal/healthcheck).
@@ -111,6 +114,9 @@ type Status struct {
 
 // New creates a Proxy; Run starts it.
 func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger) *Proxy {
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.Nop{}
+	}
 	p := &Proxy{
 		cfg: cfg, log: log, client: client, dataplane: dp,
 		slots:    map[nft.Family]*compile.Slots{},
@@ -138,16 +144,25 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	}
 	for _, inf := range infs {
 		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { p.changed() },
-			UpdateFunc: func(old, cur any) { p.changed() },
-			DeleteFunc: func(any) { p.changed() },
+			AddFunc:    func(obj any) { p.changed(obj) },
+			UpdateFunc: func(_, obj any) { p.changed(obj) },
+			DeleteFunc: func(obj any) { p.changed(obj) },
 		})
 	}
 	return p
 }
 
 // changed notes a change from the API and asks for a sync.
-func (p *Proxy) changed() {
+func (p *Proxy) changed(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	switch obj.(type) {
+	case *v1.Service:
+		p.cfg.Metrics.Changes(0, 1)
+	case *discovery.EndpointSlice:
+		p.cfg.Metrics.Changes(1, 0)
+	}
 	p.mu.Lock()
 	if p.status.OldestPending.IsZero() {
 		p.status.OldestPending = time.Now()
@@ -191,6 +206,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 // table to correct any drift.
 func (p *Proxy) sync(periodic bool) error {
 	start := time.Now()
+	p.cfg.Metrics.SyncStarted()
 	p.mu.Lock()
 	pendingSince := p.status.OldestPending
 	p.status.OldestPending = time.Time{}
@@ -208,6 +224,12 @@ func (p *Proxy) sync(periodic bool) error {
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start))
 			p.cleanConntrack(snap)
 			p.syncHealthChecks(snap)
+			p.cfg.Metrics.SyncDone(st.Full, time.Since(start), st.Kernel)
+			p.cfg.Metrics.ServicePorts(len(snap.Services))
+			if !pendingSince.IsZero() {
+				// from the oldest change this sync programmed to now
+				p.cfg.Metrics.Programmed(time.Since(pendingSince))
+			}
 			p.mu.Lock()
 			p.status.LastSync, p.status.LastDuration, p.status.LastKernel = time.Now(), time.Since(start), st.Kernel
 			p.status.Syncs++
@@ -217,6 +239,7 @@ func (p *Proxy) sync(periodic bool) error {
 			return nil
 		}
 	}
+	p.cfg.Metrics.SyncFailed(periodic, time.Since(start))
 	p.log.Error(err, "Sync failed; the previous ruleset stays in the kernel, will retry")
 	p.mu.Lock()
 	p.status.Failures++

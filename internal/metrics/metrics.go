@@ -3,14 +3,12 @@
 //
 // The proxy reports events through the Recorder interface; Prometheus implements it on
 // its own registry (never the global default one) and serves it with Handler.
-// StatusBridge derives the same metrics from a polled status for a proxy that does not
-// call a Recorder.
+// ServiceCounters adds the kernel's per-service packet and byte counters.
 package metrics
 
 import (
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -260,79 +258,4 @@ func (p *Prometheus) Probe(path string, code int) {
 	case "/livez":
 		p.livez.WithLabelValues(strconv.Itoa(code)).Inc()
 	}
-}
-
-// Observed is one poll of a proxy's sync status (the fields of controller.Status that
-// metrics can be derived from).
-type Observed struct {
-	LastSync      time.Time     // end of the last successful sync
-	LastDuration  time.Duration // its duration
-	LastKernel    time.Duration // the kernel's part of it
-	OldestPending time.Time     // first change not yet synced; zero if none
-	Syncs         int           // successful syncs so far
-	Failures      int           // failed syncs so far
-	Services      int           // service ports in the last snapshot
-}
-
-// StatusBridge feeds a Prometheus recorder from polled status, for a proxy that does
-// not call the Recorder itself. It cannot tell full from partial syncs (only
-// kubeproxy_sync_proxy_rules_duration_seconds is observed), sees one duration per poll
-// (several syncs between two polls are all recorded with the last one's duration),
-// records no failure durations, no change counts and no network programming latency.
-// Do not use it together with direct Recorder calls: events would count twice.
-type StatusBridge struct {
-	p      *Prometheus
-	status func() Observed
-	mu     sync.Mutex
-	last   Observed
-}
-
-// NewStatusBridge returns a bridge from status to p.
-func NewStatusBridge(p *Prometheus, status func() Observed) *StatusBridge {
-	return &StatusBridge{p: p, status: status}
-}
-
-// Update polls the status once and records what changed since the last poll.
-func (b *StatusBridge) Update() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	st := b.status()
-	if n := st.Syncs - b.last.Syncs; n > 0 {
-		for range n {
-			b.p.observe("", st.LastDuration)
-			b.p.kernelDuration.Observe(st.LastKernel.Seconds())
-		}
-		b.p.synced(st.LastSync)
-	}
-	if n := st.Failures - b.last.Failures; n > 0 {
-		b.p.failed(n)
-	}
-	if !st.OldestPending.IsZero() && !st.OldestPending.Equal(b.last.OldestPending) {
-		b.p.queued(st.OldestPending)
-	}
-	b.p.ServicePorts(st.Services)
-	b.last = st
-}
-
-// Run polls every interval until stop is closed.
-func (b *StatusBridge) Run(stop <-chan struct{}, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			b.Update()
-		}
-	}
-}
-
-// Handler polls the status, then serves the metrics.
-func (b *StatusBridge) Handler() http.Handler {
-	h := b.p.Handler()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b.Update()
-		h.ServeHTTP(w, r)
-	})
 }
