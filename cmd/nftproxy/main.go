@@ -152,9 +152,11 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		return err
 	}
 	cidrs, _ := o.ClusterCIDRs()
+	serviceCIDRs, _ := o.ServiceCIDRs()
 	cfg := controller.Config{
 		NodeName:          nodeName,
 		ClusterCIDRs:      cidrs,
+		ServiceCIDRs:      serviceCIDRs,
 		MasqueradeAll:     o.MasqueradeAll,
 		MasqueradeBit:     uint32(o.MasqueradeBit),
 		NodePortAddresses: o.NodePortCIDRs(),

@@ -26,6 +26,7 @@ type Options struct {
 	Master             string
 	HostnameOverride   string
 	ClusterCIDR        string
+	ServiceCIDR        string
 	NodePortAddresses  []string
 	MasqueradeAll      bool
 	MasqueradeBit      int32
@@ -59,6 +60,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Path to kubeconfig file with authorization information (the master location can be overridden by --master). In-cluster config is used when empty.")
 	fs.StringVar(&o.Master, "master", "", "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.HostnameOverride, "hostname-override", "", "If non-empty, will be used as the name of the Node that nftproxy is running on. If unset, the node name is assumed to be the same as the node's hostname.")
+	fs.StringVar(&o.ServiceCIDR, "service-cluster-ip-range", "", "The CIDR ranges of service cluster IPs (comma-separated, at most one per IP family), as given to kube-apiserver. Only used when the API serves no ServiceCIDR objects; new connections to unallocated addresses in them are dropped. (nftproxy only)")
 	fs.StringVar(&o.ClusterCIDR, "cluster-cidr", "", "The CIDR range of the pods in the cluster (comma-separated, at most one per IP family). Traffic to a service from outside this range is masqueraded.")
 	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", nil, "A list of CIDR ranges that contain valid node IPs, or the keywords 'primary' (alone: the node's primary IPs from its Node object, the default) or 'all' (0.0.0.0/0 and ::/0). NodePort connections are accepted on local IPs in these ranges.")
 	fs.BoolVar(&o.MasqueradeAll, "masquerade-all", false, "SNAT all traffic sent via Service cluster IPs.")
@@ -253,6 +255,15 @@ func (o *Options) ClusterCIDRs() ([]netip.Prefix, error) {
 	return p, nil
 }
 
+// ServiceCIDRs parses --service-cluster-ip-range: at most one CIDR per family.
+func (o *Options) ServiceCIDRs() ([]netip.Prefix, error) {
+	p, err := config.ParseClusterCIDRs(o.ServiceCIDR)
+	if err != nil {
+		return nil, fmt.Errorf("--service-cluster-ip-range: %w", err)
+	}
+	return p, nil
+}
+
 // NodePortCIDRs returns --nodeport-addresses as the proxy takes it: empty or
 // ["primary"] for the node's primary IPs, else CIDRs ("all" expanded).
 func (o *Options) NodePortCIDRs() []string {
@@ -264,6 +275,9 @@ func (o *Options) NodePortCIDRs() []string {
 // file was checked when it was loaded, with an error naming its field there.
 func (o *Options) Validate() error {
 	if _, err := o.ClusterCIDRs(); err != nil {
+		return err
+	}
+	if _, err := o.ServiceCIDRs(); err != nil {
 		return err
 	}
 	if err := config.CheckMasqueradeBit(o.MasqueradeBit); err != nil {
