@@ -121,29 +121,16 @@ func buildNftproxy(t *testing.T) string {
 	return bin
 }
 
-// setupRoutes gives the node a route for the service CIDR (a real node has a default
-// route; the harness node has none, so without it the node could neither originate
-// ClusterIP traffic nor forward, and so reject, packets to an unserved service IP), and
-// routes the external-IP and LB ranges from the external client to the node. Only the
-// harness's namespaces are touched.
+// setupRoutes routes the external-IP and LB ranges from the external client to the
+// node. (The node itself needs no extra route: like a real node it has a default route,
+// via the external client.) Only the harness's namespaces are touched.
 func (e *env) setupRoutes(t *testing.T) {
 	t.Helper()
 	ctx, c := t.Context(), e.c
-	out, err := c.Exec(ctx, c.NodeNS, "ip", "-o", "-4", "route", "get", c.ExternalIP.String())
-	if err != nil {
-		t.Fatalf("ip route get %s in %s: %v: %s", c.ExternalIP, c.NodeNS, err, out)
-	}
-	f := strings.Fields(string(out))
-	i := slices.Index(f, "dev")
-	if i < 0 || i+1 >= len(f) {
-		t.Fatalf("no dev in %q", out)
-	}
-	extIf := f[i+1]
 	for _, r := range []struct {
 		ns   string
 		args []string
 	}{
-		{c.NodeNS, []string{"route", "add", c.ServiceCIDR.String(), "dev", extIf}},
 		{c.ExternalNS, []string{"route", "add", "203.0.113.0/24", "via", c.NodeIP.String()}},
 		{c.ExternalNS, []string{"route", "add", "198.51.100.0/24", "via", c.NodeIP.String()}},
 	} {

@@ -1,7 +1,8 @@
-// Package cluster runs a throw-away single-node Kubernetes control plane (etcd +
-// kube-apiserver) and a Calico-style pod network made of network namespaces, so that
-// nftproxy can be tested end to end without touching the host's root network namespace.
-// See e2e/README.md for the layout.
+// Package cluster runs a throw-away Kubernetes control plane (etcd + kube-apiserver) and
+// a dual-stack, Calico-style pod network made of network namespaces: one node namespace
+// (more with AddNode), pod namespaces routed point-to-point through their node, and an
+// external client on the nodes' LAN. nftproxy can so be tested end to end without
+// touching the host's root network namespace. See e2e/README.md for the layout.
 package cluster
 
 import (
@@ -23,15 +24,24 @@ import (
 // KubeconfigEnv is reserved for running the suite against an existing (kind) cluster.
 const KubeconfigEnv = "NFTPROXY_E2E_KUBECONFIG"
 
-// Fixed addressing of the local cluster (documentation / test ranges only).
+// Fixed addressing of the local cluster (documentation / test / ULA ranges only). Node N
+// (1-based) gets nodeIP+N-1 and the pod CIDRs 10.244.N.0/24 and fd00:244:0:N::/64.
 var (
-	nodeIP      = netip.MustParseAddr("192.0.2.10")
-	externalIP  = netip.MustParseAddr("192.0.2.100")
-	linkNet     = 24 // prefix length of the node <-> external link
-	podCIDR     = netip.MustParsePrefix("10.244.0.0/16")
-	nodePodCIDR = netip.MustParsePrefix("10.244.1.0/24")
-	serviceCIDR = netip.MustParsePrefix("10.96.0.0/16")
-	podGateway  = "169.254.1.1"
+	nodeIP        = netip.MustParseAddr("192.0.2.10")
+	nodeIPv6      = netip.MustParseAddr("fd00:192::10")
+	externalIP    = netip.MustParseAddr("192.0.2.100")
+	externalIPv6  = netip.MustParseAddr("fd00:192::100")
+	linkNet       = 24 // prefix length of the LAN (nodes and external client), IPv4
+	linkNet6      = 64 // and IPv6
+	podCIDR       = netip.MustParsePrefix("10.244.0.0/16")
+	podCIDRv6     = netip.MustParsePrefix("fd00:244::/56")
+	serviceCIDR   = netip.MustParsePrefix("10.96.0.0/16")
+	serviceCIDRv6 = netip.MustParsePrefix("fd00:96::/112")
+	podGateway    = "169.254.1.1" // on the node side of every pod veth
+	podGateway6   = "fe80::1"
+	lanBridge     = "br0"               // in the external namespace
+	lanBridgeMAC  = "02:00:c0:00:02:64" // fixed, so it does not change as nodes join
+	maxNodes      = 50                  // node IPs .10-.59, below the client's .100
 )
 
 // Config configures Start. All fields are optional.
@@ -43,19 +53,27 @@ type Config struct {
 }
 
 // Cluster is a running local cluster. Create it with Start, tear it down with Stop.
+//
+// The Node* fields describe the first node, "node-1", where the control plane runs; more
+// nodes can be added with AddNode.
 type Cluster struct {
-	Prefix      string // random prefix of every netns / link name of this cluster
-	NodeName    string
-	NodeNS      string // netns of the node: nftproxy, etcd and kube-apiserver run here
-	NodeIP      netip.Addr
-	ExternalNS  string // netns of an off-cluster client routed to the node
-	ExternalIP  netip.Addr
-	PodCIDR     netip.Prefix // cluster pod CIDR; this node's pods are in NodePodCIDR
-	NodePodCIDR netip.Prefix
-	ServiceCIDR netip.Prefix
-	Kubeconfig  string               // for processes inside NodeNS
-	Client      kubernetes.Interface // for the test process (dials through NodeNS)
-	WorkDir     string
+	Prefix        string // random prefix of every netns / link name of this cluster
+	NodeName      string
+	NodeNS        string // netns of the node: nftproxy, etcd and kube-apiserver run here
+	NodeIP        netip.Addr
+	NodeIPv6      netip.Addr
+	ExternalNS    string // netns of an off-cluster client on the nodes' LAN
+	ExternalIP    netip.Addr
+	ExternalIPv6  netip.Addr
+	PodCIDR       netip.Prefix // cluster pod CIDR; node-1's pods are in NodePodCIDR
+	PodCIDRv6     netip.Prefix
+	NodePodCIDR   netip.Prefix
+	NodePodCIDRv6 netip.Prefix
+	ServiceCIDR   netip.Prefix
+	ServiceCIDRv6 netip.Prefix
+	Kubeconfig    string               // for processes inside any node namespace
+	Client        kubernetes.Interface // for the test process (dials through NodeNS)
+	WorkDir       string
 
 	logf       func(format string, args ...any)
 	echoBin    string
@@ -65,7 +83,7 @@ type Cluster struct {
 	procs   []*Process
 	netns   []string // created namespaces, in creation order
 	pods    map[string]*Pod
-	nextPod int // last octet of the next pod IP
+	nodes   []*Node // nodes[0] is node-1
 	stopped bool
 }
 
@@ -80,22 +98,25 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		return nil, err
 	}
 	c := &Cluster{
-		Prefix:      "np" + randHex(3),
-		NodeName:    "node-1",
-		NodeIP:      nodeIP,
-		ExternalIP:  externalIP,
-		PodCIDR:     podCIDR,
-		NodePodCIDR: nodePodCIDR,
-		ServiceCIDR: serviceCIDR,
-		WorkDir:     cfg.WorkDir,
-		logf:        cfg.Logf,
-		pods:        map[string]*Pod{},
-		nextPod:     2,
+		Prefix:        "np" + randHex(3),
+		ExternalIP:    externalIP,
+		ExternalIPv6:  externalIPv6,
+		PodCIDR:       podCIDR,
+		PodCIDRv6:     podCIDRv6,
+		ServiceCIDR:   serviceCIDR,
+		ServiceCIDRv6: serviceCIDRv6,
+		WorkDir:       cfg.WorkDir,
+		logf:          cfg.Logf,
+		pods:          map[string]*Pod{},
 	}
 	if c.logf == nil {
 		c.logf = func(string, ...any) {}
 	}
-	c.NodeNS = c.Prefix + "-node"
+	n1 := c.newNode(1, "node-1")
+	c.nodes = []*Node{n1}
+	c.NodeName, c.NodeNS = n1.Name, n1.NS
+	c.NodeIP, c.NodeIPv6 = n1.IP, n1.IPv6
+	c.NodePodCIDR, c.NodePodCIDRv6 = n1.PodCIDR, n1.PodCIDRv6
 	c.ExternalNS = c.Prefix + "-ext"
 	if c.WorkDir == "" {
 		if c.WorkDir, err = os.MkdirTemp("", "nftproxy-e2e-"); err != nil {
@@ -146,40 +167,40 @@ func CheckPrerequisites() error {
 			missing = append(missing, bin+" on PATH")
 		}
 	}
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		missing = append(missing, "IPv6 support in the kernel (the cluster is dual-stack)")
+	}
 	if len(missing) > 0 {
 		return fmt.Errorf("e2e prerequisites missing: %s", strings.Join(missing, ", "))
 	}
 	return nil
 }
 
-// setupNetwork creates the node and external namespaces and the link between them.
+// setupNetwork creates the external namespace with the LAN bridge, and node-1.
 func (c *Cluster) setupNetwork(ctx context.Context) error {
-	for _, ns := range []string{c.NodeNS, c.ExternalNS} {
-		if err := c.addNetns(ctx, ns); err != nil {
-			return err
-		}
+	if err := c.addNetns(ctx, c.ExternalNS); err != nil {
+		return err
 	}
-	for _, kv := range []string{"net.ipv4.ip_forward=1", "net.ipv4.icmp_ratelimit=0"} {
-		if out, err := c.Exec(ctx, c.NodeNS, "sysctl", "-qw", kv); err != nil {
-			return fmt.Errorf("sysctl %s: %w: %s", kv, err, out)
-		}
-	}
-	extIf := c.Prefix + "ext" // node side of the link to the external client
-	if err := c.ip(ctx, c.NodeNS,
-		fmt.Sprintf("link add %s type veth peer name eth0 netns %s", extIf, c.ExternalNS),
-		fmt.Sprintf("addr add %s/%d dev %s", c.NodeIP, linkNet, extIf),
-		"link set "+extIf+" up",
+	// The external client is a plain host (no forwarding) on the LAN bridge and the
+	// nodes' default gateway: a packet a node sends there that is not for the client
+	// itself ends there.
+	if err := c.ip(ctx, c.ExternalNS,
+		fmt.Sprintf("link add %s address %s type bridge", lanBridge, lanBridgeMAC),
+		fmt.Sprintf("addr add %s/%d dev %s", c.ExternalIP, linkNet, lanBridge),
+		fmt.Sprintf("addr add %s/%d dev %s nodad", c.ExternalIPv6, linkNet6, lanBridge),
+		"link set "+lanBridge+" up",
+		fmt.Sprintf("route add %s via %s", c.ServiceCIDR, c.NodeIP),
+		fmt.Sprintf("route add %s via %s", c.PodCIDR, c.NodeIP),
+		fmt.Sprintf("route add %s via %s", c.ServiceCIDRv6, c.NodeIPv6),
+		fmt.Sprintf("route add %s via %s", c.PodCIDRv6, c.NodeIPv6),
 	); err != nil {
 		return err
 	}
-	return c.ip(ctx, c.ExternalNS,
-		fmt.Sprintf("addr add %s/%d dev eth0", c.ExternalIP, linkNet),
-		"link set eth0 up",
-		fmt.Sprintf("route add %s via %s", c.ServiceCIDR, c.NodeIP),
-		fmt.Sprintf("route add %s via %s", c.PodCIDR, c.NodeIP),
-	)
+	return c.setupNode(ctx, c.nodes[0])
 }
 
+// addNetns creates a namespace with lo up and IPv6 duplicate address detection off
+// (addresses are usable at once instead of "tentative" for a second or two).
 func (c *Cluster) addNetns(ctx context.Context, ns string) error {
 	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		return fmt.Errorf("ip netns add %s: %w: %s", ns, err, out)
@@ -187,7 +208,18 @@ func (c *Cluster) addNetns(ctx context.Context, ns string) error {
 	c.mu.Lock()
 	c.netns = append(c.netns, ns)
 	c.mu.Unlock()
+	if err := c.sysctl(ctx, ns, "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"); err != nil {
+		return err
+	}
 	return c.ip(ctx, ns, "link set lo up")
+}
+
+// sysctl sets kernel parameters inside namespace ns (never in the root namespace).
+func (c *Cluster) sysctl(ctx context.Context, ns string, kvs ...string) error {
+	if out, err := c.Exec(ctx, ns, append([]string{"sysctl", "-qw"}, kvs...)...); err != nil {
+		return fmt.Errorf("sysctl -w %s in %s: %w: %s", strings.Join(kvs, " "), ns, err, out)
+	}
+	return nil
 }
 
 func (c *Cluster) delNetns(ns string) error {

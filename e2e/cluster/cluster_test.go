@@ -85,7 +85,61 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("ipv6", func(t *testing.T) {
+		if a.IPv6 != netip.MustParseAddr("fd00:244:0:1::2") || b.IPv6 != netip.MustParseAddr("fd00:244:0:1::3") {
+			t.Fatalf("pod IPv6 addresses %s, %s; want fd00:244:0:1::2, fd00:244:0:1::3", a.IPv6, b.IPv6)
+		}
+		expect6(t, c, a.NS, b, a.IPv6.String())
+		expect6(t, c, c.ExternalNS, a, c.ExternalIPv6.String())
+		expect6(t, c, c.NodeNS, b, c.NodeIPv6.String()) // the pod veth has only link-local addresses
+	})
+	t.Run("fixed-source-port", func(t *testing.T) {
+		addr := net.JoinHostPort(b.IP.String(), "9090")
+		res, err := c.Probe(ctx, a.NS, cluster.ProbeSpec{Proto: "udp", Addr: addr, Count: 3, SourcePort: 40123})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res {
+			if !r.OK || r.Client != a.IP.String()+":40123" || r.At.IsZero() {
+				t.Errorf("udp %s from port 40123: %+v; want answered, client %s:40123, start time", addr, r, a.IP)
+			}
+		}
+	})
+	t.Run("background-probe", func(t *testing.T) {
+		run, err := c.StartProbe(ctx, a.NS, cluster.ProbeSpec{Proto: "udp", Addr: net.JoinHostPort(b.IPv6.String(), "8080"),
+			Count: 1000, Interval: 20 * time.Millisecond, Timeout: 200 * time.Millisecond, SourcePort: 40124})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for len(run.Results()) < 5 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		res, err := run.Stop()
+		if err != nil || len(res) < 5 || len(res) >= 1000 {
+			t.Fatalf("background probe: %d results, err %v; want 5..999", len(res), err)
+		}
+		for _, r := range res {
+			if !r.OK || r.Pod != b.Name || r.Client != "["+a.IPv6.String()+"]:40124" {
+				t.Errorf("background probe result %+v", r)
+			}
+		}
+	})
+	t.Run("default-route", func(t *testing.T) {
+		for _, fam := range []string{"-4", "-6"} {
+			out, err := c.Exec(ctx, c.NodeNS, "ip", fam, "route", "show", "default")
+			want := c.ExternalIP.String()
+			if fam == "-6" {
+				want = c.ExternalIPv6.String()
+			}
+			if err != nil || !strings.Contains(string(out), "via "+want) {
+				t.Errorf("ip %s route show default in %s: %v %q; want via %s", fam, c.NodeNS, err, out, want)
+			}
+		}
+	})
+
 	t.Run("api", func(t *testing.T) { testAPI(t, c, a, b) })
+	t.Run("second-node", func(t *testing.T) { testSecondNode(t, c, a) })
 	t.Run("kubeconfig-in-node-netns", func(t *testing.T) {
 		self, err := os.Executable()
 		if err != nil {
@@ -123,6 +177,112 @@ func TestCluster(t *testing.T) {
 	}
 	if _, err := os.Stat(c.WorkDir); os.Getenv("KEEP_E2E_WORKDIR") != "1" && !os.IsNotExist(err) {
 		t.Errorf("workdir %s not removed: %v", c.WorkDir, err)
+	}
+}
+
+// expect6 probes dst's echo ports over IPv6 from ns and wants every answer from dst,
+// seeing the client as clientIP.
+func expect6(t *testing.T, c *cluster.Cluster, ns string, dst *cluster.Pod, clientIP string) {
+	t.Helper()
+	for _, proto := range []string{"tcp", "udp"} {
+		addr := net.JoinHostPort(dst.IPv6.String(), "8080")
+		res, err := c.Probe(t.Context(), ns, cluster.ProbeSpec{Proto: proto, Addr: addr, Count: 3, Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res {
+			host, _, _ := net.SplitHostPort(r.Client)
+			if !r.OK || r.Pod != dst.Name || host != clientIP {
+				t.Errorf("%s %s from %s: %+v; want answer from %s seeing client %s", proto, addr, ns, r, dst.Name, clientIP)
+			}
+		}
+	}
+}
+
+// testSecondNode adds node-2 with a pod and checks routing between the nodes' pods (no
+// NAT: each side sees the other's pod address), from the external client, the Node
+// object and the zone label.
+func testSecondNode(t *testing.T, c *cluster.Cluster, a *cluster.Pod) {
+	ctx := t.Context()
+	n2, err := c.AddNode(ctx, "node-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n2.IP != netip.MustParseAddr("192.0.2.11") || n2.IPv6 != netip.MustParseAddr("fd00:192::11") ||
+		n2.PodCIDR != netip.MustParsePrefix("10.244.2.0/24") || n2.PodCIDRv6 != netip.MustParsePrefix("fd00:244:0:2::/64") {
+		t.Fatalf("node-2: %+v", n2)
+	}
+	if _, err := c.AddNode(ctx, "node-2"); err == nil {
+		t.Error("a second node-2 was accepted")
+	}
+	if got := c.Nodes(); len(got) != 2 || got[0].Name != "node-1" || c.Node("node-2") != n2 {
+		t.Errorf("Nodes() = %v", got)
+	}
+	p, err := c.AddPodOn(ctx, n2, "pod-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.IP != netip.MustParseAddr("10.244.2.2") || p.IPv6 != netip.MustParseAddr("fd00:244:0:2::2") || p.Node != n2 {
+		t.Fatalf("pod on node-2: %+v", p)
+	}
+	for _, x := range []struct {
+		ns       string
+		dst      *cluster.Pod
+		v4, v6   string
+		fromNode string
+	}{
+		{a.NS, p, a.IP.String(), a.IPv6.String(), "node-1 pod"},
+		{p.NS, a, p.IP.String(), p.IPv6.String(), "node-2 pod"},
+		{c.ExternalNS, p, c.ExternalIP.String(), c.ExternalIPv6.String(), "external client"},
+	} {
+		for _, addr := range []string{x.dst.IP.String(), x.dst.IPv6.String()} {
+			res, err := c.Probe(ctx, x.ns, cluster.ProbeSpec{Proto: "tcp", Addr: net.JoinHostPort(addr, "8080"), Count: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := x.v4
+			if netip.MustParseAddr(addr).Is6() {
+				want = x.v6
+			}
+			for _, r := range res {
+				if host, _, _ := net.SplitHostPort(r.Client); !r.OK || r.Pod != x.dst.Name || host != want {
+					t.Errorf("%s -> %s: %+v; want answer from %s seeing %s", x.fromNode, addr, r, x.dst.Name, want)
+				}
+			}
+		}
+	}
+	// node-2 reaches the apiserver on node-1's LAN address.
+	res, err := c.Probe(ctx, n2.NS, cluster.ProbeSpec{Proto: "tcp", Addr: net.JoinHostPort(c.NodeIP.String(), "6443"), Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(res[0].Err, "read ") { // connected; kube-apiserver sends no line
+		t.Errorf("node-2 -> %s:6443: %+v; want a connection", c.NodeIP, res[0])
+	}
+
+	if err := c.SetZone(ctx, "node-2", "zone-b"); err != nil {
+		t.Fatal(err)
+	}
+	node, err := c.Client.CoreV1().Nodes().Get(ctx, "node-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAddrs := []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: "192.0.2.11"},
+		{Type: corev1.NodeInternalIP, Address: "fd00:192::11"},
+		{Type: corev1.NodeHostName, Address: "node-2"},
+	}
+	if fmt.Sprint(node.Status.Addresses) != fmt.Sprint(wantAddrs) || fmt.Sprint(node.Spec.PodCIDRs) != "[10.244.2.0/24 fd00:244:0:2::/64]" ||
+		node.Labels[corev1.LabelTopologyZone] != "zone-b" {
+		t.Errorf("node-2 object: addresses %v, podCIDRs %v, labels %v", node.Status.Addresses, node.Spec.PodCIDRs, node.Labels)
+	}
+	if err := c.SetZone(ctx, "node-2", ""); err != nil {
+		t.Fatal(err)
+	}
+	if node, err = c.Client.CoreV1().Nodes().Get(ctx, "node-2", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if _, ok := node.Labels[corev1.LabelTopologyZone]; ok {
+		t.Errorf("zone label not removed: %v", node.Labels)
 	}
 }
 

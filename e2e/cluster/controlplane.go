@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -78,7 +77,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, etcdBin, apiserverBin s
 		"--bind-address=0.0.0.0",
 		fmt.Sprintf("--secure-port=%d", apiserverPort),
 		"--etcd-servers=http://127.0.0.1:2379",
-		"--service-cluster-ip-range="+c.ServiceCIDR.String(),
+		"--service-cluster-ip-range="+c.ServiceCIDR.String()+","+c.ServiceCIDRv6.String(),
 		"--endpoint-reconciler-type=none",
 		"--authorization-mode=Node,RBAC",
 		"--token-auth-file="+tokenFile,
@@ -124,35 +123,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, etcdBin, apiserverBin s
 	}); err != nil {
 		return err
 	}
-	return c.registerNode(ctx)
-}
-
-// registerNode creates the Node object the way a kubelet would (addresses, pod CIDR, Ready).
-func (c *Cluster) registerNode(ctx context.Context) error {
-	nodes := c.Client.CoreV1().Nodes()
-	node, err := nodes.Create(ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:   c.NodeName,
-			Labels: map[string]string{corev1.LabelHostname: c.NodeName},
-		},
-		Spec: corev1.NodeSpec{PodCIDR: c.NodePodCIDR.String(), PodCIDRs: []string{c.NodePodCIDR.String()}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("create node: %w", err)
-	}
-	now := metav1.Now()
-	node.Status.Addresses = []corev1.NodeAddress{
-		{Type: corev1.NodeInternalIP, Address: c.NodeIP.String()},
-		{Type: corev1.NodeHostName, Address: c.NodeName},
-	}
-	node.Status.Conditions = []corev1.NodeCondition{{
-		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "E2E",
-		LastHeartbeatTime: now, LastTransitionTime: now,
-	}}
-	if _, err := nodes.UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update node status: %w", err)
-	}
-	return nil
+	return c.registerNode(ctx, c.nodes[0])
 }
 
 // waitFor polls check until it succeeds, ctx expires or one of procs exits.

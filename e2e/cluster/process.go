@@ -27,6 +27,14 @@ func (c *Cluster) Exec(ctx context.Context, ns string, args ...string) ([]byte, 
 	return cmd.CombinedOutput()
 }
 
+// ExecInput is Exec with stdin (e.g. `nft -f -` with a ruleset for a harness namespace).
+func (c *Cluster) ExecInput(ctx context.Context, ns, stdin string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	cmd.WaitDelay = time.Second
+	return cmd.CombinedOutput()
+}
+
 // StartProcess starts args in namespace ns in the background, appending its stdout and
 // stderr to WorkDir/<name>.log. Stop kills it if it is still running.
 func (c *Cluster) StartProcess(ns, name string, args ...string) (*Process, error) {

@@ -4,10 +4,11 @@
 //	    TCP and UDP servers on each port. Every answer is one line
 //	    "<name> <client ip:port as seen by the server>\n"; TCP answers on accept and
 //	    closes, UDP answers each datagram. NAME defaults to $POD_NAME.
-//	echo probe --proto tcp|udp --addr IP:PORT [--count N] [--timeout D] [--interval D]
+//	echo probe --proto tcp|udp --addr IP:PORT [--count N] [--timeout D] [--interval D] [--sport P]
 //	    N sequential attempts, each on a new socket, one JSON line per attempt:
-//	    {"ok":bool,"pod":"…","client":"…","err":"…","refused":bool,"ms":float}.
-//	    Exits 0 even when attempts fail.
+//	    {"ok":bool,"pod":"…","client":"…","err":"…","refused":bool,"ms":float,"at":time}.
+//	    IP may be IPv6 ([fd00::1]:80). --sport binds every socket to local port P
+//	    (SO_REUSEADDR), so all attempts share one 5-tuple. Exits 0 even when attempts fail.
 package main
 
 import (
@@ -97,12 +98,13 @@ func serveUDP(pc net.PacketConn, name string) error {
 }
 
 type result struct {
-	OK      bool    `json:"ok"`
-	Pod     string  `json:"pod"`
-	Client  string  `json:"client"`
-	Err     string  `json:"err"`
-	Refused bool    `json:"refused"`
-	Millis  float64 `json:"ms"`
+	OK      bool      `json:"ok"`
+	Pod     string    `json:"pod"`
+	Client  string    `json:"client"`
+	Err     string    `json:"err"`
+	Refused bool      `json:"refused"`
+	Millis  float64   `json:"ms"`
+	At      time.Time `json:"at"`
 }
 
 func probe(args []string) error {
@@ -112,6 +114,7 @@ func probe(args []string) error {
 	count := fs.Int("count", 1, "number of attempts")
 	timeout := fs.Duration("timeout", time.Second, "timeout per attempt")
 	interval := fs.Duration("interval", 0, "pause between attempts")
+	sport := fs.Int("sport", 0, "local port of every attempt (0: any)")
 	_ = fs.Parse(args)
 	if *addr == "" || (*proto != "tcp" && *proto != "udp") {
 		return errors.New("probe needs --proto tcp|udp and --addr ip:port")
@@ -122,8 +125,8 @@ func probe(args []string) error {
 			time.Sleep(*interval)
 		}
 		start := time.Now()
-		line, err := attempt(*proto, *addr, *timeout)
-		r := result{Millis: float64(time.Since(start).Microseconds()) / 1000}
+		line, err := attempt(*proto, *addr, *timeout, *sport)
+		r := result{Millis: float64(time.Since(start).Microseconds()) / 1000, At: start}
 		if err == nil {
 			if pod, client, ok := strings.Cut(strings.TrimSpace(line), " "); ok {
 				r.OK, r.Pod, r.Client = true, pod, client
@@ -142,10 +145,28 @@ func probe(args []string) error {
 	return nil
 }
 
-// attempt opens a new socket to addr and returns the server's answer line.
-func attempt(proto, addr string, timeout time.Duration) (string, error) {
+// attempt opens a new socket to addr (from local port sport if not 0) and returns the
+// server's answer line.
+func attempt(proto, addr string, timeout time.Duration, sport int) (string, error) {
 	deadline := time.Now().Add(timeout)
-	conn, err := net.DialTimeout(proto, addr, timeout)
+	d := net.Dialer{Timeout: timeout}
+	if sport != 0 {
+		if proto == "udp" {
+			d.LocalAddr = &net.UDPAddr{Port: sport}
+		} else {
+			d.LocalAddr = &net.TCPAddr{Port: sport}
+		}
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	conn, err := d.Dial(proto, addr)
 	if err != nil {
 		return "", err
 	}
