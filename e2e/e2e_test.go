@@ -102,6 +102,8 @@ func TestServices(t *testing.T) {
 	e.run(t, "undefined-port-rejected", e.testUndefinedPort)    // k
 	e.run(t, "nft-list-table", e.testNftList)                   // m (all services present)
 	e.run(t, "dry-run", e.testDryRun)                           // --dry-run prints the ruleset
+	e.run(t, "metrics", e.testMetrics)                          // counters after known traffic
+	e.run(t, "explain", e.testExplain)                          // explain against the live API
 	e.run(t, "service-deleted", e.testServiceDeleted)           // l
 	t.Run("sigterm-keeps-rules-cleanup-removes", e.testCleanup) // n (stops nftproxy)
 }

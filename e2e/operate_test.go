@@ -1,0 +1,104 @@
+package e2e
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Operating the running proxy: metrics after a known amount of traffic, and explain
+// against the live API.
+
+// testMetrics sends a known number of connections to a new service and reads the
+// running nftproxy's metrics: the kernel's per-service packet counter and kube-proxy's
+// sync metrics.
+func (e *env) testMetrics(t *testing.T) {
+	svc := e.createService(t, "counted", corev1.ServiceTypeClusterIP, nil, tcpPort("http", 80, 8080))
+	e.putSlice(t, svc, endpoint(e.web[0], ready))
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.waitOK(t, "counted answers", e.client.NS, "tcp", addr)
+	before := e.servicePackets(t, "counted")
+	const conns = 10
+	res := e.probe(t, e.client.NS, "tcp", addr, conns, time.Second)
+	expectAnswered(t, "pod -> "+addr, res, e.web[:1], is(e.client.IP.String()))
+	// Each TCP connection sends at least its SYN, the handshake's ACK and a FIN to the
+	// service address.
+	if got := e.servicePackets(t, "counted") - before; got < 3*conns {
+		t.Errorf("nftproxy_service_packets_total for default/counted grew by %v after %d connections, want >= %d", got, conns, 3*conns)
+	}
+	m := e.scrape(t)
+	for _, name := range []string{
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+		`kubeproxy_sync_proxy_rules_service_changes_total`,
+		`kubeproxy_sync_proxy_rules_endpoint_changes_total`,
+	} {
+		if v := metricValue(m, name); v <= 0 {
+			t.Errorf("%s = %v, want > 0 after services and slices were created", name, v)
+		}
+	}
+}
+
+// servicePackets returns nftproxy_service_packets_total of one service's "http" port.
+func (e *env) servicePackets(t *testing.T, name string) float64 {
+	t.Helper()
+	return metricValue(e.scrape(t), `nftproxy_service_packets_total{namespace="default",port="http",service="`+name+`"}`)
+}
+
+func (e *env) scrape(t *testing.T) string {
+	t.Helper()
+	out, err := e.c.Exec(t.Context(), e.c.NodeNS, "curl", "-sf", "http://127.0.0.1:10249/metrics")
+	if err != nil {
+		t.Fatalf("scraping metrics: %v: %s", err, out)
+	}
+	return string(out)
+}
+
+// metricValue sums the samples whose series starts with name (a bare metric name
+// matches every label set; a name with labels matches those exactly).
+func metricValue(metrics, name string) float64 {
+	var sum float64
+	for _, line := range strings.Split(metrics, "\n") {
+		series, value, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if series == name || (!strings.Contains(name, "{") && strings.HasPrefix(series, name+"{")) {
+			v, err := strconv.ParseFloat(value, 64)
+			if err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
+}
+
+// testExplain runs "nftproxy explain" in the node against the live API for a service
+// with two endpoints and one without endpoints.
+func (e *env) testExplain(t *testing.T) {
+	svc := e.createService(t, "explained", corev1.ServiceTypeClusterIP, nil, tcpPort("http", 80, 8080))
+	e.putSlice(t, svc, endpoint(e.web[0], ready), endpoint(e.web[1], ready))
+	empty := e.createService(t, "unexplained", corev1.ServiceTypeClusterIP, nil, tcpPort("http", 80, 8080))
+	explain := func(args ...string) string {
+		t.Helper()
+		base := []string{e.bin, "explain", "--kubeconfig", e.c.Kubeconfig, "--hostname-override", e.c.NodeName, "--cluster-cidr", clusterCIDR}
+		out, err := e.c.Exec(t.Context(), e.c.NodeNS, append(base, args...)...)
+		if err != nil {
+			t.Fatalf("explain %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	out := explain("--from", e.client.IP.String(), hostPort(svc.Spec.ClusterIP, 80))
+	for _, want := range []string{"service default/explained", hostPort(e.web[0].IP.String(), 8080), hostPort(e.web[1].IP.String(), 8080), "50%"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain of a 2-endpoint ClusterIP lacks %q:\n%s", want, out)
+		}
+	}
+	out = explain(hostPort(empty.Spec.ClusterIP, 80))
+	if !regexp.MustCompile(`(?i)rejected.*no endpoints`).MatchString(out) {
+		t.Errorf("explain of a service without endpoints does not say it is rejected for lack of endpoints:\n%s", out)
+	}
+}
