@@ -286,7 +286,14 @@ func (e *env) putSlice(t *testing.T, svc *corev1.Service, eps ...discoveryv1.End
 
 func (e *env) probe(t *testing.T, from string, proto, addr string, count int, timeout time.Duration) []cluster.ProbeResult {
 	t.Helper()
-	res, err := e.c.Probe(t.Context(), from, cluster.ProbeSpec{Proto: proto, Addr: addr, Count: count, Timeout: timeout})
+	return runProbe(t, e.c, from, proto, addr, count, timeout)
+}
+
+// runProbe runs count attempts from the namespace from, failing the test on an error of
+// the probe itself (not of the attempts).
+func runProbe(t *testing.T, c *cluster.Cluster, from, proto, addr string, count int, timeout time.Duration) []cluster.ProbeResult {
+	t.Helper()
+	res, err := c.Probe(t.Context(), from, cluster.ProbeSpec{Proto: proto, Addr: addr, Count: count, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,6 +304,17 @@ func (e *env) probe(t *testing.T, from string, proto, addr string, count int, ti
 // It returns the accepted results, or fails the test with the last ones.
 func (e *env) eventually(t *testing.T, what string, probe func() []cluster.ProbeResult, accept func([]cluster.ProbeResult) bool) []cluster.ProbeResult {
 	t.Helper()
+	return poll(t, what, probe, accept, func() {
+		if !e.proxy.Running() {
+			t.Fatalf("%s: nftproxy exited; log:\n%s", what, e.proxy.Tail(40))
+		}
+	})
+}
+
+// poll repeats probe until accept is true for its results, for up to converge, calling
+// alive (which fails the test if a proxy died) between attempts.
+func poll(t *testing.T, what string, probe func() []cluster.ProbeResult, accept func([]cluster.ProbeResult) bool, alive func()) []cluster.ProbeResult {
+	t.Helper()
 	deadline := time.Now().Add(converge)
 	for {
 		res := probe()
@@ -306,9 +324,7 @@ func (e *env) eventually(t *testing.T, what string, probe func() []cluster.Probe
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within %v; last probes: %s", what, converge, summary(res))
 		}
-		if !e.proxy.Running() {
-			t.Fatalf("%s: nftproxy exited; log:\n%s", what, e.proxy.Tail(40))
-		}
+		alive()
 		time.Sleep(200 * time.Millisecond)
 	}
 }

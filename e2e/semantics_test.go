@@ -328,28 +328,13 @@ func (s *sem) put4(t *testing.T, svc *corev1.Service, eps ...discoveryv1.Endpoin
 
 func (s *sem) probe(t *testing.T, from, proto, addr string, count int, timeout time.Duration) []cluster.ProbeResult {
 	t.Helper()
-	res, err := s.c.Probe(t.Context(), from, cluster.ProbeSpec{Proto: proto, Addr: addr, Count: count, Timeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res
+	return runProbe(t, s.c, from, proto, addr, count, timeout)
 }
 
 // eventually polls probe until accept is true for its results, for up to converge.
 func (s *sem) eventually(t *testing.T, what string, probe func() []cluster.ProbeResult, accept func([]cluster.ProbeResult) bool) []cluster.ProbeResult {
 	t.Helper()
-	deadline := time.Now().Add(converge)
-	for {
-		res := probe()
-		if accept(res) {
-			return res
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v; last probes: %s", what, converge, summary(res))
-		}
-		s.checkProxies(t, what)
-		time.Sleep(200 * time.Millisecond)
-	}
+	return poll(t, what, probe, accept, func() { s.checkProxies(t, what) })
 }
 
 // waitFor waits until single attempts from from to addr satisfy accept.
