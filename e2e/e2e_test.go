@@ -262,24 +262,33 @@ func (e *env) putSlice(t *testing.T, svc *corev1.Service, eps ...discoveryv1.End
 	}
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:   svc.Name + "-e2e",
-			Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "e2e"},
+			Name:      svc.Name + "-e2e",
+			Namespace: svc.Namespace,
+			Labels:    map[string]string{discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "e2e"},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   eps,
 		Ports:       slicePorts(svc.Spec.Ports...),
 	}
-	api := e.c.Client.DiscoveryV1().EndpointSlices(ns)
+	upsertSlice(t, e.c, slice)
+}
+
+// upsertSlice creates the slice or replaces the existing one of that name.
+func upsertSlice(t *testing.T, c *cluster.Cluster, slice *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	t.Helper()
+	api := c.Client.DiscoveryV1().EndpointSlices(slice.Namespace)
+	var out *discoveryv1.EndpointSlice
 	old, err := api.Get(t.Context(), slice.Name, metav1.GetOptions{})
 	if err == nil {
 		slice.ResourceVersion = old.ResourceVersion
-		_, err = api.Update(t.Context(), slice, metav1.UpdateOptions{})
+		out, err = api.Update(t.Context(), slice, metav1.UpdateOptions{})
 	} else {
-		_, err = api.Create(t.Context(), slice, metav1.CreateOptions{})
+		out, err = api.Create(t.Context(), slice, metav1.CreateOptions{})
 	}
 	if err != nil {
 		t.Fatalf("endpoint slice %s: %v", slice.Name, err)
 	}
+	return out
 }
 
 // --- traffic helpers -----------------------------------------------------------------

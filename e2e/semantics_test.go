@@ -297,26 +297,15 @@ func (s *sem) putSlice(t *testing.T, svc *corev1.Service, family discoveryv1.Add
 	}
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:   svc.Name + "-e2e-" + strings.ToLower(string(family)),
-			Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "e2e"},
+			Name:      svc.Name + "-e2e-" + strings.ToLower(string(family)),
+			Namespace: svc.Namespace,
+			Labels:    map[string]string{discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "e2e"},
 		},
 		AddressType: family,
 		Endpoints:   eps,
 		Ports:       slicePorts(svc.Spec.Ports...),
 	}
-	api := s.c.Client.DiscoveryV1().EndpointSlices(ns)
-	var out *discoveryv1.EndpointSlice
-	old, err := api.Get(t.Context(), slice.Name, metav1.GetOptions{})
-	if err == nil {
-		slice.ResourceVersion = old.ResourceVersion
-		out, err = api.Update(t.Context(), slice, metav1.UpdateOptions{})
-	} else {
-		out, err = api.Create(t.Context(), slice, metav1.CreateOptions{})
-	}
-	if err != nil {
-		t.Fatalf("endpoint slice %s: %v", slice.Name, err)
-	}
-	return out
+	return upsertSlice(t, s.c, slice)
 }
 
 func (s *sem) put4(t *testing.T, svc *corev1.Service, eps ...discoveryv1.Endpoint) {
