@@ -44,7 +44,8 @@ const (
 // env is the state shared by the subtests of TestServices.
 type env struct {
 	c      *cluster.Cluster
-	bin    string // nftproxy binary
+	bin    string   // nftproxy binary
+	args   []string // its arguments
 	proxy  *cluster.Process
 	web    []*cluster.Pod // web-1..3: endpoints
 	client *cluster.Pod   // a pod that is never an endpoint
@@ -75,7 +76,7 @@ func TestServices(t *testing.T) {
 	e.setupRoutes(t)
 
 	var err error
-	e.proxy, err = c.StartProcess(c.NodeNS, "nftproxy", e.bin,
+	e.args = []string{
 		"--kubeconfig", c.Kubeconfig,
 		"--hostname-override", c.NodeName,
 		"--cluster-cidr", clusterCIDR,
@@ -83,28 +84,30 @@ func TestServices(t *testing.T) {
 		"-v=2",
 		"--healthz-bind-address", "0.0.0.0:10256",
 		"--metrics-bind-address", "127.0.0.1:10249",
-	)
+	}
+	e.proxy, err = c.StartProcess(c.NodeNS, "nftproxy", append([]string{e.bin}, e.args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.waitFirstSync(t)
 
-	e.run(t, "clusterip-sources", e.testClusterIPSources)       // a
-	e.run(t, "port-to-targetport", e.testTargetPort)            // b
-	e.run(t, "multi-port-tcp-udp", e.testMultiPort)             // c
-	e.run(t, "nodeport", e.testNodePort)                        // d
-	e.run(t, "external-ip", e.testExternalIP)                   // e
-	e.run(t, "loadbalancer-ingress-ip", e.testLoadBalancer)     // f
-	e.run(t, "no-endpoints-rejected", e.testNoEndpoints)        // g
-	e.run(t, "endpoints-change", e.testEndpointsChange)         // h
-	e.run(t, "not-ready-endpoints-unused", e.testNotReady)      // i
-	e.run(t, "hairpin", e.testHairpin)                          // j
-	e.run(t, "undefined-port-rejected", e.testUndefinedPort)    // k
-	e.run(t, "nft-list-table", e.testNftList)                   // m (all services present)
-	e.run(t, "dry-run", e.testDryRun)                           // --dry-run prints the ruleset
-	e.run(t, "metrics", e.testMetrics)                          // counters after known traffic
-	e.run(t, "explain", e.testExplain)                          // explain against the live API
-	e.run(t, "service-deleted", e.testServiceDeleted)           // l
+	e.run(t, "clusterip-sources", e.testClusterIPSources)    // a
+	e.run(t, "port-to-targetport", e.testTargetPort)         // b
+	e.run(t, "multi-port-tcp-udp", e.testMultiPort)          // c
+	e.run(t, "nodeport", e.testNodePort)                     // d
+	e.run(t, "external-ip", e.testExternalIP)                // e
+	e.run(t, "loadbalancer-ingress-ip", e.testLoadBalancer)  // f
+	e.run(t, "no-endpoints-rejected", e.testNoEndpoints)     // g
+	e.run(t, "endpoints-change", e.testEndpointsChange)      // h
+	e.run(t, "not-ready-endpoints-unused", e.testNotReady)   // i
+	e.run(t, "hairpin", e.testHairpin)                       // j
+	e.run(t, "undefined-port-rejected", e.testUndefinedPort) // k
+	e.run(t, "nft-list-table", e.testNftList)                // m (all services present)
+	e.run(t, "dry-run", e.testDryRun)                        // --dry-run prints the ruleset
+	e.run(t, "metrics", e.testMetrics)                       // counters after known traffic
+	e.run(t, "explain", e.testExplain)                       // explain against the live API
+	e.run(t, "service-deleted", e.testServiceDeleted)        // l
+	e.run(t, "kill-9-restart-no-failed-connection", e.testRestart)
 	t.Run("sigterm-keeps-rules-cleanup-removes", e.testCleanup) // n (stops nftproxy)
 }
 

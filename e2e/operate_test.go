@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nftproxy/nftproxy/e2e/cluster"
 )
 
 // Operating the running proxy: metrics after a known amount of traffic, and explain
@@ -100,5 +102,45 @@ func (e *env) testExplain(t *testing.T) {
 	out = explain(hostPort(empty.Spec.ClusterIP, 80))
 	if !regexp.MustCompile(`(?i)rejected.*no endpoints`).MatchString(out) {
 		t.Errorf("explain of a service without endpoints does not say it is rejected for lack of endpoints:\n%s", out)
+	}
+}
+
+// testRestart kills nftproxy with SIGKILL while a client opens new connections to a
+// ClusterIP every 20 ms, leaves the node without a proxy for a second, and starts a new
+// one, which takes the table over in one transaction: not one connection may fail.
+func (e *env) testRestart(t *testing.T) {
+	svc := e.createService(t, "restart", corev1.ServiceTypeClusterIP, nil, tcpPort("http", 80, 8080))
+	e.putSlice(t, svc, endpoint(e.web[0], ready), endpoint(e.web[1], ready))
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.waitOK(t, "restart answers", e.client.NS, "tcp", addr)
+
+	const attempts = 200
+	run, err := e.c.StartProbe(t.Context(), e.client.NS, cluster.ProbeSpec{Proto: "tcp", Addr: addr, Count: attempts, Timeout: time.Second, Interval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	e.proxy.Kill()
+	time.Sleep(time.Second) // no proxy at all: the kernel keeps the rules
+	e.proxy, err = e.c.StartProcess(e.c.NodeNS, "nftproxy-restarted", append([]string{e.bin}, e.args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitFirstSync(t)
+	select {
+	case <-run.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("probe did not finish within a minute")
+	}
+	res, err := run.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != attempts {
+		t.Fatalf("%d attempts recorded, want %d", len(res), attempts)
+	}
+	expectAnswered(t, "connections across kill -9 and restart", res, e.web[:2], is(e.client.IP.String()))
+	if span := res[len(res)-1].At.Sub(res[0].At); span < 3*time.Second {
+		t.Errorf("the probe ran for %v only: it did not cover the restart", span)
 	}
 }
