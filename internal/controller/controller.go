@@ -98,18 +98,13 @@ type Proxy struct {
 	status Status
 }
 
-// Status is the proxy's sync state, for health checks and metrics.
+// Status is the proxy's sync state, for health checks. (Metrics go to Config.Metrics.)
 type Status struct {
-	LastSync      time.Time     // end of the last successful sync
-	LastDuration  time.Duration // its duration
-	LastKernel    time.Duration // time the kernel took for it
-	OldestPending time.Time     // first change not yet synced; zero if none
+	LastSync      time.Time // end of the last successful sync
+	OldestPending time.Time // first change not yet synced; zero if none
 	Syncs         int
 	Failures      int
-	Services      int // service ports in the last snapshot
 	LastError     string
-	// ConntrackDeleted counts stale UDP conntrack entries deleted.
-	ConntrackDeleted int
 }
 
 // New creates a Proxy; Run starts it.
@@ -231,9 +226,8 @@ func (p *Proxy) sync(periodic bool) error {
 				p.cfg.Metrics.Programmed(time.Since(pendingSince))
 			}
 			p.mu.Lock()
-			p.status.LastSync, p.status.LastDuration, p.status.LastKernel = time.Now(), time.Since(start), st.Kernel
+			p.status.LastSync = time.Now()
 			p.status.Syncs++
-			p.status.Services = len(snap.Services)
 			p.status.LastError = ""
 			p.mu.Unlock()
 			return nil
@@ -270,9 +264,6 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
 		return
 	}
 	p.log.V(2).Info("Deleted stale UDP conntrack entries", "entries", n, "flows", len(flows))
-	p.mu.Lock()
-	p.status.ConntrackDeleted += n
-	p.mu.Unlock()
 }
 
 // servingEndpoints are the endpoints whose UDP flows are kept: like kube-proxy, a
