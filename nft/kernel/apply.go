@@ -328,10 +328,9 @@ func diff(b *batch, prev, cur *state, st *Stats) error {
 		if recreated[s.Name] {
 			add = s.Elements
 		} else {
-			for _, e := range s.Elements {
-				k, _ := encodeValues(s.Key, e.Key)
-				if old, ok := prev.elems[s.Name][string(k)]; !ok || old.full != cur.elems[s.Name][string(k)].full {
-					add = append(add, e)
+			for k, now := range cur.elems[s.Name] { // keys were encoded once, by index
+				if old, ok := prev.elems[s.Name][k]; !ok || old.full != now.full {
+					add = append(add, now.elem)
 				}
 			}
 		}
