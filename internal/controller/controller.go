@@ -94,8 +94,9 @@ type Proxy struct {
 	healthErr string                 // last health-check server error, logged once
 	reported  map[model.Problem]bool // problems already logged, so each is logged once
 
-	mu     sync.Mutex
-	status Status
+	mu           sync.Mutex
+	status       Status
+	repairReason string // a full rewrite was requested (RequestRepair); "" if not
 }
 
 // Status is the proxy's sync state, for health checks. (Metrics go to Config.Metrics.)
@@ -209,7 +210,10 @@ func (p *Proxy) sync(periodic bool) error {
 
 	snap, rulesets, err := p.compile()
 	if err == nil {
-		if periodic {
+		if repair := p.takeRepair(); periodic || repair != "" {
+			if repair != "" {
+				p.log.Info("Rewriting the whole table", "reason", repair)
+			}
 			p.dataplane.Resync()
 		}
 		var st kernel.Stats
