@@ -11,6 +11,7 @@ import (
 // declared and then flushed-and-refilled object by object, loading the text is also an
 // atomic replacement of an older version of the table.
 func Render(rs *Ruleset) string {
+	rs = rs.Flatten()
 	var b strings.Builder
 	fmt.Fprintf(&b, "table %s %s {\n", rs.Family, rs.Table)
 	first := true

@@ -34,6 +34,8 @@ type Ruleset struct {
 	Table  string
 	Sets   []*Set   // in render order
 	Chains []*Chain // in render order: regular chains first, base chains last
+	// Parts hold the objects of each service port (see Part); Flatten merges them in.
+	Parts []*Part
 }
 
 // Chain is a regular chain (Hook == nil) or a base chain attached to a netfilter hook.

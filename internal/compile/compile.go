@@ -61,25 +61,95 @@ func (c Config) masqMark() uint32 { return 1 << c.MasqueradeBit }
 // Compile returns the complete ruleset for cfg.Family, and the conflicts it resolved (two
 // services claiming the same address, protocol and port: the first in name order keeps
 // it). slots keeps endpoint slot ranges stable between calls; pass the same allocator
-// every time for one family.
+// every time for one family. The ruleset has no parts (see nft.Part): it is what a fresh
+// Compiler produces, flattened.
 func Compile(snap *model.Snapshot, cfg Config, slots *Slots) (*nft.Ruleset, []model.Problem) {
+	rs, problems := NewCompiler(cfg, slots).Compile(snap)
+	return rs.Flatten(), problems
+}
+
+// Compiler compiles snapshots of one family incrementally: each service port becomes one
+// nft.Part, and a service port whose input, won addresses and environment (node,
+// configuration) are unchanged since the previous call gets its previous Part back, the
+// same pointer. The output equals Compile's, but a sync costs in proportion to the
+// services that changed (plus a cheap pass over all of them). A Compiler must be used
+// by one goroutine at a time.
+type Compiler struct {
+	cfg   Config
+	slots *Slots
+	node  model.Node
+	parts map[model.ServicePortName]*compiledPart
+}
+
+// compiledPart is a service port's Part and what it was compiled from.
+type compiledPart struct {
+	in     model.ServicePort
+	claims claims
+	part   *nft.Part
+	owners []model.ServicePortName // slot ranges it uses
+	pages  []uint32                // endpoint map pages it adds elements to
+}
+
+// claims are the frontends and node port a service port won.
+type claims struct {
+	internal, external []netip.Addr
+	nodePort           uint16
+}
+
+func (a claims) equal(b claims) bool {
+	return slices.Equal(a.internal, b.internal) && slices.Equal(a.external, b.external) && a.nodePort == b.nodePort
+}
+
+// NewCompiler returns a Compiler for cfg.Family; slots is its endpoint slot allocator.
+func NewCompiler(cfg Config, slots *Slots) *Compiler {
+	return &Compiler{cfg: cfg, slots: slots, parts: map[model.ServicePortName]*compiledPart{}}
+}
+
+// Compile returns the ruleset of snap, with one Part per service port, and the conflicts
+// it resolved, like the package's Compile.
+func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem) {
+	if !sameNode(cc.node, snap.Node) {
+		cc.parts = map[model.ServicePortName]*compiledPart{} // topology and firewall rules depend on it
+		cc.node = snap.Node
+	}
 	c := &compiler{
-		cfg: cfg, slots: slots, v6: cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
-		frontends: map[frontendKey]model.ServicePortName{},
+		cfg: cc.cfg, slots: cc.slots, v6: cc.cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
+		frontends: make(map[frontendKey]model.ServicePortName, len(snap.Services)),
 		nodePorts: map[nodePortKey]model.ServicePortName{},
-		clusterIP: map[netip.Addr]bool{},
-		hairpinIP: map[netip.Addr]bool{},
 	}
 	c.init()
-	c.reserve(snap)
-	live := map[model.ServicePortName]bool{}
+	live := make(map[model.ServicePortName]bool, len(snap.Services))
+	pages := map[uint32]bool{}
+	parts := make([]*nft.Part, 0, len(snap.Services))
+	next := make(map[model.ServicePortName]*compiledPart, len(snap.Services))
 	for i := range snap.Services {
-		for _, owner := range c.servicePort(&snap.Services[i]) {
-			live[owner] = true
+		sp := &snap.Services[i]
+		won, ok := c.claim(sp)
+		if !ok {
+			continue // no address in this family
 		}
+		cp := cc.parts[sp.Name]
+		if cp == nil || !cp.claims.equal(won) || !cp.in.Equal(sp) {
+			cp = c.servicePort(sp, won)
+		}
+		next[sp.Name] = cp
+		for _, o := range cp.owners {
+			live[o] = true
+		}
+		for _, pg := range cp.pages {
+			pages[pg] = true
+		}
+		parts = append(parts, cp.part)
 	}
-	slots.retain(live)
-	return c.finish(), c.problems
+	cc.parts = next
+	cc.slots.retain(live)
+	rs := c.finish(pages)
+	rs.Parts = parts
+	return rs, c.problems
+}
+
+func sameNode(a, b model.Node) bool {
+	return a.Name == b.Name && a.Zone == b.Zone && slices.Equal(a.IPs, b.IPs)
 }
 
 type frontendKey struct {
@@ -98,21 +168,51 @@ type compiler struct {
 	slots *Slots
 	v6    bool
 
+	// the shared sets, and the chains that are not any service port's
 	clusterIPs, nodePortIPs, serviceIPs, serviceNodePorts *nft.Set
 	noEndpointServices, noEndpointNodePorts               *nft.Set
 	hairpin, firewallIPs                                  *nft.Set
 	serviceCounters, nodePortCounters                     *nft.Set
-	affinitySets                                          []*nft.Set
 	node                                                  model.Node
 	serviceCIDRs                                          []netip.Prefix
-	endpointMaps                                          map[uint32]*nft.Set // by page
-	serviceChains                                         []*nft.Chain
 
 	// keys already used, so that conflicting input never produces a duplicate element
-	frontends            map[frontendKey]model.ServicePortName
-	nodePorts            map[nodePortKey]model.ServicePortName
-	clusterIP, hairpinIP map[netip.Addr]bool
-	problems             []model.Problem
+	frontends map[frontendKey]model.ServicePortName
+	nodePorts map[nodePortKey]model.ServicePortName
+	problems  []model.Problem
+}
+
+// claim takes the frontends and node port of sp that no earlier service port has; ok is
+// false when sp has no cluster IP in this family (it is then not programmed at all).
+func (c *compiler) claim(sp *model.ServicePort) (won claims, ok bool) {
+	clusterIPs := model.AddrsOf(sp.ClusterIPs, c.v6)
+	if len(clusterIPs) == 0 {
+		return won, false
+	}
+	for _, ip := range clusterIPs {
+		if c.claimFrontend(sp.Name, ip, sp.Port) {
+			won.internal = append(won.internal, ip)
+		}
+	}
+	for _, ip := range append(model.AddrsOf(sp.ExternalIPs, c.v6), model.AddrsOf(sp.LoadBalancerIPs, c.v6)...) {
+		if c.claimFrontend(sp.Name, ip, sp.Port) {
+			won.external = append(won.external, ip)
+		}
+	}
+	if sp.NodePort != 0 && c.claimNodePort(sp.Name, sp.NodePort) {
+		won.nodePort = sp.NodePort
+	}
+	return won, true
+}
+
+// add appends elements of a shared set to the part.
+func (cp *compiledPart) add(set string, es ...nft.Element) {
+	p := cp.part
+	if n := len(p.Elements); n > 0 && p.Elements[n-1].Set == set {
+		p.Elements[n-1].Elements = append(p.Elements[n-1].Elements, es...)
+		return
+	}
+	p.Elements = append(p.Elements, nft.SetElements{Set: set, Elements: es})
 }
 
 // claimFrontend reserves addr:port/proto for sp; false (and a problem) if another service
@@ -162,7 +262,6 @@ func (c *compiler) init() {
 	c.serviceNodePorts = &nft.Set{Name: mapServiceNodePorts, Key: port, Data: verdict, Comment: "node ports with endpoints"}
 	c.noEndpointServices = &nft.Set{Name: mapNoEndpointServices, Key: frontend, Data: verdict, Comment: "service IPs without endpoints: rejected"}
 	c.noEndpointNodePorts = &nft.Set{Name: mapNoEndpointNodePorts, Key: port, Data: verdict, Comment: "node ports without endpoints: rejected"}
-	c.endpointMaps = map[uint32]*nft.Set{}
 	c.firewallIPs = &nft.Set{Name: mapFirewallIPs, Key: frontend, Data: verdict, Comment: "load-balancer IPs with source ranges"}
 	c.serviceCounters = &nft.Set{Name: SetServiceCounters, Key: frontend, Counter: true, Comment: "packets and bytes sent to each service address"}
 	c.nodePortCounters = &nft.Set{Name: SetNodePortCounters, Key: port, Counter: true, Comment: "packets and bytes sent to each node port"}
@@ -183,37 +282,16 @@ func ChainName(kind string, sp model.ServicePortName) string {
 	return kind + "-" + sp.Namespace + "/" + sp.Name + "/" + strings.ToLower(model.ProtoString(sp.Protocol)) + "/" + port
 }
 
-// servicePort compiles one service port; it returns the slot owners it used.
-func (c *compiler) servicePort(sp *model.ServicePort) []model.ServicePortName {
-	clusterIPs := model.AddrsOf(sp.ClusterIPs, c.v6)
-	if len(clusterIPs) == 0 {
-		return nil // the service has no address in this family
-	}
+// servicePort compiles one service port, given the frontends and node port it won.
+func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart {
+	cp := &compiledPart{in: *sp, claims: won, part: &nft.Part{Owner: ChainName("port", sp.Name)}}
 	comment := sp.Name.String()
 	lbIPs := model.AddrsOf(sp.LoadBalancerIPs, c.v6)
-	externals := append(model.AddrsOf(sp.ExternalIPs, c.v6), lbIPs...)
+	clusterIPs := model.AddrsOf(sp.ClusterIPs, c.v6)
 	for _, ip := range clusterIPs {
-		if !c.clusterIP[ip] {
-			c.clusterIP[ip] = true
-			c.clusterIPs.Elements = append(c.clusterIPs.Elements, nft.Element{Key: []nft.Value{nft.Addr(ip)}})
-		}
+		cp.add(setClusterIPs, nft.Element{Key: []nft.Value{nft.Addr(ip)}})
 	}
-	// Frontends this service port may use; conflicting ones are dropped and reported.
-	var internal, external []netip.Addr
-	for _, ip := range clusterIPs {
-		if c.claimFrontend(sp.Name, ip, sp.Port) {
-			internal = append(internal, ip)
-		}
-	}
-	for _, ip := range externals {
-		if c.claimFrontend(sp.Name, ip, sp.Port) {
-			external = append(external, ip)
-		}
-	}
-	nodePort := sp.NodePort
-	if nodePort != 0 && !c.claimNodePort(sp.Name, nodePort) {
-		nodePort = 0
-	}
+	internal, external, nodePort := won.internal, won.external, won.nodePort
 
 	var eps []model.Endpoint
 	for _, e := range sp.Endpoints {
@@ -235,19 +313,18 @@ func (c *compiler) servicePort(sp *model.ServicePort) []model.ServicePortName {
 	}
 	accessible := len(external) > 0 || nodePort != 0
 
-	var owners []model.ServicePortName
 	if len(cat.Cluster) > 0 {
-		owners = append(owners, c.endpointChain(p.svcChain, sp, sp.Name, cat.Cluster, p.internalChain == p.svcChain, internal, comment)...)
+		c.endpointChain(cp, p.svcChain, sp, sp.Name, cat.Cluster, p.internalChain == p.svcChain, internal, comment)
 	}
 	if sp.UsesLocalEndpoints() && len(cat.Local) > 0 {
-		owners = append(owners, c.endpointChain(p.localChain, sp, localSlotOwner(sp.Name), cat.Local, p.internalChain == p.localChain, internal, comment)...)
+		c.endpointChain(cp, p.localChain, sp, localSlotOwner(sp.Name), cat.Local, p.internalChain == p.localChain, internal, comment)
 	}
 	if cat.HasAny && accessible {
-		c.serviceChains = append(c.serviceChains, c.externalChain(sp, p))
+		cp.part.Chains = append(cp.part.Chains, c.externalChain(sp, p))
 	}
-	c.frontendElements(sp, p, cat.HasAny, internal, external, nodePort, comment)
-	c.firewall(sp, lbIPs, comment)
-	return owners
+	c.frontendElements(cp, sp, p, cat.HasAny, internal, external, nodePort, comment)
+	c.firewall(cp, sp, lbIPs, comment)
+	return cp
 }
 
 // policy holds the chains a service port's traffic goes to, and whether each kind of
@@ -267,7 +344,7 @@ func localSlotOwner(sp model.ServicePortName) model.ServicePortName {
 
 // frontendElements routes each frontend to its chain, or to reject (no endpoints at all)
 // or drop (a Local policy without local endpoints) in the filter checks.
-func (c *compiler) frontendElements(sp *model.ServicePort, p policy, hasAny bool, internal, external []netip.Addr, nodePort uint16, comment string) {
+func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p policy, hasAny bool, internal, external []netip.Addr, nodePort uint16, comment string) {
 	proto, port := nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))
 	internalVerdict, externalVerdict := &nft.Verdict{Kind: nft.Drop}, &nft.Verdict{Kind: nft.Drop}
 	if !hasAny {
@@ -275,35 +352,35 @@ func (c *compiler) frontendElements(sp *model.ServicePort, p policy, hasAny bool
 		externalVerdict = internalVerdict
 	}
 	for _, ip := range append(internal, external...) {
-		c.serviceCounters.Elements = append(c.serviceCounters.Elements, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Comment: comment})
+		cp.add(SetServiceCounters, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Comment: comment})
 	}
 	if nodePort != 0 {
-		c.nodePortCounters.Elements = append(c.nodePortCounters.Elements, nft.Element{Key: []nft.Value{proto, nft.Num(uint32(nodePort))}, Comment: comment})
+		cp.add(SetNodePortCounters, nft.Element{Key: []nft.Value{proto, nft.Num(uint32(nodePort))}, Comment: comment})
 	}
 	for _, ip := range internal {
 		key := []nft.Value{nft.Addr(ip), proto, port}
 		if p.hasInternal {
-			c.serviceIPs.Elements = append(c.serviceIPs.Elements, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.internalChain}, Comment: comment})
+			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.internalChain}, Comment: comment})
 		} else {
-			c.noEndpointServices.Elements = append(c.noEndpointServices.Elements, nft.Element{Key: key, Verdict: internalVerdict, Comment: comment})
+			cp.add(mapNoEndpointServices, nft.Element{Key: key, Verdict: internalVerdict, Comment: comment})
 		}
 	}
 	for _, ip := range external {
 		key := []nft.Value{nft.Addr(ip), proto, port}
 		if hasAny {
-			c.serviceIPs.Elements = append(c.serviceIPs.Elements, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment})
+			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment})
 		}
 		if !p.hasExternal {
-			c.noEndpointServices.Elements = append(c.noEndpointServices.Elements, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment})
+			cp.add(mapNoEndpointServices, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment})
 		}
 	}
 	if nodePort != 0 {
 		key := []nft.Value{proto, nft.Num(uint32(nodePort))}
 		if hasAny {
-			c.serviceNodePorts.Elements = append(c.serviceNodePorts.Elements, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment})
+			cp.add(mapServiceNodePorts, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment})
 		}
 		if !p.hasExternal {
-			c.noEndpointNodePorts.Elements = append(c.noEndpointNodePorts.Elements, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment})
+			cp.add(mapNoEndpointNodePorts, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment})
 		}
 	}
 }
@@ -336,9 +413,9 @@ func (c *compiler) externalChain(sp *model.ServicePort, p policy) *nft.Chain {
 }
 
 // endpointChain builds a chain that picks one of eps: masquerading off-cluster traffic to
-// the cluster IP first when the chain serves internal traffic. It returns the slot owner
-// it used (none with session affinity, which picks through endpoint chains).
-func (c *compiler) endpointChain(name string, sp *model.ServicePort, owner model.ServicePortName, eps []model.Endpoint, internalEntry bool, clusterIPs []netip.Addr, comment string) []model.ServicePortName {
+// the cluster IP first when the chain serves internal traffic. owner names its slot range
+// (none with session affinity, which picks through endpoint chains).
+func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.ServicePort, owner model.ServicePortName, eps []model.Endpoint, internalEntry bool, clusterIPs []netip.Addr, comment string) {
 	ch := &nft.Chain{Name: name}
 	if internalEntry {
 		for _, ip := range clusterIPs {
@@ -354,36 +431,37 @@ func (c *compiler) endpointChain(name string, sp *model.ServicePort, owner model
 		}
 	}
 	for _, e := range eps {
-		if !c.hairpinIP[e.Addr] {
-			c.hairpinIP[e.Addr] = true
-			c.hairpin.Elements = append(c.hairpin.Elements, nft.Element{Key: []nft.Value{nft.Addr(e.Addr), nft.Addr(e.Addr)}})
-		}
+		cp.add(setHairpin, nft.Element{Key: []nft.Value{nft.Addr(e.Addr), nft.Addr(e.Addr)}})
 	}
-	c.serviceChains = append(c.serviceChains, ch)
+	cp.part.Chains = append(cp.part.Chains, ch)
 	proto := nft.MatchL4Proto{Proto: sp.Name.Protocol}
 	if sp.AffinityTimeout > 0 {
-		c.affinity(ch, sp, eps, comment)
-		return nil
+		c.affinity(cp, ch, sp, eps, comment)
+		return
 	}
 	base := c.slots.base(owner, len(eps))
-	epMap := c.endpointMap(base / PageSlots)
+	page := base / PageSlots
+	epMap := endpointMapName(page)
+	elems := make([]nft.Element, len(eps))
 	for i, e := range eps {
-		epMap.Elements = append(epMap.Elements, nft.Element{
+		elems[i] = nft.Element{
 			Key:  []nft.Value{nft.Num(base + uint32(i))},
 			Data: []nft.Value{nft.Addr(e.Addr), nft.Num(uint32(e.Port))},
-		})
+		}
 	}
+	cp.add(epMap, elems...)
+	cp.owners = append(cp.owners, owner)
+	cp.pages = append(cp.pages, page)
 	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
-		proto, nft.DNATNumgenMap{Mod: uint32(len(eps)), Offset: base, Map: epMap.Name},
+		proto, nft.DNATNumgenMap{Mod: uint32(len(eps)), Offset: base, Map: epMap},
 	}, Comment: comment})
-	return []model.ServicePortName{owner}
 }
 
 // affinity makes ch sticky per client address: each endpoint has a dynamic set of the
 // clients it served recently; a client found in one goes back to that endpoint, a new
 // client draws an endpoint uniformly (numgen draws with probability 1/n, 1/(n-1), …)
 // whose chain records it. Only services with affinity pay for these sets.
-func (c *compiler) affinity(ch *nft.Chain, sp *model.ServicePort, eps []model.Endpoint, comment string) {
+func (c *compiler) affinity(cp *compiledPart, ch *nft.Chain, sp *model.ServicePort, eps []model.Endpoint, comment string) {
 	proto := nft.MatchL4Proto{Proto: sp.Name.Protocol}
 	var picks []nft.Rule
 	for i, e := range eps {
@@ -394,7 +472,7 @@ func (c *compiler) affinity(ch *nft.Chain, sp *model.ServicePort, eps []model.En
 			Comment: "ClientIP affinity to " + e.AddrPort().String(),
 			Epoch:   e.AddrPort().String(), // clients learned for another endpoint are dropped
 		}
-		c.affinitySets = append(c.affinitySets, set)
+		cp.part.Sets = append(cp.part.Sets, set)
 		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
 			nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: set.Name}, nft.Verdict{Kind: nft.Goto, Chain: epChain},
 		}})
@@ -403,7 +481,7 @@ func (c *compiler) affinity(ch *nft.Chain, sp *model.ServicePort, eps []model.En
 			pick = append([]nft.Stmt{nft.MatchNumgen{Mod: uint32(n)}}, pick...)
 		}
 		picks = append(picks, nft.Rule{Stmts: pick})
-		c.serviceChains = append(c.serviceChains, &nft.Chain{Name: epChain, Rules: []nft.Rule{
+		cp.part.Chains = append(cp.part.Chains, &nft.Chain{Name: epChain, Rules: []nft.Rule{
 			{Stmts: []nft.Stmt{nft.UpdateSaddr{Set: set.Name}}},
 			{Stmts: []nft.Stmt{proto, nft.DNATTo{Addr: e.Addr, Port: e.Port}}, Comment: comment},
 		}})
@@ -413,7 +491,7 @@ func (c *compiler) affinity(ch *nft.Chain, sp *model.ServicePort, eps []model.En
 
 // firewall restricts who may use a service's load-balancer IPs (loadBalancerSourceRanges):
 // other sources are dropped before DNAT.
-func (c *compiler) firewall(sp *model.ServicePort, lbIPs []netip.Addr, comment string) {
+func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []netip.Addr, comment string) {
 	var ranges []netip.Prefix
 	for _, r := range sp.SourceRanges {
 		if r.Addr().Is6() != c.v6 {
@@ -442,44 +520,25 @@ func (c *compiler) firewall(sp *model.ServicePort, lbIPs []netip.Addr, comment s
 		}
 	}
 	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: comment + " source ranges"})
-	c.serviceChains = append(c.serviceChains, ch)
+	cp.part.Chains = append(cp.part.Chains, ch)
 	for _, ip := range lbIPs {
-		c.firewallIPs.Elements = append(c.firewallIPs.Elements, nft.Element{
+		cp.add(mapFirewallIPs, nft.Element{
 			Key:     []nft.Value{nft.Addr(ip), nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))},
 			Verdict: &nft.Verdict{Kind: nft.Goto, Chain: name}, Comment: comment,
 		})
 	}
 }
 
-// reserve sizes the large element lists up front: appending hundreds of thousands of
-// elements one by one would copy them over and over.
-func (c *compiler) reserve(snap *model.Snapshot) {
-	eps := 0
-	for i := range snap.Services {
-		eps += len(snap.Services[i].Endpoints)
-	}
-	n := len(snap.Services)
-	c.clusterIPs.Elements = make([]nft.Element, 0, n)
-	c.serviceIPs.Elements = make([]nft.Element, 0, n)
-	c.serviceCounters.Elements = make([]nft.Element, 0, n)
-	c.hairpin.Elements = make([]nft.Element, 0, eps)
-	c.serviceChains = make([]*nft.Chain, 0, n)
-}
+func endpointMapName(page uint32) string { return fmt.Sprintf("%s%d", mapEndpointsPrefix, page) }
 
-// endpointMap returns the endpoints map of a slot page.
+// endpointMap returns the (empty) endpoints map of a slot page; parts add its elements.
 func (c *compiler) endpointMap(page uint32) *nft.Set {
-	m := c.endpointMaps[page]
-	if m == nil {
-		m = &nft.Set{
-			Elements: make([]nft.Element, 0, PageSlots),
-			Name:     fmt.Sprintf("%s%d", mapEndpointsPrefix, page),
-			Key:      []nft.Datatype{nft.TypeNumgen},
-			Data:     []nft.Datatype{c.addrType(), nft.TypeInetService},
-			Comment:  "endpoint slots: a service's slot base + random index → endpoint",
-		}
-		c.endpointMaps[page] = m
+	return &nft.Set{
+		Name:    endpointMapName(page),
+		Key:     []nft.Datatype{nft.TypeNumgen},
+		Data:    []nft.Datatype{c.addrType(), nft.TypeInetService},
+		Comment: "endpoint slots: a service's slot base + random index → endpoint",
 	}
-	return m
 }
 
 // clusterIPsCheck rejects new connections still addressed to a cluster IP after DNAT (a
@@ -495,7 +554,9 @@ func (c *compiler) clusterIPsCheck() []nft.Rule {
 	return rules
 }
 
-func (c *compiler) finish() *nft.Ruleset {
+// finish returns the ruleset without parts: the shared sets (endpoint maps for the given
+// pages) and the chains that are not any service port's.
+func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	mark := c.cfg.masqMark()
 	rule := func(s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s} }
 	jump := func(ch string) nft.Verdict { return nft.Verdict{Kind: nft.Jump, Chain: ch} }
@@ -528,7 +589,6 @@ func (c *compiler) finish() *nft.Ruleset {
 		{Name: chainFirewallCheck, Rules: []nft.Rule{rule(nft.VMap{Fields: frontend, Map: mapFirewallIPs})}},
 		{Name: ChainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints"}}},
 	}
-	chains = append(chains, c.serviceChains...)
 	// Every packet sent to a service address or node port updates its element's
 	// counters (kernel only; read for the per-service metrics).
 	counting := []nft.Rule{
@@ -553,14 +613,13 @@ func (c *compiler) finish() *nft.Ruleset {
 	)
 	sets := []*nft.Set{c.clusterIPs, c.nodePortIPs, c.serviceIPs, c.serviceNodePorts,
 		c.noEndpointServices, c.noEndpointNodePorts, c.hairpin, c.firewallIPs, c.serviceCounters, c.nodePortCounters}
-	sets = append(sets, c.affinitySets...)
-	pages := make([]uint32, 0, len(c.endpointMaps))
-	for p := range c.endpointMaps {
+	pages := make([]uint32, 0, len(used))
+	for p := range used {
 		pages = append(pages, p)
 	}
 	slices.Sort(pages)
 	for _, p := range pages {
-		sets = append(sets, c.endpointMaps[p])
+		sets = append(sets, c.endpointMap(p))
 	}
 	return &nft.Ruleset{Family: c.cfg.Family, Table: TableName, Sets: sets, Chains: chains}
 }

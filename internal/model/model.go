@@ -7,6 +7,7 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // Protocol numbers (IANA) for the transport protocols a Service may use.
@@ -169,4 +170,22 @@ func AddrsOf(addrs []netip.Addr, v6 bool) []netip.Addr {
 		}
 	}
 	return out
+}
+
+// Equal reports whether two service ports are the same in every field. Snapshots are
+// never modified once built, so caches may keep shallow copies and compare them.
+func (sp *ServicePort) Equal(o *ServicePort) bool {
+	return sp.Name == o.Name && sp.Port == o.Port && sp.NodePort == o.NodePort &&
+		sp.ExternalPolicyLocal == o.ExternalPolicyLocal && sp.InternalPolicyLocal == o.InternalPolicyLocal &&
+		sp.HealthCheckNodePort == o.HealthCheckNodePort && sp.AffinityTimeout == o.AffinityTimeout &&
+		slices.Equal(sp.ClusterIPs, o.ClusterIPs) && slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
+		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(sp.SourceRanges, o.SourceRanges) &&
+		slices.EqualFunc(sp.Endpoints, o.Endpoints, Endpoint.Equal)
+}
+
+// Equal reports whether two endpoints are the same in every field.
+func (e Endpoint) Equal(o Endpoint) bool {
+	return e.Addr == o.Addr && e.Port == o.Port && e.Ready == o.Ready && e.Serving == o.Serving &&
+		e.Terminating == o.Terminating && e.NodeName == o.NodeName && e.Zone == o.Zone &&
+		slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints)
 }

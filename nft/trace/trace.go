@@ -142,6 +142,7 @@ type tracer struct {
 }
 
 func newTracer(rs *nft.Ruleset, ctx Context) *tracer {
+	rs = rs.Flatten()
 	tr := &tracer{
 		fam: rs.Family, ctx: ctx,
 		chains: map[string]*nft.Chain{}, sets: map[string]*nft.Set{}, base: map[nft.HookPoint][]*nft.Chain{},

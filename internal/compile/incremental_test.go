@@ -1,0 +1,139 @@
+package compile
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sort"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/nft"
+)
+
+// pool is every service port of every scenario, renamed apart, plus conflicting copies:
+// the material the random walk below draws snapshots from.
+func pool() []model.ServicePort {
+	var out []model.ServicePort
+	names := make([]string, 0)
+	for name := range scenarios() {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for i, name := range names {
+		for _, sp := range scenarios()[name].Services {
+			sp.Name.Namespace = fmt.Sprintf("%s-%d", sp.Name.Namespace, i)
+			out = append(out, sp)
+		}
+	}
+	return out
+}
+
+// mutate returns a changed copy of sp: endpoints dropped, added or flipped, a node port,
+// an address or a policy changed.
+func mutate(r *rand.Rand, sp model.ServicePort) model.ServicePort {
+	sp.Endpoints = slices.Clone(sp.Endpoints)
+	switch r.IntN(7) {
+	case 0:
+		if n := len(sp.Endpoints); n > 0 {
+			i := r.IntN(n)
+			sp.Endpoints = slices.Delete(sp.Endpoints, i, i+1)
+		}
+	case 1:
+		k := r.IntN(200)
+		sp.Endpoints = append(sp.Endpoints, ep(fmt.Sprintf("10.244.9.%d", k), 8080), ep(fmt.Sprintf("fd00:10:244:9::%x", k), 8080))
+	case 2:
+		if n := len(sp.Endpoints); n > 0 {
+			i := r.IntN(n)
+			sp.Endpoints[i].Ready = !sp.Endpoints[i].Ready
+		}
+	case 3:
+		sp.NodePort = uint16(30000 + r.IntN(4)) // clashes on purpose
+	case 4:
+		sp.ExternalIPs = []netip.Addr{ip(fmt.Sprintf("203.0.113.%d", r.IntN(3)))} // clashes on purpose
+	case 5:
+		sp.ExternalPolicyLocal = !sp.ExternalPolicyLocal
+	case 6:
+		sp.AffinityTimeout = uint32(r.IntN(2) * 100)
+	}
+	return sp
+}
+
+// TestCompilerIncremental walks random snapshot sequences and checks that the
+// incremental Compiler, fed each one, produces exactly what a fresh Compile produces
+// with the same slot history, that unchanged service ports keep their Part, and that
+// changed ones get a new one.
+func TestCompilerIncremental(t *testing.T) {
+	for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
+		t.Run(fam.String(), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(1, uint64(fam)))
+			all := pool()
+			node := model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10")}}
+			incr := NewCompiler(configFor(fam), NewSlots())
+			freshSlots := NewSlots()
+			cur := map[model.ServicePortName]model.ServicePort{}
+			prevParts := map[string]*nft.Part{}
+			prevInput := map[model.ServicePortName]model.ServicePort{}
+			for step := range 300 {
+				changed := map[model.ServicePortName]bool{}
+				for range 1 + r.IntN(4) {
+					sp := all[r.IntN(len(all))]
+					switch old, ok := cur[sp.Name]; {
+					case !ok:
+						cur[sp.Name] = sp
+					case r.IntN(3) == 0:
+						delete(cur, sp.Name)
+					default:
+						cur[sp.Name] = mutate(r, old)
+					}
+					changed[sp.Name] = true
+				}
+				if step%50 == 49 { // the node moves to another zone: everything recompiles
+					node.Zone = fmt.Sprintf("zone-%d", step)
+				}
+				snap := &model.Snapshot{Node: node}
+				for _, sp := range cur {
+					snap.Services = append(snap.Services, sp)
+				}
+				sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
+
+				got, gotProblems := incr.Compile(snap)
+				want, wantProblems := Compile(snap, configFor(fam), freshSlots)
+				if flat := got.Flatten(); !reflect.DeepEqual(flat, want) {
+					t.Fatalf("step %d: incremental ruleset differs from a fresh compile:\n%s\nwant:\n%s", step, nft.Render(flat), nft.Render(want))
+				}
+				if !reflect.DeepEqual(gotProblems, wantProblems) {
+					t.Fatalf("step %d: problems %v, want %v", step, gotProblems, wantProblems)
+				}
+				checkReferences(t, got.Flatten())
+				parts := map[string]*nft.Part{}
+				for _, p := range got.Parts {
+					parts[p.Owner] = p
+				}
+				reused := 0
+				for _, sp := range snap.Services {
+					owner := ChainName("port", sp.Name)
+					p, prev := parts[owner], prevParts[owner]
+					if p == nil || prev == nil {
+						continue
+					}
+					old := prevInput[sp.Name]
+					if p == prev {
+						reused++
+						if !old.Equal(&sp) {
+							t.Fatalf("step %d: %s changed but kept its part", step, sp.Name)
+						}
+					}
+				}
+				if len(snap.Services) > 8 && reused == 0 && step%50 != 49 {
+					t.Fatalf("step %d: no part of %d service ports was reused", step, len(snap.Services))
+				}
+				prevParts, prevInput = parts, cur
+				cur = maps.Clone(cur)
+			}
+		})
+	}
+}
