@@ -28,17 +28,24 @@ type tableKey struct {
 	name string
 }
 
-// state is the last ruleset known to be in the kernel, indexed for diffing.
+// state is the last ruleset known to be in the kernel, indexed for diffing. The
+// ruleset's own chains and sets are indexed by name; its parts (nft.Part) by owner, and
+// every element of every set, from the ruleset or a part, by set and encoded key, with
+// the number of contributions (two parts may add the same key).
 type state struct {
 	rs     *nft.Ruleset
-	sets   map[string]*nft.Set
-	elems  map[string]map[string]encodedElem // set → key bytes → element
-	chains map[string]*nft.Chain
+	sets   map[string]*nft.Set   // the ruleset's and its parts' sets
+	chains map[string]*nft.Chain // the ruleset's own chains (parts keep theirs)
+	parts  map[string]*nft.Part
+	elems  map[string]map[string]*refElem // set → key bytes → element
+	// known is false for a state read from the kernel: only names, content unknown
+	known bool
 }
 
-type encodedElem struct {
+type refElem struct {
 	elem nft.Element
 	full string // key, value and comment bytes: equal when nothing changed
+	refs int
 }
 
 // Option configures an Applier.
@@ -82,8 +89,8 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	next := map[tableKey]*state{}
 	for _, rs := range rulesets {
 		k := tableKey{rs.Family, rs.Table}
-		cur := index(rs)
 		prev := a.prev[k]
+		delete(a.prev, k) // diff updates prev into the new state; an error leaves nothing behind
 		if prev == nil {
 			st.Full = true
 			prev, err = a.kernelState(rs.Family, rs.Table)
@@ -95,9 +102,12 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 		if n := len(batches); n > 0 {
 			b.setID = batches[n-1].setID // set IDs must be unique within the transaction
 		}
-		if err := diff(b, prev, cur, &st); err != nil {
+		cur, full, err := diff(b, prev, rs, &st)
+		if err != nil {
+			a.Resync()
 			return st, err
 		}
+		st.Full = st.Full || full
 		batches = append(batches, b)
 		next[k] = cur
 	}
@@ -174,7 +184,7 @@ func (a *Applier) tableNames(fam nft.Family) ([]string, error) {
 // kernelState reads the names of the chains and sets the table has now. Their content is
 // unknown, so diff rewrites every one of them.
 func (a *Applier) kernelState(fam nft.Family, table string) (*state, error) {
-	st := &state{sets: map[string]*nft.Set{}, chains: map[string]*nft.Chain{}, elems: map[string]map[string]encodedElem{}}
+	st := newState(nil)
 	names, err := a.tableNames(fam)
 	if err != nil || !slices.Contains(names, table) {
 		return st, err
@@ -205,21 +215,27 @@ func (a *Applier) kernelState(fam nft.Family, table string) (*state, error) {
 	return st, nil
 }
 
-func index(rs *nft.Ruleset) *state {
-	st := &state{rs: rs, sets: map[string]*nft.Set{}, chains: map[string]*nft.Chain{}, elems: map[string]map[string]encodedElem{}}
-	for _, s := range rs.Sets {
-		st.sets[s.Name] = s
-		m := make(map[string]encodedElem, len(s.Elements))
-		for _, e := range s.Elements {
-			k, _ := encodeValues(s.Key, e.Key)
-			m[string(k)] = encodedElem{elem: e, full: fingerprint(s, e, k)}
+func newState(rs *nft.Ruleset) *state {
+	return &state{rs: rs, sets: map[string]*nft.Set{}, chains: map[string]*nft.Chain{}, parts: map[string]*nft.Part{},
+		elems: map[string]map[string]*refElem{}}
+}
+
+// names returns a state with st's set and chain names and unknown content: diffing
+// against it rewrites everything.
+func (st *state) names() *state {
+	out := newState(nil)
+	for name := range st.sets {
+		out.sets[name] = nil
+	}
+	for name := range st.chains {
+		out.chains[name] = nil
+	}
+	for _, p := range st.parts {
+		for _, c := range p.Chains {
+			out.chains[c.Name] = nil
 		}
-		st.elems[s.Name] = m
 	}
-	for _, c := range rs.Chains {
-		st.chains[c.Name] = c
-	}
-	return st
+	return out
 }
 
 // fingerprint identifies an element's key, value and comment: equal fingerprints need no
@@ -238,115 +254,461 @@ func fingerprint(s *nft.Set, e nft.Element, key []byte) string {
 	return string(append(b, e.Comment...))
 }
 
-// diff appends to b the messages that turn prev into cur, in an order the kernel accepts
-// within one transaction: objects are created before anything refers to them, and
-// references are removed before what they refer to is deleted.
-func diff(b *batch, prev, cur *state, st *Stats) error {
-	var errs []error
-	try := func(err error) { errs = append(errs, err) }
-	try(b.addTable())
+// elemDelta tracks how a sync changes the elements of the sets it touches: the state of
+// each touched key before, so that only real changes reach the kernel.
+type elemDelta struct {
+	st     *state
+	before map[string]map[string]*refElem // set → key → a copy of the entry before (nil: absent)
+}
 
-	// Sets whose definition changed or is unknown are deleted and created anew.
-	var newSets, goneSets []*nft.Set
-	for _, s := range cur.rs.Sets {
-		old, had := prev.sets[s.Name]
-		if !had || !sameSetDef(old, s) {
-			newSets = append(newSets, s)
+func (d *elemDelta) touch(set, key string) map[string]*refElem {
+	m := d.st.elems[set]
+	if m == nil {
+		m = map[string]*refElem{}
+		d.st.elems[set] = m
+	}
+	bm := d.before[set]
+	if bm == nil {
+		bm = map[string]*refElem{}
+		d.before[set] = bm
+	}
+	if _, seen := bm[key]; !seen {
+		if e := m[key]; e != nil {
+			c := *e
+			bm[key] = &c
+		} else {
+			bm[key] = nil
 		}
-		if had && !sameSetDef(old, s) {
-			goneSets = append(goneSets, &nft.Set{Name: s.Name})
+	}
+	return m
+}
+
+// add counts one contribution of es to set s.
+func (d *elemDelta) add(s *nft.Set, es []nft.Element) error {
+	for _, e := range es {
+		k, err := encodeValues(s.Key, e.Key)
+		if err != nil {
+			return fmt.Errorf("set %s: %w", s.Name, err)
 		}
+		m := d.touch(s.Name, string(k))
+		full := fingerprint(s, e, k)
+		if cur := m[string(k)]; cur != nil {
+			// parts share a key only with identical elements; should two differ, the
+			// last one counted wins rather than a stale one
+			cur.refs++
+			cur.elem, cur.full = e, full
+			continue
+		}
+		m[string(k)] = &refElem{elem: e, full: full, refs: 1}
+	}
+	return nil
+}
+
+// remove takes back one contribution of es to set s.
+func (d *elemDelta) remove(s *nft.Set, es []nft.Element) error {
+	for _, e := range es {
+		k, err := encodeValues(s.Key, e.Key)
+		if err != nil {
+			return fmt.Errorf("set %s: %w", s.Name, err)
+		}
+		m := d.touch(s.Name, string(k))
+		if cur := m[string(k)]; cur != nil {
+			if cur.refs--; cur.refs <= 0 {
+				delete(m, string(k))
+			}
+		}
+	}
+	return nil
+}
+
+// plan is a diff's work, emitted in an order the kernel accepts within one transaction.
+type plan struct {
+	flushSets   []string
+	flushChains []string
+	goneSets    []string
+	newSets     []*nft.Set
+	newChains   []*nft.Chain
+	refill      []*nft.Chain
+	goneChains  []string
+	recreated   map[string]bool // sets deleted and created anew: their elements are all added
+}
+
+// diff appends to b the messages that turn prev into rs and returns the new state (prev,
+// updated in place). When prev's content is known and no shared set's definition
+// changed, only the parts that are not identical to prev's are looked at; otherwise the
+// whole table is rewritten (full).
+func diff(b *batch, prev *state, rs *nft.Ruleset, st *Stats) (cur *state, full bool, err error) {
+	if !prev.known || !sameSetDefs(prev, rs) {
+		full = prev.known // a known state whose shared sets changed: rewrite it all
+		if prev.known {
+			prev = prev.names()
+		}
+		cur = newState(rs)
+		cur.known = true
+		return cur, true, diffFull(b, prev, cur, st)
+	}
+	return prev, false, diffParts(b, prev, rs, st)
+}
+
+// sameSetDefs reports whether every set of rs that prev has is defined as in prev.
+func sameSetDefs(prev *state, rs *nft.Ruleset) bool {
+	for _, s := range rs.Sets {
+		if old, had := prev.sets[s.Name]; had && !sameSetDef(old, s) {
+			return false
+		}
+	}
+	return true
+}
+
+// diffFull rewrites every object of cur that prev does not know the content of: prev
+// holds only names (from the kernel, or from a state that had to be given up).
+func diffFull(b *batch, prev, cur *state, st *Stats) error {
+	d := &elemDelta{st: cur, before: map[string]map[string]*refElem{}}
+	pl := &plan{recreated: map[string]bool{}}
+	setsOf := func(rs *nft.Ruleset) []*nft.Set {
+		out := append([]*nft.Set(nil), rs.Sets...)
+		for _, p := range rs.Parts {
+			out = append(out, p.Sets...)
+		}
+		return out
+	}
+	byName := map[string]*nft.Set{}
+	for _, s := range setsOf(cur.rs) {
+		byName[s.Name] = s
+		cur.sets[s.Name] = s
+		if _, had := prev.sets[s.Name]; had {
+			pl.goneSets = append(pl.goneSets, s.Name)
+		}
+		pl.newSets = append(pl.newSets, s)
+		pl.recreated[s.Name] = true
 	}
 	for name := range prev.sets {
-		if _, keep := cur.sets[name]; !keep {
-			goneSets = append(goneSets, &nft.Set{Name: name})
+		if byName[name] == nil {
+			pl.goneSets = append(pl.goneSets, name)
 		}
 	}
-	recreated := map[string]bool{}
-	for _, s := range newSets {
-		recreated[s.Name] = true
+	if err := d.addElements(byName, cur.rs.Sets, nil); err != nil {
+		return err
+	}
+	all := append([]*nft.Chain(nil), cur.rs.Chains...)
+	for _, c := range cur.rs.Chains {
+		cur.chains[c.Name] = c
+	}
+	for _, p := range cur.rs.Parts {
+		cur.parts[p.Owner] = p
+		all = append(all, p.Chains...)
+		if err := d.addElements(byName, nil, p.Elements); err != nil {
+			return err
+		}
+	}
+	seen := map[string]bool{}
+	for _, c := range all {
+		seen[c.Name] = true
+		if _, had := prev.chains[c.Name]; had {
+			pl.flushChains = append(pl.flushChains, c.Name)
+		} else {
+			pl.newChains = append(pl.newChains, c)
+		}
+		pl.refill = append(pl.refill, c)
+	}
+	for name := range prev.chains {
+		if !seen[name] {
+			pl.flushChains = append(pl.flushChains, name)
+			pl.goneChains = append(pl.goneChains, name)
+		}
+	}
+	return pl.emit(b, d, byName, st)
+}
+
+// addElements counts the elements of the given sets and part elements.
+func (d *elemDelta) addElements(byName map[string]*nft.Set, sets []*nft.Set, parts []nft.SetElements) error {
+	for _, s := range sets {
+		if err := d.add(s, s.Elements); err != nil {
+			return err
+		}
+	}
+	for _, se := range parts {
+		s := byName[se.Set]
+		if s == nil {
+			return fmt.Errorf("elements for set %s, which the ruleset does not define", se.Set)
+		}
+		if err := d.add(s, se.Elements); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// diffParts diffs prev, whose content is known, against rs: the ruleset's own chains and
+// sets by name and content, its parts by identity.
+func diffParts(b *batch, prev *state, rs *nft.Ruleset, st *Stats) error {
+	d := &elemDelta{st: prev, before: map[string]map[string]*refElem{}}
+	pl := &plan{recreated: map[string]bool{}}
+	oldRS := prev.rs
+	byName := map[string]*nft.Set{}
+	for _, s := range rs.Sets {
+		byName[s.Name] = s
+	}
+	oldByName := map[string]*nft.Set{}
+	for _, s := range oldRS.Sets {
+		oldByName[s.Name] = s
 	}
 
-	// 1. element deletions in kept sets (they may refer to chains about to go); learned
-	// entries of dynamic sets are dropped when the set's epoch changes
-	for _, s := range cur.rs.Sets {
-		if recreated[s.Name] {
-			continue
+	// the ruleset's own sets: new ones, gone ones (same definitions: checked by diff)
+	for _, s := range rs.Sets {
+		if _, had := oldByName[s.Name]; !had {
+			pl.newSets = append(pl.newSets, s)
+			pl.recreated[s.Name] = true
 		}
-		if s.Dynamic {
-			if prev.sets[s.Name].Epoch != s.Epoch {
-				try(b.flushSet(s.Name))
-			}
-			continue
-		}
-		var del []nft.Element
-		for k, old := range prev.elems[s.Name] {
-			if now, ok := cur.elems[s.Name][k]; !ok || now.full != old.full {
-				del = append(del, old.elem)
-			}
-		}
-		st.Elements += len(del)
-		try(b.elems(s, del, true))
+		prev.sets[s.Name] = s
 	}
-	// 2. flush rules of chains that change or go, and of chains with unknown content; a
-	// replaced set may be referenced from any chain, so then every chain is rewritten
-	var newChains, refill []*nft.Chain
-	for _, c := range cur.rs.Chains {
+	for _, s := range oldRS.Sets {
+		if byName[s.Name] == nil {
+			pl.goneSets = append(pl.goneSets, s.Name)
+			delete(prev.sets, s.Name)
+		}
+	}
+	// their own elements: taken back and counted again (few, in a ruleset with parts)
+	for _, s := range oldRS.Sets {
+		if err := d.remove(s, s.Elements); err != nil {
+			return err
+		}
+	}
+	for _, s := range rs.Sets {
+		if err := d.add(s, s.Elements); err != nil {
+			return err
+		}
+	}
+	// the ruleset's own chains
+	for _, c := range rs.Chains {
 		old, had := prev.chains[c.Name]
 		switch {
 		case !had:
-			newChains = append(newChains, c)
-			refill = append(refill, c)
-		case old == nil || len(goneSets) > 0 || !reflect.DeepEqual(old.Rules, c.Rules) || !reflect.DeepEqual(old.Hook, c.Hook):
-			try(b.flushChain(c.Name))
-			refill = append(refill, c)
+			pl.newChains = append(pl.newChains, c)
+			pl.refill = append(pl.refill, c)
+		case !reflect.DeepEqual(old.Rules, c.Rules) || !reflect.DeepEqual(old.Hook, c.Hook):
+			pl.flushChains = append(pl.flushChains, c.Name)
+			pl.refill = append(pl.refill, c)
 		}
 	}
-	var goneChains []string
+	curChains := make(map[string]*nft.Chain, len(rs.Chains))
+	for _, c := range rs.Chains {
+		curChains[c.Name] = c
+	}
 	for name := range prev.chains {
-		if _, keep := cur.chains[name]; !keep {
-			try(b.flushChain(name))
-			goneChains = append(goneChains, name)
+		if curChains[name] == nil {
+			pl.flushChains = append(pl.flushChains, name)
+			pl.goneChains = append(pl.goneChains, name)
 		}
 	}
-	slices.Sort(goneChains)
-	// 3. sets that are replaced go now that no rule refers to them
-	for _, s := range goneSets {
-		try(b.delSet(s.Name))
+	prev.chains = curChains
+
+	// parts: identical ones are skipped; changed, new and gone ones are diffed
+	same := 0
+	var changed [][2]*nft.Part // old (nil: new), new
+	for _, p := range rs.Parts {
+		old := prev.parts[p.Owner]
+		if old == p {
+			same++
+			continue
+		}
+		if old != nil {
+			same++ // counted as present in both
+		}
+		changed = append(changed, [2]*nft.Part{old, p})
+	}
+	if same < len(prev.parts) {
+		cur := make(map[string]bool, len(rs.Parts))
+		for _, p := range rs.Parts {
+			cur[p.Owner] = true
+		}
+		for owner, old := range prev.parts {
+			if !cur[owner] {
+				changed = append(changed, [2]*nft.Part{old, nil})
+			}
+		}
+	}
+	// all old elements are taken back before new ones are counted: a key that moves
+	// from one part to another (a node port changing hands) must end with the new element
+	for _, ch := range changed {
+		if ch[0] != nil {
+			if err := d.removeElements(oldByName, byName, ch[0]); err != nil {
+				return err
+			}
+		}
+	}
+	for _, ch := range changed {
+		if err := pl.part(d, prev, byName, ch[0], ch[1]); err != nil {
+			return err
+		}
+	}
+	prev.rs = rs
+	return pl.emit(b, d, byName, st)
+}
+
+// removeElements takes back the elements a part contributed.
+func (d *elemDelta) removeElements(oldSets, sets map[string]*nft.Set, old *nft.Part) error {
+	for _, se := range old.Elements {
+		s := oldSets[se.Set]
+		if s == nil {
+			s = sets[se.Set] // same definition (checked), set kept or gone
+		}
+		if s == nil {
+			return fmt.Errorf("part %s: elements for set %s, which the ruleset does not define", old.Owner, se.Set)
+		}
+		if err := d.remove(s, se.Elements); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// part plans the change of one part from old to p (either may be nil); old's elements
+// have been taken back already.
+func (pl *plan) part(d *elemDelta, st *state, sets map[string]*nft.Set, old, p *nft.Part) error {
+	oldChains := map[string]*nft.Chain{}
+	oldPartSets := map[string]*nft.Set{}
+	if old != nil {
+		for _, s := range old.Sets {
+			oldPartSets[s.Name] = s
+		}
+		for _, c := range old.Chains {
+			oldChains[c.Name] = c
+		}
+		delete(st.parts, old.Owner)
+	}
+	refillAll := false // a replaced set is referenced by this part's rules only
+	if p != nil {
+		for _, s := range p.Sets {
+			o := oldPartSets[s.Name]
+			delete(oldPartSets, s.Name)
+			switch {
+			case o == nil:
+				pl.newSets = append(pl.newSets, s)
+				pl.recreated[s.Name] = true
+			case !sameSetDef(o, s):
+				pl.goneSets = append(pl.goneSets, s.Name)
+				pl.newSets = append(pl.newSets, s)
+				pl.recreated[s.Name] = true
+				refillAll = true
+			case s.Dynamic && o.Epoch != s.Epoch:
+				pl.flushSets = append(pl.flushSets, s.Name)
+			}
+			st.sets[s.Name] = s
+			sets[s.Name] = s
+		}
+		for _, se := range p.Elements {
+			s := sets[se.Set]
+			if s == nil {
+				return fmt.Errorf("part %s: elements for set %s, which the ruleset does not define", p.Owner, se.Set)
+			}
+			if err := d.add(s, se.Elements); err != nil {
+				return err
+			}
+		}
+		for _, c := range p.Chains {
+			o, had := oldChains[c.Name]
+			delete(oldChains, c.Name)
+			switch {
+			case !had:
+				pl.newChains = append(pl.newChains, c)
+				pl.refill = append(pl.refill, c)
+			case refillAll || !reflect.DeepEqual(o.Rules, c.Rules) || !reflect.DeepEqual(o.Hook, c.Hook):
+				pl.flushChains = append(pl.flushChains, c.Name)
+				pl.refill = append(pl.refill, c)
+			}
+		}
+		st.parts[p.Owner] = p
+	}
+	for name := range oldChains {
+		pl.flushChains = append(pl.flushChains, name)
+		pl.goneChains = append(pl.goneChains, name)
+	}
+	for name := range oldPartSets {
+		pl.goneSets = append(pl.goneSets, name)
+		delete(st.sets, name)
+	}
+	return nil
+}
+
+// emit appends the plan's messages to b: objects are created before anything refers to
+// them, and references are removed before what they refer to is deleted.
+func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats) error {
+	var errs []error
+	try := func(err error) { errs = append(errs, err) }
+	try(b.addTable())
+	gone := map[string]bool{}
+	for _, name := range pl.goneSets {
+		gone[name] = true
+	}
+	// element changes of the touched keys, by set in a stable order
+	setNames := make([]string, 0, len(d.before))
+	for name := range d.before {
+		setNames = append(setNames, name)
+	}
+	slices.Sort(setNames)
+	del := map[string][]nft.Element{}
+	add := map[string][]nft.Element{}
+	for _, name := range setNames {
+		now := d.st.elems[name]
+		for k, was := range d.before[name] {
+			is := now[k]
+			if was != nil && !pl.recreated[name] && !gone[name] && (is == nil || is.full != was.full) {
+				del[name] = append(del[name], was.elem)
+			}
+			if is != nil && (was == nil || pl.recreated[name] || is.full != was.full) {
+				add[name] = append(add[name], is.elem)
+			}
+		}
+		if len(now) == 0 || gone[name] && !pl.recreated[name] {
+			delete(d.st.elems, name)
+		}
+	}
+	// 1. element deletions in kept sets (they may refer to chains about to go); learned
+	// entries of dynamic sets are dropped when the set's epoch changes
+	for _, name := range setNames {
+		if es := del[name]; len(es) > 0 {
+			st.Elements += len(es)
+			try(b.elems(sets[name], es, true))
+		}
+	}
+	for _, name := range pl.flushSets {
+		try(b.flushSet(name))
+	}
+	// 2. flush rules of chains that change or go
+	for _, name := range pl.flushChains {
+		try(b.flushChain(name))
+	}
+	// 3. sets that go or are replaced, now that no rule refers to them
+	for _, name := range pl.goneSets {
+		try(b.delSet(name))
 	}
 	// 4. new sets, new chains
-	for _, s := range newSets {
+	for _, s := range pl.newSets {
 		try(b.addSet(s))
 	}
-	for _, c := range newChains {
+	for _, c := range pl.newChains {
 		try(b.addChain(c))
 	}
 	// 5. elements (they may refer to the new chains), then rules (they refer to sets and
 	// chains)
-	for _, s := range cur.rs.Sets {
-		var add []nft.Element
-		if recreated[s.Name] {
-			add = s.Elements
-		} else {
-			for k, now := range cur.elems[s.Name] { // keys were encoded once, by index
-				if old, ok := prev.elems[s.Name][k]; !ok || old.full != now.full {
-					add = append(add, now.elem)
-				}
-			}
+	for _, name := range setNames {
+		if es := add[name]; len(es) > 0 {
+			st.Elements += len(es)
+			try(b.elems(sets[name], es, false))
 		}
-		st.Elements += len(add)
-		try(b.elems(s, add, false))
 	}
-	for _, c := range refill {
+	for _, c := range pl.refill {
 		for _, r := range c.Rules {
 			try(b.addRule(c.Name, r))
 		}
 	}
 	// 6. chains that are gone
-	for _, name := range goneChains {
+	slices.Sort(pl.goneChains)
+	for _, name := range pl.goneChains {
 		try(b.delChain(name))
 	}
-	st.Chains += len(refill) + len(goneChains)
+	st.Chains += len(pl.refill) + len(pl.goneChains)
 	return errors.Join(errs...)
 }
 
