@@ -47,6 +47,17 @@ func (n ServicePortName) String() string {
 	return n.Namespace + "/" + n.Name + ":" + n.Port
 }
 
+// Compare orders service port names like Less: -1, 0 or +1.
+func (n ServicePortName) Compare(o ServicePortName) int {
+	switch {
+	case n.Less(o):
+		return -1
+	case o.Less(n):
+		return 1
+	}
+	return 0
+}
+
 // Less orders service ports by namespace, name, port name, protocol.
 func (n ServicePortName) Less(o ServicePortName) bool {
 	if n.Namespace != o.Namespace {

@@ -1,0 +1,108 @@
+package model_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+
+	"k8s.io/utils/ptr"
+
+	"github.com/nftproxy/nftproxy/internal/model"
+)
+
+// TestCacheEqualsBuild walks random changes of Services and EndpointSlices (objects
+// replaced as informers replace them, some with bad content) and checks that the Cache
+// gives exactly Build's snapshot and problems every time, and that it reused the ports of
+// services whose objects did not change.
+func TestCacheEqualsBuild(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	svcs := map[string]*v1.Service{}
+	slcs := map[string]*discovery.EndpointSlice{}
+	newService := func(name string) *v1.Service {
+		ip := fmt.Sprintf("10.96.0.%d", r.IntN(20))
+		if r.IntN(10) == 0 {
+			ip = "not-an-ip"
+		}
+		opts := []svcOpt{withPorts(svcPort("http", v1.ProtocolTCP, 80, int32(30000+r.IntN(5))), svcPort("dns", v1.ProtocolUDP, 53, 0))}
+		if r.IntN(3) == 0 {
+			opts = append(opts, withType(v1.ServiceTypeNodePort))
+		}
+		return service(name, []string{ip}, opts...)
+	}
+	newSlice := func(name, svc string) *discovery.EndpointSlice {
+		var eps []discovery.Endpoint
+		for range r.IntN(4) {
+			a := fmt.Sprintf("10.0.0.%d", r.IntN(10))
+			if r.IntN(15) == 0 {
+				a = "10.0.0.999"
+			}
+			eps = append(eps, endpoint(a))
+		}
+		return v4slice(name, svc, ports(tcp("http", 8080), discovery.EndpointPort{Name: ptr.To("dns"), Port: ptr.To(int32(5353)), Protocol: ptr.To(v1.ProtocolUDP)}), eps...)
+	}
+	cache := model.NewCache()
+	var prev *model.Snapshot
+	for step := range 400 {
+		changed := map[string]bool{}
+		for range 1 + r.IntN(3) {
+			svc := fmt.Sprintf("s%d", r.IntN(12))
+			changed[svc] = true
+			switch r.IntN(5) {
+			case 0:
+				delete(svcs, svc)
+			case 1:
+				svcs[svc] = newService(svc)
+			case 2:
+				delete(slcs, svc+"-"+fmt.Sprint(r.IntN(2)))
+			default:
+				name := svc + "-" + fmt.Sprint(r.IntN(2))
+				slcs[name] = newSlice(name, svc)
+			}
+		}
+		var sl []*v1.Service
+		for _, s := range svcs {
+			sl = append(sl, s)
+		}
+		var es []*discovery.EndpointSlice
+		for _, s := range slcs {
+			es = append(es, s)
+		}
+		r.Shuffle(len(sl), func(i, j int) { sl[i], sl[j] = sl[j], sl[i] })
+		r.Shuffle(len(es), func(i, j int) { es[i], es[j] = es[j], es[i] })
+
+		want, wantProblems := model.Build(sl, es, nil)
+		got, gotProblems := cache.Build(sl, es, nil)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d: cache snapshot differs from Build:\n got  %v\n want %v", step, dumpSnapshot(got), dumpSnapshot(want))
+		}
+		if !reflect.DeepEqual(problemSet(gotProblems), problemSet(wantProblems)) {
+			t.Fatalf("step %d: cache problems %v, Build's %v", step, gotProblems, wantProblems)
+		}
+		// an unchanged service's endpoints are the very same slice as before
+		if prev != nil {
+			for _, sp := range got.Services {
+				if changed[sp.Name.Name] || len(sp.Endpoints) == 0 {
+					continue
+				}
+				i := slices.IndexFunc(prev.Services, func(p model.ServicePort) bool { return p.Name == sp.Name })
+				if i < 0 || &prev.Services[i].Endpoints[0] != &sp.Endpoints[0] {
+					t.Fatalf("step %d: %s did not change but was built again", step, sp.Name)
+				}
+			}
+		}
+		prev = got
+	}
+}
+
+func problemSet(ps []model.Problem) map[model.Problem]bool {
+	out := map[model.Problem]bool{}
+	for _, p := range ps {
+		out[p] = true
+	}
+	return out
+}
