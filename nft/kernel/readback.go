@@ -1,0 +1,1264 @@
+package kernel
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft"
+)
+
+// This file reads a table back from the kernel over netlink and compares it with what a
+// ruleset encodes to. Both sides go through the same attribute parser: the kernel's dump
+// and our own encoder's messages (batch.addChain, addRule, addSet, elems) become a
+// TableState, and two TableStates are compared. What the kernel adds or normalises in
+// dumps is ignored: handles, use counts, chain statistics, counter values, element
+// timeouts and expirations, learned elements of dynamic sets, and attributes that are
+// zero on one side and absent on the other (the kernel defaults them to zero: e.g.
+// NFTA_LOOKUP_SET_ID, NFTA_LOOKUP_FLAGS, NFTA_BITWISE_OP, NFTA_DYNSET_TIMEOUT).
+
+// TableState is one table in comparable form: what the kernel holds, or what a ruleset
+// encodes to.
+type TableState struct {
+	Family nft.Family
+	Name   string
+	Exists bool
+	Chains map[string]*ChainState
+	Sets   map[string]*SetState
+}
+
+// ChainState is a chain: its hook (nil for a regular chain) and rules in order.
+type ChainState struct {
+	Name  string
+	Hook  *HookState
+	Rules []RuleState
+}
+
+// HookState is a base chain's hook.
+type HookState struct {
+	Type     string
+	Hooknum  uint32
+	Priority int32
+	Policy   uint32
+}
+
+// RuleState is a rule: its expressions and userdata (the comment).
+type RuleState struct {
+	Exprs    []ExprState
+	UserData []byte
+}
+
+// ExprState is one expression: its name and the attributes of NFTA_EXPR_DATA by type.
+type ExprState struct {
+	Name  string
+	Attrs map[uint16][]byte
+}
+
+// SetState is a set's definition and elements (keyed by key bytes).
+type SetState struct {
+	Name     string
+	Flags    uint32
+	KeyType  uint32
+	KeyLen   uint32
+	DataType uint32
+	DataLen  uint32
+	Timeout  uint64 // milliseconds
+	Size     uint32
+	UserData []byte
+	Exprs    []string // names of the set's expressions (e.g. "counter")
+	Elements map[string]ElemState
+}
+
+// ElemState is one set element.
+type ElemState struct {
+	Key          []byte
+	Data         []byte // map value (nil for a verdict map or a set)
+	Verdict      bool
+	VerdictCode  uint32
+	VerdictChain string
+	Flags        uint32
+	UserData     []byte
+	Exprs        []string
+}
+
+// Diff lists human-readable differences between the kernel and the expected rulesets,
+// one per line; empty when they are equal.
+type Diff []string
+
+// Empty reports whether there is no difference.
+func (d Diff) Empty() bool { return len(d) == 0 }
+
+func (d Diff) String() string { return strings.Join(d, "\n") }
+
+// VerifyOption changes how Verify compares.
+type VerifyOption func(*verifyConfig)
+
+type verifyConfig struct{ slotsByContent bool }
+
+// EndpointSlotsByContent compares endpoint slot maps (maps keyed by a "numgen" integer)
+// by what each rule selects from them instead of by slot number: a "numgen random mod N
+// offset K" lookup is compared as the multiset of values at keys K…K+N-1, and slot map
+// names and unreferenced keys do not matter except that a kernel slot element no rule
+// selects is reported. Use it when the expected ruleset was compiled without the slot
+// allocation history of the process that programmed the kernel (nftproxy verify).
+func EndpointSlotsByContent() VerifyOption {
+	return func(c *verifyConfig) { c.slotsByContent = true }
+}
+
+// Verify reads the expected ruleset's table back from the kernel and reports every
+// difference.
+func (a *Applier) Verify(expected *nft.Ruleset, opts ...VerifyOption) (Diff, error) {
+	got, err := a.ReadBack(expected.Family, expected.Table)
+	if err != nil {
+		return nil, err
+	}
+	return Compare(got, expected, opts...)
+}
+
+// Compare reports the differences between a table state (read back from the kernel) and
+// what the expected ruleset encodes to.
+func Compare(got *TableState, expected *nft.Ruleset, opts ...VerifyOption) (Diff, error) {
+	var cfg verifyConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	want, err := EncodeState(expected)
+	if err != nil {
+		return nil, err
+	}
+	return compareStates(got, want, expected.Flatten(), cfg), nil
+}
+
+// maxReadAttempts bounds how often ReadBack starts over because the ruleset changed
+// while it was being read.
+const maxReadAttempts = 20
+
+// ReadBack reads a table from the kernel: chains with hooks, rules, set definitions and
+// all elements. The reads are retried until the ruleset generation is the same before
+// and after them, so the result is one consistent state even while another process
+// commits transactions.
+func (a *Applier) ReadBack(fam nft.Family, table string) (*TableState, error) {
+	conn, err := a.dial()
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var lastErr error
+	for range maxReadAttempts {
+		before, err := genID(conn)
+		if err != nil {
+			return nil, err
+		}
+		st, err := readTable(conn, fam, table)
+		if err != nil && !errors.Is(err, errInterrupted) {
+			return nil, err
+		}
+		after, gerr := genID(conn)
+		if gerr != nil {
+			return nil, gerr
+		}
+		if err == nil && before == after {
+			return st, nil
+		}
+		lastErr = fmt.Errorf("the ruleset changed while it was read (generation %d → %d)", before, after)
+	}
+	return nil, fmt.Errorf("reading %s %s: %w, %d times", fam, table, lastErr, maxReadAttempts)
+}
+
+var errInterrupted = errors.New("dump interrupted")
+
+func genID(conn *netlink.Conn) (uint32, error) {
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("reading the ruleset generation: %w", err)
+	}
+	for _, m := range msgs {
+		ad, err := attrs(m.Data)
+		if err != nil {
+			return 0, err
+		}
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_GEN_ID {
+				return ad.Uint32(), ad.Err()
+			}
+		}
+	}
+	return 0, errors.New("reading the ruleset generation: no NFTA_GEN_ID in the answer")
+}
+
+// dump sends a dump request and returns the answers' attribute payloads.
+func dump(conn *netlink.Conn, fam nft.Family, typ uint16, build func(ae *netlink.AttributeEncoder)) ([][]byte, error) {
+	ae := netlink.NewAttributeEncoder()
+	ae.ByteOrder = binary.BigEndian
+	if build != nil {
+		build(ae)
+	}
+	data, err := ae.Encode()
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ), Flags: netlink.Request | netlink.Dump},
+		Data:   append([]byte{byte(fam), unix.NFNETLINK_V0, 0, 0}, data...),
+	})
+	if err != nil {
+		if errors.Is(err, syscall.EINTR) || errors.Is(err, syscall.EAGAIN) {
+			return nil, errInterrupted
+		}
+		return nil, err
+	}
+	var out [][]byte
+	for _, m := range msgs {
+		if m.Header.Flags&netlink.DumpInterrupted != 0 {
+			return nil, errInterrupted
+		}
+		if len(m.Data) >= 4 {
+			out = append(out, m.Data[4:])
+		}
+	}
+	return out, nil
+}
+
+func attrs(data []byte) (*netlink.AttributeDecoder, error) {
+	if len(data) < 4 {
+		return nil, fmt.Errorf("short nfnetlink message (%d bytes)", len(data))
+	}
+	return decoder(data[4:])
+}
+
+func decoder(b []byte) (*netlink.AttributeDecoder, error) {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return nil, err
+	}
+	ad.ByteOrder = binary.BigEndian
+	return ad, nil
+}
+
+func newTableState(fam nft.Family, table string) *TableState {
+	return &TableState{Family: fam, Name: table, Chains: map[string]*ChainState{}, Sets: map[string]*SetState{}}
+}
+
+func readTable(conn *netlink.Conn, fam nft.Family, table string) (*TableState, error) {
+	st := newTableState(fam, table)
+	tables, err := dump(conn, fam, unix.NFT_MSG_GETTABLE, nil)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s tables: %w", fam, err)
+	}
+	for _, payload := range tables {
+		ad, err := decoder(payload)
+		if err != nil {
+			return nil, err
+		}
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_TABLE_NAME && ad.String() == table {
+				st.Exists = true
+			}
+		}
+	}
+	if !st.Exists {
+		return st, nil
+	}
+	chains, err := dump(conn, fam, unix.NFT_MSG_GETCHAIN, nil)
+	if err != nil {
+		return nil, fmt.Errorf("listing chains of %s %s: %w", fam, table, err)
+	}
+	for _, payload := range chains {
+		if err := st.addChainMsg(payload); err != nil {
+			return nil, err
+		}
+	}
+	rules, err := dump(conn, fam, unix.NFT_MSG_GETRULE, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.NFTA_RULE_TABLE, table)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing rules of %s %s: %w", fam, table, err)
+	}
+	for _, payload := range rules {
+		if err := st.addRuleMsg(payload); err != nil {
+			return nil, err
+		}
+	}
+	sets, err := dump(conn, fam, unix.NFT_MSG_GETSET, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.NFTA_SET_TABLE, table)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing sets of %s %s: %w", fam, table, err)
+	}
+	for _, payload := range sets {
+		if err := st.addSetMsg(payload); err != nil {
+			return nil, err
+		}
+	}
+	for _, name := range sortedKeys(st.Sets) {
+		elems, err := dump(conn, fam, unix.NFT_MSG_GETSETELEM, func(ae *netlink.AttributeEncoder) {
+			ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+			ae.String(unix.NFTA_SET_ELEM_LIST_SET, name)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("listing elements of set %s %s %s: %w", fam, table, name, err)
+		}
+		for _, payload := range elems {
+			if err := st.addElemsMsg(payload); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return st, nil
+}
+
+// EncodeState returns what the ruleset encodes to, in the form ReadBack returns.
+func EncodeState(rs *nft.Ruleset) (*TableState, error) {
+	rs = rs.Flatten()
+	b := newBatch(rs.Family, rs.Table)
+	var errs []error
+	for _, s := range rs.Sets {
+		errs = append(errs, b.addSet(s))
+		if !s.Dynamic {
+			errs = append(errs, b.elems(s, s.Elements, false))
+		}
+	}
+	for _, c := range rs.Chains {
+		errs = append(errs, b.addChain(c))
+		for _, r := range c.Rules {
+			errs = append(errs, b.addRule(c.Name, r))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	st := newTableState(rs.Family, rs.Table)
+	st.Exists = true
+	for _, m := range b.msgs {
+		var err error
+		switch uint16(m.Header.Type) & 0xff {
+		case unix.NFT_MSG_NEWCHAIN:
+			err = st.addChainMsg(m.Data[4:])
+		case unix.NFT_MSG_NEWRULE:
+			err = st.addRuleMsg(m.Data[4:])
+		case unix.NFT_MSG_NEWSET:
+			err = st.addSetMsg(m.Data[4:])
+		case unix.NFT_MSG_NEWSETELEM:
+			err = st.addElemsMsg(m.Data[4:])
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+func (st *TableState) addChainMsg(payload []byte) error {
+	ad, err := decoder(payload)
+	if err != nil {
+		return err
+	}
+	var table string
+	c := &ChainState{}
+	var hook HookState
+	hasHook := false
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_CHAIN_TABLE:
+			table = ad.String()
+		case unix.NFTA_CHAIN_NAME:
+			c.Name = ad.String()
+		case unix.NFTA_CHAIN_HOOK:
+			hasHook = true
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					switch nad.Type() {
+					case unix.NFTA_HOOK_HOOKNUM:
+						hook.Hooknum = nad.Uint32()
+					case unix.NFTA_HOOK_PRIORITY:
+						hook.Priority = int32(nad.Uint32())
+					}
+				}
+				return nad.Err()
+			})
+		case unix.NFTA_CHAIN_POLICY:
+			hook.Policy = ad.Uint32()
+		case unix.NFTA_CHAIN_TYPE:
+			hook.Type = ad.String()
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return fmt.Errorf("decoding chain: %w", err)
+	}
+	if table != st.Name {
+		return nil
+	}
+	if hasHook {
+		c.Hook = &hook
+	}
+	if old := st.Chains[c.Name]; old != nil {
+		c.Rules = old.Rules
+	}
+	st.Chains[c.Name] = c
+	return nil
+}
+
+func (st *TableState) addRuleMsg(payload []byte) error {
+	ad, err := decoder(payload)
+	if err != nil {
+		return err
+	}
+	var table, chain string
+	var r RuleState
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_RULE_TABLE:
+			table = ad.String()
+		case unix.NFTA_RULE_CHAIN:
+			chain = ad.String()
+		case unix.NFTA_RULE_USERDATA:
+			r.UserData = bytes.Clone(ad.Bytes())
+		case unix.NFTA_RULE_EXPRESSIONS:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					e, err := decodeExpr(nad.Bytes())
+					if err != nil {
+						return err
+					}
+					r.Exprs = append(r.Exprs, e)
+				}
+				return nad.Err()
+			})
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return fmt.Errorf("decoding rule: %w", err)
+	}
+	if table != st.Name {
+		return nil
+	}
+	c := st.Chains[chain]
+	if c == nil { // a rule seen before its chain: the chain message fills in the rest
+		c = &ChainState{Name: chain}
+		st.Chains[chain] = c
+	}
+	c.Rules = append(c.Rules, r)
+	return nil
+}
+
+// decodeExpr decodes one NFTA_LIST_ELEM of expressions: name and data attributes.
+func decodeExpr(b []byte) (ExprState, error) {
+	e := ExprState{Attrs: map[uint16][]byte{}}
+	ad, err := decoder(b)
+	if err != nil {
+		return e, err
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_EXPR_NAME:
+			e.Name = ad.String()
+		case unix.NFTA_EXPR_DATA:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					e.Attrs[nad.Type()] = bytes.Clone(nad.Bytes())
+				}
+				return nad.Err()
+			})
+		}
+	}
+	return e, ad.Err()
+}
+
+// exprNames returns the names of the expressions in an NFTA_*_EXPR attribute (one
+// expression) or an NFTA_*_EXPRESSIONS list.
+func exprNames(b []byte, list bool) []string {
+	if !list {
+		e, _ := decodeExpr(b)
+		return []string{e.Name}
+	}
+	var out []string
+	ad, err := decoder(b)
+	if err != nil {
+		return nil
+	}
+	for ad.Next() {
+		e, _ := decodeExpr(ad.Bytes())
+		out = append(out, e.Name)
+	}
+	return out
+}
+
+const (
+	nftaSetExpressions     = 18 // NFTA_SET_EXPRESSIONS
+	nftaSetElemExpressions = 11 // NFTA_SET_ELEM_EXPRESSIONS
+)
+
+func (st *TableState) addSetMsg(payload []byte) error {
+	ad, err := decoder(payload)
+	if err != nil {
+		return err
+	}
+	var table string
+	s := &SetState{Elements: map[string]ElemState{}}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_SET_TABLE:
+			table = ad.String()
+		case unix.NFTA_SET_NAME:
+			s.Name = ad.String()
+		case unix.NFTA_SET_FLAGS:
+			s.Flags = ad.Uint32()
+		case unix.NFTA_SET_KEY_TYPE:
+			s.KeyType = ad.Uint32()
+		case unix.NFTA_SET_KEY_LEN:
+			s.KeyLen = ad.Uint32()
+		case unix.NFTA_SET_DATA_TYPE:
+			s.DataType = ad.Uint32()
+		case unix.NFTA_SET_DATA_LEN:
+			s.DataLen = ad.Uint32()
+		case unix.NFTA_SET_TIMEOUT:
+			s.Timeout = ad.Uint64()
+		case unix.NFTA_SET_USERDATA:
+			s.UserData = bytes.Clone(ad.Bytes())
+		case unix.NFTA_SET_DESC:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					if nad.Type() == unix.NFTA_SET_DESC_SIZE {
+						s.Size = nad.Uint32()
+					}
+				}
+				return nad.Err()
+			})
+		case nftaSetExpr:
+			s.Exprs = exprNames(ad.Bytes(), false)
+		case nftaSetExpressions:
+			s.Exprs = exprNames(ad.Bytes(), true)
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return fmt.Errorf("decoding set: %w", err)
+	}
+	if table != st.Name || s.Flags&unix.NFT_SET_ANONYMOUS != 0 {
+		return nil
+	}
+	st.Sets[s.Name] = s
+	return nil
+}
+
+func (st *TableState) addElemsMsg(payload []byte) error {
+	ad, err := decoder(payload)
+	if err != nil {
+		return err
+	}
+	var table, set string
+	var elems []ElemState
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_SET_ELEM_LIST_TABLE:
+			table = ad.String()
+		case unix.NFTA_SET_ELEM_LIST_SET:
+			set = ad.String()
+		case unix.NFTA_SET_ELEM_LIST_ELEMENTS:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					e, err := decodeElem(nad.Bytes())
+					if err != nil {
+						return err
+					}
+					elems = append(elems, e)
+				}
+				return nad.Err()
+			})
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return fmt.Errorf("decoding set elements: %w", err)
+	}
+	s := st.Sets[set]
+	if table != st.Name || s == nil {
+		return nil
+	}
+	for _, e := range elems {
+		s.Elements[string(e.Key)] = e
+	}
+	return nil
+}
+
+func decodeElem(b []byte) (ElemState, error) {
+	var e ElemState
+	ad, err := decoder(b)
+	if err != nil {
+		return e, err
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_SET_ELEM_KEY:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					if nad.Type() == unix.NFTA_DATA_VALUE {
+						e.Key = bytes.Clone(nad.Bytes())
+					}
+				}
+				return nad.Err()
+			})
+		case unix.NFTA_SET_ELEM_DATA:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					switch nad.Type() {
+					case unix.NFTA_DATA_VALUE:
+						e.Data = bytes.Clone(nad.Bytes())
+					case unix.NFTA_DATA_VERDICT:
+						v := decodeVerdict(nad.Bytes())
+						e.Verdict, e.VerdictCode, e.VerdictChain = true, v.VerdictCode, v.VerdictChain
+					}
+				}
+				return nad.Err()
+			})
+		case unix.NFTA_SET_ELEM_FLAGS:
+			e.Flags = ad.Uint32()
+		case unix.NFTA_SET_ELEM_USERDATA:
+			e.UserData = bytes.Clone(ad.Bytes())
+		case nftaSetElemExpr:
+			e.Exprs = exprNames(ad.Bytes(), false)
+		case nftaSetElemExpressions:
+			e.Exprs = exprNames(ad.Bytes(), true)
+		}
+		// NFTA_SET_ELEM_TIMEOUT and _EXPIRATION are ignored: they change by themselves.
+	}
+	return e, ad.Err()
+}
+
+// Comparison.
+
+// slotKeyType is the key type of endpoint slot maps ("typeof numgen …": integer).
+var slotKeyType = typeID(nft.TypeNumgen)
+
+func (s *SetState) isSlotMap() bool {
+	return s.Flags&unix.NFT_SET_MAP != 0 && s.KeyType == slotKeyType && s.KeyLen == 4
+}
+
+// sideView is one side of a comparison with the canonical form of every rule.
+type sideView struct {
+	st       *TableState
+	rules    map[string][]string    // chain → canonical rule keys
+	resolved map[string][]RuleState // chain → rules as compared (slots resolved)
+	// reached marks slot elements some rule selects: set → key bytes.
+	reached map[string]map[string]bool
+}
+
+// pseudo-attribute carrying the values a slot lookup selects (slot mode)
+const attrSelected = 0xffff
+
+func newSideView(st *TableState, bySlots bool) *sideView {
+	v := &sideView{st: st, rules: map[string][]string{}, resolved: map[string][]RuleState{}, reached: map[string]map[string]bool{}}
+	for name, c := range st.Chains {
+		keys := make([]string, len(c.Rules))
+		rules := make([]RuleState, len(c.Rules))
+		for i, r := range c.Rules {
+			if bySlots {
+				r = v.resolveSlots(r)
+			}
+			keys[i], rules[i] = ruleKey(r), r
+		}
+		v.rules[name], v.resolved[name] = keys, rules
+	}
+	return v
+}
+
+// resolveSlots replaces "numgen … offset K" + "lookup @slotmap" by the values the lookup
+// can select.
+func (v *sideView) resolveSlots(r RuleState) RuleState {
+	out := RuleState{UserData: r.UserData, Exprs: slices.Clone(r.Exprs)}
+	for i := 0; i+1 < len(out.Exprs); i++ {
+		ng, lk := out.Exprs[i], out.Exprs[i+1]
+		if ng.Name != "numgen" || lk.Name != "lookup" {
+			continue
+		}
+		set := v.st.Sets[cstring(lk.Attrs[unix.NFTA_LOOKUP_SET])]
+		if set == nil || !set.isSlotMap() {
+			continue
+		}
+		mod, off := be32(ng.Attrs[unix.NFTA_NG_MODULUS]), be32(ng.Attrs[unix.NFTA_NG_OFFSET])
+		vals := make([]string, 0, min(mod, 1<<16))
+		if v.reached[set.Name] == nil {
+			v.reached[set.Name] = map[string]bool{}
+		}
+		for k := off; k < off+mod && k-off < 1<<16; k++ {
+			key := string(le32(k))
+			if e, ok := set.Elements[key]; ok {
+				vals = append(vals, hex.EncodeToString(e.Data))
+				v.reached[set.Name][key] = true
+			} else {
+				vals = append(vals, "missing")
+			}
+		}
+		sort.Strings(vals)
+		ng = ExprState{Name: ng.Name, Attrs: withoutAttrs(ng.Attrs, unix.NFTA_NG_OFFSET)}
+		lk = ExprState{Name: lk.Name, Attrs: withoutAttrs(lk.Attrs, unix.NFTA_LOOKUP_SET, unix.NFTA_LOOKUP_SET_ID)}
+		lk.Attrs[attrSelected] = []byte(strings.Join(vals, ","))
+		out.Exprs[i], out.Exprs[i+1] = ng, lk
+	}
+	return out
+}
+
+func withoutAttrs(m map[uint16][]byte, drop ...uint16) map[uint16][]byte {
+	out := make(map[uint16][]byte, len(m))
+	for k, v := range m {
+		if !slices.Contains(drop, k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// NAT flags the kernel sets by itself when registers are given (nft_nat_init).
+const (
+	natRangeMapIPs         = 0x1
+	natRangeProtoSpecified = 0x2
+)
+
+// ruleKey is the canonical form of a rule: equal keys mean equal rules.
+func ruleKey(r RuleState) string {
+	var b strings.Builder
+	for _, e := range r.Exprs {
+		b.WriteString(e.Name)
+		b.WriteByte('{')
+		if e.Name != "counter" { // counter values change by themselves
+			attrs := e.Attrs
+			if e.Name == "nat" {
+				attrs = withoutAttrs(attrs)
+				flags := be32(attrs[unix.NFTA_NAT_FLAGS])
+				if attrs[unix.NFTA_NAT_REG_ADDR_MIN] != nil {
+					flags |= natRangeMapIPs
+				}
+				if attrs[unix.NFTA_NAT_REG_PROTO_MIN] != nil {
+					flags |= natRangeProtoSpecified
+				}
+				attrs[unix.NFTA_NAT_FLAGS] = binary.BigEndian.AppendUint32(nil, flags)
+			}
+			for _, t := range sortedKeys(attrs) {
+				val := attrs[t]
+				if allZero(val) && !keepZero(e.Name, t) {
+					continue // absent and zero mean the same to the kernel
+				}
+				if isData(e.Name, t) {
+					fmt.Fprintf(&b, "%d=%s;", t, dataString(val))
+					continue
+				}
+				fmt.Fprintf(&b, "%d=%x;", t, val)
+			}
+		}
+		b.WriteByte('}')
+	}
+	fmt.Fprintf(&b, "udata=%x", r.UserData)
+	return b.String()
+}
+
+// isData reports whether an expression attribute holds nested NFTA_DATA_* attributes,
+// which are compared by content: the kernel's dump does not set NLA_F_NESTED where our
+// encoder does.
+func isData(expr string, attr uint16) bool {
+	switch expr {
+	case "immediate":
+		return attr == unix.NFTA_IMMEDIATE_DATA
+	case "cmp":
+		return attr == unix.NFTA_CMP_DATA
+	case "bitwise":
+		return attr == unix.NFTA_BITWISE_MASK || attr == unix.NFTA_BITWISE_XOR
+	}
+	return false
+}
+
+// dataString is the canonical form of nested NFTA_DATA_VALUE / NFTA_DATA_VERDICT.
+func dataString(b []byte) string {
+	var out []string
+	ad, err := decoder(b)
+	if err != nil {
+		return "0x" + hex.EncodeToString(b)
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_DATA_VALUE:
+			out = append(out, "value "+hex.EncodeToString(ad.Bytes()))
+		case unix.NFTA_DATA_VERDICT:
+			out = append(out, verdictString(decodeVerdict(ad.Bytes())))
+		default:
+			out = append(out, fmt.Sprintf("attr %d %x", ad.Type(), ad.Bytes()))
+		}
+	}
+	if ad.Err() != nil {
+		return "0x" + hex.EncodeToString(b)
+	}
+	return strings.Join(out, ",")
+}
+
+func decodeVerdict(b []byte) ElemState {
+	e := ElemState{Verdict: true}
+	ad, err := decoder(b)
+	if err != nil {
+		return e
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			e.VerdictCode = ad.Uint32()
+		case unix.NFTA_VERDICT_CHAIN:
+			e.VerdictChain = ad.String()
+		}
+	}
+	return e
+}
+
+// keepZero names zero-valued attributes whose presence matters: a lookup with a
+// destination register (register 0: a verdict map) differs from one without.
+func keepZero(expr string, attr uint16) bool {
+	return expr == "lookup" && attr == unix.NFTA_LOOKUP_DREG
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func be32(b []byte) uint32 {
+	if len(b) < 4 {
+		return 0
+	}
+	return binary.BigEndian.Uint32(b)
+}
+
+func cstring(b []byte) string { return string(bytes.TrimRight(b, "\x00")) }
+
+func sortedKeys[K ~string | ~uint16, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func compareStates(got, want *TableState, rs *nft.Ruleset, cfg verifyConfig) Diff {
+	prefix := fmt.Sprintf("%s %s: ", want.Family, want.Name)
+	var d Diff
+	add := func(format string, args ...any) { d = append(d, prefix+fmt.Sprintf(format, args...)) }
+	if !got.Exists {
+		add("table missing")
+		return d
+	}
+	gv, wv := newSideView(got, cfg.slotsByContent), newSideView(want, cfg.slotsByContent)
+	r := &renderer{rs: rs, want: want, byKey: map[string]string{}}
+	for _, c := range rs.Chains {
+		keys := wv.rules[c.Name]
+		for i, rule := range c.Rules {
+			if i < len(keys) {
+				r.byKey[keys[i]] = nft.RenderRule(rs.Family, rule)
+			}
+		}
+	}
+
+	// sets
+	var slotTemplate *SetState
+	for _, name := range sortedKeys(want.Sets) {
+		if s := want.Sets[name]; s.isSlotMap() && slotTemplate == nil {
+			slotTemplate = s
+		}
+	}
+	for _, name := range union(sortedKeys(got.Sets), sortedKeys(want.Sets)) {
+		gs, ws := got.Sets[name], want.Sets[name]
+		if cfg.slotsByContent && ((gs != nil && gs.isSlotMap()) || (ws != nil && ws.isSlotMap())) {
+			if gs != nil && slotTemplate != nil {
+				for _, what := range setDefDiff(gs, slotTemplate) {
+					add("set %s: %s", name, what)
+				}
+			}
+			if gs != nil {
+				for _, k := range sortedKeys(gs.Elements) {
+					if !gv.reached[name][k] {
+						add("set %s: element %s is selected by no rule", name, r.elem(name, gs, gs.Elements[k]))
+					}
+				}
+			}
+			continue
+		}
+		switch {
+		case gs == nil:
+			add("set %s missing (%d elements)", name, len(ws.Elements))
+			continue
+		case ws == nil:
+			add("set %s extra (%d elements)", name, len(gs.Elements))
+			continue
+		}
+		for _, what := range setDefDiff(gs, ws) {
+			add("set %s: %s", name, what)
+		}
+		if ws.Flags&unix.NFT_SET_EVAL != 0 {
+			continue // dynamic: elements are learned by the rules
+		}
+		for _, k := range union(sortedKeys(gs.Elements), sortedKeys(ws.Elements)) {
+			ge, gok := gs.Elements[k]
+			we, wok := ws.Elements[k]
+			switch {
+			case !gok:
+				add("set %s: missing element %s", name, r.elem(name, ws, we))
+			case !wok:
+				add("set %s: extra element %s", name, r.elem(name, gs, ge))
+			case !sameElem(ge, we):
+				add("set %s: element differs: kernel %s, expected %s", name, r.elem(name, gs, ge), r.elem(name, ws, we))
+			}
+		}
+	}
+
+	// chains
+	for _, name := range union(sortedKeys(got.Chains), sortedKeys(want.Chains)) {
+		gc, wc := got.Chains[name], want.Chains[name]
+		switch {
+		case gc == nil:
+			add("chain %s missing (%d rules)", name, len(wc.Rules))
+			continue
+		case wc == nil:
+			add("chain %s extra (%d rules)", name, len(gc.Rules))
+			continue
+		}
+		if !sameHook(gc.Hook, wc.Hook) {
+			add("chain %s: hook differs: kernel %s, expected %s", name, hookString(gc.Hook), hookString(wc.Hook))
+		}
+		for _, op := range diffLists(gv.rules[name], wv.rules[name]) {
+			switch {
+			case op.got >= 0 && op.want >= 0:
+				add("chain %s: rule %d differs: kernel %s, expected %s", name, op.got, r.rule(gv, name, op.got), r.rule(wv, name, op.want))
+			case op.got >= 0:
+				add("chain %s: extra rule %d: %s", name, op.got, r.rule(gv, name, op.got))
+			default:
+				add("chain %s: missing rule %d: %s", name, op.want, r.rule(wv, name, op.want))
+			}
+		}
+	}
+	return d
+}
+
+func union(a, b []string) []string {
+	out := slices.Concat(a, b)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func sameElem(a, b ElemState) bool {
+	return bytes.Equal(a.Data, b.Data) && a.Verdict == b.Verdict && a.VerdictCode == b.VerdictCode &&
+		a.VerdictChain == b.VerdictChain && a.Flags == b.Flags && bytes.Equal(a.UserData, b.UserData) &&
+		slices.Equal(a.Exprs, b.Exprs)
+}
+
+func setDefDiff(got, want *SetState) []string {
+	var out []string
+	cmp := func(what string, g, w any) {
+		if g != w {
+			out = append(out, fmt.Sprintf("%s differs: kernel %v, expected %v", what, g, w))
+		}
+	}
+	cmp("flags", fmt.Sprintf("%#x", got.Flags), fmt.Sprintf("%#x", want.Flags))
+	cmp("key type", got.KeyType, want.KeyType)
+	cmp("key length", got.KeyLen, want.KeyLen)
+	cmp("data type", fmt.Sprintf("%#x", got.DataType), fmt.Sprintf("%#x", want.DataType))
+	if want.DataType != unix.NFT_DATA_VERDICT { // the kernel reports a verdict's size, nft sends 0
+		cmp("data length", got.DataLen, want.DataLen)
+	}
+	cmp("timeout (ms)", got.Timeout, want.Timeout)
+	cmp("size", got.Size, want.Size)
+	cmp("expressions", strings.Join(got.Exprs, ","), strings.Join(want.Exprs, ","))
+	if !bytes.Equal(got.UserData, want.UserData) {
+		out = append(out, fmt.Sprintf("userdata (type, comment) differs: kernel %q, expected %q", got.UserData, want.UserData))
+	}
+	return out
+}
+
+func sameHook(a, b *HookState) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func hookString(h *HookState) string {
+	if h == nil {
+		return "none (regular chain)"
+	}
+	return fmt.Sprintf("type %s hook %s priority %d policy %d", h.Type, nft.HookPoint(h.Hooknum), h.Priority, h.Policy)
+}
+
+// listOp is one difference between two lists: got and want indexes, -1 when absent.
+type listOp struct{ got, want int }
+
+// diffLists aligns two lists by their longest common subsequence and returns the
+// unmatched entries; a removal and an addition at the same place become one "differs".
+func diffLists(got, want []string) []listOp {
+	n, m := len(got), len(want)
+	if n*m > 4<<20 { // too large for the table: compare by position
+		var ops []listOp
+		for i := range max(n, m) {
+			switch {
+			case i >= n:
+				ops = append(ops, listOp{-1, i})
+			case i >= m:
+				ops = append(ops, listOp{i, -1})
+			case got[i] != want[i]:
+				ops = append(ops, listOp{i, i})
+			}
+		}
+		return ops
+	}
+	lcs := make([][]int, n+1)
+	for i := range lcs {
+		lcs[i] = make([]int, m+1)
+	}
+	for i := n - 1; i >= 0; i-- {
+		for j := m - 1; j >= 0; j-- {
+			if got[i] == want[j] {
+				lcs[i][j] = lcs[i+1][j+1] + 1
+			} else {
+				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
+			}
+		}
+	}
+	var ops []listOp
+	i, j := 0, 0
+	for i < n || j < m {
+		switch {
+		case i < n && j < m && got[i] == want[j]:
+			i, j = i+1, j+1
+		case i < n && j < m && lcs[i+1][j] == lcs[i][j] && lcs[i][j+1] == lcs[i][j] && lcs[i+1][j+1] == lcs[i][j]:
+			ops = append(ops, listOp{i, j}) // replaced
+			i, j = i+1, j+1
+		case j >= m || (i < n && lcs[i+1][j] >= lcs[i][j+1]):
+			ops = append(ops, listOp{i, -1})
+			i++
+		default:
+			ops = append(ops, listOp{-1, j})
+			j++
+		}
+	}
+	return ops
+}
+
+// renderer describes rules and elements for humans, with the expected ruleset's types.
+type renderer struct {
+	rs    *nft.Ruleset
+	want  *TableState
+	byKey map[string]string // canonical rule key → rendered expected rule
+}
+
+func (r *renderer) rule(v *sideView, chain string, i int) string {
+	if s, ok := r.byKey[v.rules[chain][i]]; ok {
+		return "`" + s + "`"
+	}
+	rule := v.resolved[chain][i]
+	var parts []string
+	for _, e := range rule.Exprs {
+		parts = append(parts, r.expr(e))
+	}
+	out := "[" + strings.Join(parts, ", ") + "]"
+	if c := commentOf(rule.UserData); c != "" {
+		out += fmt.Sprintf(" comment %q", c)
+	}
+	return out
+}
+
+// expr describes an expression that matches no expected rule, with its main operands.
+func (r *renderer) expr(e ExprState) string {
+	p := e.Name
+	switch e.Name {
+	case "payload":
+		base := [...]string{"link", "network", "transport", "inner"}[min(be32(e.Attrs[unix.NFTA_PAYLOAD_BASE]), 3)]
+		p += fmt.Sprintf(" %s+%d/%d", base, be32(e.Attrs[unix.NFTA_PAYLOAD_OFFSET]), be32(e.Attrs[unix.NFTA_PAYLOAD_LEN]))
+	case "meta", "ct":
+		p += fmt.Sprintf(" key %d", be32(e.Attrs[unix.NFTA_META_KEY]))
+	case "cmp":
+		op := [...]string{"==", "!=", "<", "<=", ">", ">="}[min(be32(e.Attrs[unix.NFTA_CMP_OP]), 5)]
+		p += " " + op + " " + strings.TrimPrefix(dataString(e.Attrs[unix.NFTA_CMP_DATA]), "value ")
+	case "lookup":
+		if sel, ok := e.Attrs[attrSelected]; ok {
+			p += " selecting " + r.slotValues(string(sel))
+		} else {
+			p += " @" + cstring(e.Attrs[unix.NFTA_LOOKUP_SET])
+		}
+	case "numgen":
+		p += fmt.Sprintf(" mod %d", be32(e.Attrs[unix.NFTA_NG_MODULUS]))
+		if off, ok := e.Attrs[unix.NFTA_NG_OFFSET]; ok {
+			p += fmt.Sprintf(" offset %d", be32(off))
+		}
+	case "immediate":
+		if v, ok := immediateVerdict(e.Attrs[unix.NFTA_IMMEDIATE_DATA]); ok {
+			p += " " + v
+		}
+	}
+	return p
+}
+
+// slotValues decodes the endpoint values a slot lookup selects.
+func (r *renderer) slotValues(sel string) string {
+	var types []nft.Datatype
+	for _, s := range r.rs.Sets {
+		if len(s.Key) == 1 && s.Key[0] == nft.TypeNumgen {
+			types = s.Data
+			break
+		}
+	}
+	var out []string
+	for _, h := range strings.Split(sel, ",") {
+		b, err := hex.DecodeString(h)
+		if err != nil || types == nil {
+			out = append(out, h)
+			continue
+		}
+		out = append(out, renderBytes(types, b))
+	}
+	return "{" + strings.Join(out, ", ") + "}"
+}
+
+func immediateVerdict(data []byte) (string, bool) {
+	ad, err := decoder(data)
+	if err != nil {
+		return "", false
+	}
+	for ad.Next() {
+		if ad.Type() == unix.NFTA_DATA_VERDICT {
+			return verdictString(decodeVerdict(ad.Bytes())), true
+		}
+	}
+	return "", false
+}
+
+func verdictString(e ElemState) string {
+	switch e.VerdictCode {
+	case nfAccept:
+		return "accept"
+	case nfDrop:
+		return "drop"
+	case verdictReturn:
+		return "return"
+	case verdictJump:
+		return "jump " + e.VerdictChain
+	case verdictGoto:
+		return "goto " + e.VerdictChain
+	}
+	return fmt.Sprintf("verdict %d", int32(e.VerdictCode))
+}
+
+// commentOf extracts the comment TLV of rule or element userdata.
+func commentOf(u []byte) string {
+	for len(u) >= 2 {
+		typ, n := u[0], int(u[1])
+		if len(u) < 2+n {
+			break
+		}
+		if typ == udataComment {
+			return cstring(u[2 : 2+n])
+		}
+		u = u[2+n:]
+	}
+	return ""
+}
+
+// elem renders an element as nft would: key, value, comment.
+func (r *renderer) elem(set string, s *SetState, e ElemState) string {
+	keyTypes, dataTypes := typesOf(s.KeyType, s.KeyLen), typesOf(s.DataType, s.DataLen)
+	if s.DataType == unix.NFT_DATA_VERDICT {
+		dataTypes = nil
+	}
+	for _, rs := range r.rs.Sets {
+		if rs.Name == set || (s.isSlotMap() && len(rs.Key) == 1 && rs.Key[0] == nft.TypeNumgen) {
+			keyTypes, dataTypes = rs.Key, rs.Data
+			break
+		}
+	}
+	out := renderBytes(keyTypes, e.Key)
+	switch {
+	case e.Verdict:
+		out += " : " + verdictString(e)
+	case e.Data != nil:
+		out += " : " + renderBytes(dataTypes, e.Data)
+	}
+	if c := commentOf(e.UserData); c != "" {
+		out += fmt.Sprintf(" comment %q", c)
+	}
+	return out
+}
+
+// typesOf reverses concatType for the datatypes nftproxy uses.
+func typesOf(id, length uint32) []nft.Datatype {
+	all := []nft.Datatype{nft.TypeIPv4Addr, nft.TypeIPv6Addr, nft.TypeInetProto, nft.TypeInetService, nft.TypeNumgen}
+	var out []nft.Datatype
+	for id != 0 {
+		found := false
+		for _, t := range all {
+			if typeID(t) == id&0x3f {
+				out = append([]nft.Datatype{t}, out...)
+				found = true
+			}
+		}
+		if !found {
+			return nil
+		}
+		id >>= 6
+	}
+	if _, l := concatType(out); l != length {
+		return nil
+	}
+	return out
+}
+
+// renderBytes decodes key or value bytes with their datatypes; hex when they do not fit.
+func renderBytes(types []nft.Datatype, b []byte) string {
+	vals, ok := decodeValues(types, b)
+	if !ok {
+		return "0x" + hex.EncodeToString(b)
+	}
+	return nft.RenderElementKey(&nft.Set{Key: types}, nft.Element{Key: vals})
+}
+
+// decodeValues reverses encodeValues.
+func decodeValues(types []nft.Datatype, b []byte) ([]nft.Value, bool) {
+	if len(types) == 0 {
+		return nil, false
+	}
+	var out []nft.Value
+	for _, t := range types {
+		n := int(typeLen(t))
+		width := n
+		if len(types) > 1 {
+			width = (n + 3) &^ 3
+		}
+		if len(b) < width {
+			return nil, false
+		}
+		f := b[:n]
+		switch t {
+		case nft.TypeIPv4Addr:
+			out = append(out, nft.Addr(netip.AddrFrom4([4]byte(f))))
+		case nft.TypeIPv6Addr:
+			out = append(out, nft.Addr(netip.AddrFrom16([16]byte(f))))
+		case nft.TypeInetProto:
+			out = append(out, nft.Num(uint32(f[0])))
+		case nft.TypeInetService:
+			out = append(out, nft.Num(uint32(binary.BigEndian.Uint16(f))))
+		case nft.TypeNumgen:
+			out = append(out, nft.Num(binary.LittleEndian.Uint32(f)))
+		default:
+			return nil, false
+		}
+		b = b[width:]
+	}
+	return out, len(b) == 0
+}

@@ -1,0 +1,225 @@
+package kernel_test
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/testnetns"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/kernel"
+)
+
+// verifySnapshot has every kind of object the compiler makes: node ports, external and
+// load-balancer IPs with source ranges, a Local traffic policy, ClientIP affinity
+// (dynamic sets), a service without endpoints, and a hairpin set.
+func verifySnapshot() *model.Snapshot {
+	a := svc("a", "10.96.0.1", 30080, 0, 2)
+	sticky := svc("sticky", "10.96.0.2", 0, 10, 2)
+	sticky.AffinityTimeout = 10800
+	lb := svc("lb", "10.96.0.3", 30443, 20, 3)
+	lb.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.51.100.1")}
+	lb.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.7")}
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	lb.ExternalPolicyLocal = true
+	lb.Endpoints[0].NodeName = "node-1"
+	empty := svc("empty", "10.96.0.4", 30081, 0, 0)
+	return &model.Snapshot{
+		Node:     model.Node{Name: "node-1", IPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}},
+		Services: []model.ServicePort{a, sticky, lb, empty},
+	}
+}
+
+func mustVerify(t *testing.T, a *kernel.Applier, rs *nft.Ruleset, opts ...kernel.VerifyOption) kernel.Diff {
+	t.Helper()
+	d, err := a.Verify(rs, opts...)
+	if err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	return d
+}
+
+// TestVerifyEqualAfterApply applies a ruleset and reads it back: no difference. The same
+// ruleset loaded by nft from its rendered text reads back equal too, so what Verify
+// compares is what nft itself encodes.
+func TestVerifyEqualAfterApply(t *testing.T) {
+	ns := testnetns.New(t)
+	a := kernel.New(kernel.WithNetNS(ns.FD))
+	rs, _ := compile.Compile(verifySnapshot(), cfg(), compile.NewSlots())
+	if _, err := a.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustVerify(t, a, rs); !d.Empty() {
+		t.Fatalf("freshly applied ruleset differs from the kernel:\n%s", d)
+	}
+	got, err := a.ReadBack(rs.Family, rs.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Chains) != len(rs.Chains) || len(got.Sets) != len(rs.Sets) {
+		t.Fatalf("read back %d chains and %d sets, want %d and %d", len(got.Chains), len(got.Sets), len(rs.Chains), len(rs.Sets))
+	}
+	if h := got.Chains["nat-prerouting"].Hook; h == nil || h.Type != "nat" || h.Hooknum != uint32(nft.Prerouting) || h.Priority != -100 {
+		t.Errorf("nat-prerouting hook read back as %+v", h)
+	}
+	for _, s := range rs.Sets {
+		if !s.Dynamic && len(got.Sets[s.Name].Elements) != len(s.Elements) {
+			t.Errorf("set %s: read back %d elements, want %d", s.Name, len(got.Sets[s.Name].Elements), len(s.Elements))
+		}
+	}
+
+	byNft := testnetns.New(t)
+	byNft.MustRun(t, nft.Render(rs), "nft", "-f", "-")
+	if d := mustVerify(t, kernel.New(kernel.WithNetNS(byNft.FD)), rs); !d.Empty() {
+		t.Fatalf("the ruleset as nft loads it differs from our encoding:\n%s", d)
+	}
+
+	// A table that is not there.
+	if d := mustVerify(t, kernel.New(kernel.WithNetNS(testnetns.New(t).FD)), rs); !slices.Equal(d, kernel.Diff{"ip nftproxy: table missing"}) {
+		t.Fatalf("empty namespace: %q", d)
+	}
+}
+
+// TestVerifyReportsTampering changes the table behind the applier's back in several ways;
+// Verify reports exactly that change, and after a repairing Apply nothing.
+func TestVerifyReportsTampering(t *testing.T) {
+	ns := testnetns.New(t)
+	a := kernel.New(kernel.WithNetNS(ns.FD))
+	rs, _ := compile.Compile(verifySnapshot(), cfg(), compile.NewSlots())
+	if _, err := a.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	svcA := "svc-default/a/tcp/http"
+	var dnatA string
+	for _, c := range rs.Chains {
+		if c.Name == svcA {
+			dnatA = nft.RenderRule(rs.Family, c.Rules[1])
+		}
+	}
+	cases := []struct {
+		name   string
+		tamper [][]string
+		opts   []kernel.VerifyOption
+		want   []string
+	}{
+		{"delete element", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "service-ips", "{ 10.96.0.1 . tcp . 80 }"}}, nil,
+			[]string{`ip nftproxy: set service-ips: missing element 10.96.0.1 . tcp . 80 : goto ` + svcA + ` comment "default/a:http"`}},
+		{"add element", [][]string{{"nft", "add", "element", "ip", "nftproxy", "hairpin", "{ 10.244.9.9 . 10.244.9.9 }"}}, nil,
+			[]string{`ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9`}},
+		{"change element", [][]string{
+			{"nft", "delete", "element", "ip", "nftproxy", "service-nodeports", "{ tcp . 30080 }"},
+			{"nft", "add", "element", "ip", "nftproxy", "service-nodeports", "{ tcp . 30080 : drop }"},
+		}, nil,
+			[]string{`ip nftproxy: set service-nodeports: element differs: kernel tcp . 30080 : drop, expected tcp . 30080 : goto ext-default/a/tcp/http comment "default/a:http"`}},
+		{"add rule", [][]string{{"nft", "add", "rule", "ip", "nftproxy", "services", "counter", "drop"}}, nil,
+			[]string{`ip nftproxy: chain services: extra rule 2: [counter, immediate drop]`}},
+		{"insert rule", [][]string{{"nft", "insert", "rule", "ip", "nftproxy", "mark-for-masquerade", "ip", "saddr", "10.1.2.3", "accept"}}, nil,
+			[]string{`ip nftproxy: chain mark-for-masquerade: extra rule 0: [payload network+12/4, cmp == 0a010203, immediate accept]`}},
+		{"flush chain", [][]string{{"nft", "flush", "chain", "ip", "nftproxy", svcA}}, nil,
+			[]string{
+				"ip nftproxy: chain " + svcA + ": missing rule 0: `ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 jump mark-for-masquerade`",
+				"ip nftproxy: chain " + svcA + ": missing rule 1: `" + dnatA + "`",
+			}},
+		{"add chain", [][]string{{"nft", "add", "chain", "ip", "nftproxy", "intruder"}}, nil,
+			[]string{"ip nftproxy: chain intruder extra (0 rules)"}},
+		{"learned affinity entries are not a difference", [][]string{
+			{"nft", "add", "element", "ip", "nftproxy", "affinity-default/sticky/tcp/http/0", "{ 10.244.7.7 }"},
+		}, nil, nil},
+		{"delete endpoint slot", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "endpoints-0", "{ 0 }"}}, nil,
+			[]string{`ip nftproxy: set endpoints-0: missing element 0 : 10.244.0.1 . 8080`}},
+		{"delete endpoint slot, slots by content", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "endpoints-0", "{ 0 }"}},
+			[]kernel.VerifyOption{kernel.EndpointSlotsByContent()},
+			[]string{"ip nftproxy: chain " + svcA + ": rule 1 differs: kernel [meta key 16, cmp == 06, numgen mod 2, lookup selecting {10.244.0.2 . 8080, missing}, nat] comment \"default/a:http\", expected `" + dnatA + "`"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, cmd := range tc.tamper {
+				ns.MustRun(t, "", cmd...)
+			}
+			if d := mustVerify(t, a, rs, tc.opts...); !slices.Equal(d, kernel.Diff(tc.want)) {
+				t.Errorf("Verify after %s:\n%s\nwant:\n%s", tc.name, d, strings.Join(tc.want, "\n"))
+			}
+			a.Resync()
+			if _, err := a.Apply(rs); err != nil {
+				t.Fatal(err)
+			}
+			if d := mustVerify(t, a, rs); !d.Empty() {
+				t.Fatalf("after repair:\n%s", d)
+			}
+		})
+	}
+}
+
+// TestVerifySlotsByContent programs endpoint slots with one allocation history and
+// verifies against a fresh compile, whose slots differ: exact comparison sees the
+// different slot numbers, comparison by content sees none.
+func TestVerifySlotsByContent(t *testing.T) {
+	ns := testnetns.New(t)
+	a := kernel.New(kernel.WithNetNS(ns.FD))
+	snap := verifySnapshot()
+	history := compile.NewSlots()
+	bigger := &model.Snapshot{Node: snap.Node, Services: append([]model.ServicePort{svc("first", "10.96.0.9", 0, 100, 40)}, snap.Services...)}
+	compile.Compile(bigger, cfg(), history) // "first" takes slots 0-47; the others follow
+	programmed, _ := compile.Compile(snap, cfg(), history)
+	if _, err := a.Apply(programmed); err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := compile.Compile(snap, cfg(), compile.NewSlots())
+	if d := mustVerify(t, a, fresh); d.Empty() {
+		t.Fatal("exact comparison found no difference between two slot layouts")
+	}
+	if d := mustVerify(t, a, fresh, kernel.EndpointSlotsByContent()); !d.Empty() {
+		t.Fatalf("comparison by content:\n%s", d)
+	}
+	// A slot element no rule selects is a difference even by content.
+	ns.MustRun(t, "", "nft", "add", "element", "ip", "nftproxy", "endpoints-0", "{ 250 : 10.244.5.5 . 80 }")
+	want := kernel.Diff{"ip nftproxy: set endpoints-0: element 250 : 10.244.5.5 . 80 is selected by no rule"}
+	if d := mustVerify(t, a, fresh, kernel.EndpointSlotsByContent()); !slices.Equal(d, want) {
+		t.Fatalf("stray slot element:\n%s\nwant:\n%s", d, want)
+	}
+}
+
+// TestCompareEncoded compares two encoded rulesets without a kernel: the differences of
+// elements, rules and set definitions, formatted.
+func TestCompareEncoded(t *testing.T) {
+	slots := compile.NewSlots()
+	old, _ := compile.Compile(verifySnapshot(), cfg(), slots)
+	snap := verifySnapshot()
+	snap.Services[0].ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	snap.Services = snap.Services[:3] // "empty" is gone
+	cur, _ := compile.Compile(snap, cfg(), slots)
+	got, err := kernel.EncodeState(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := kernel.Compare(got, cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`ip nftproxy: set cluster-ips: missing element 10.96.0.11`,
+		`ip nftproxy: set cluster-ips: extra element 10.96.0.1`,
+	}
+	for _, w := range want {
+		if !slices.Contains(d, w) {
+			t.Errorf("missing line %q in\n%s", w, d)
+		}
+	}
+	for _, l := range d {
+		if !strings.HasPrefix(l, "ip nftproxy: ") {
+			t.Errorf("line without table prefix: %q", l)
+		}
+	}
+	if !strings.Contains(d.String(), "chain svc-default/a/tcp/http: rule 0 differs: kernel [payload network+16/4, cmp == 0a600001, payload network+12/2, cmp != 0af4, immediate jump mark-for-masquerade], expected `ip daddr 10.96.0.11 ") {
+		t.Errorf("changed rule not reported with its index and text:\n%s", d)
+	}
+	if !strings.Contains(d.String(), `no-endpoint-services: extra element 10.96.0.4 . tcp . 80`) {
+		t.Errorf("gone no-endpoint element not reported:\n%s", d)
+	}
+	if d, _ := kernel.Compare(got, old); !d.Empty() {
+		t.Errorf("a ruleset differs from itself:\n%s", d)
+	}
+}
