@@ -44,6 +44,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "explain" {
 		os.Exit(runExplain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "verify" {
+		os.Exit(runVerify(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	fs, o := options.NewFlagSet()
 	if code, exit := configure(fs, o, os.Args[1:], os.Stderr); exit {
 		os.Exit(code)
@@ -147,24 +150,12 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		log.Info("Removed nftproxy's tables")
 		return nil
 	}
-	nodeName, err := o.NodeName()
+	cfg, err := proxyConfig(o)
 	if err != nil {
 		return err
 	}
-	cidrs, _ := o.ClusterCIDRs()
-	serviceCIDRs, _ := o.ServiceCIDRs()
-	cfg := controller.Config{
-		NodeName:          nodeName,
-		ClusterCIDRs:      cidrs,
-		ServiceCIDRs:      serviceCIDRs,
-		MasqueradeAll:     o.MasqueradeAll,
-		MasqueradeBit:     uint32(o.MasqueradeBit),
-		NodePortAddresses: o.NodePortCIDRs(),
-		MinSyncPeriod:     o.MinSyncPeriod,
-		SyncPeriod:        o.SyncPeriod,
-		LocalAddrs:        localAddrs,
-	}
-	if len(cidrs) == 0 && !o.MasqueradeAll {
+	nodeName := cfg.NodeName
+	if len(cfg.ClusterCIDRs) == 0 && !o.MasqueradeAll {
 		log.Info("No --cluster-cidr: traffic from outside the cluster to cluster IPs will not be masqueraded")
 	}
 	client, err := newClient(o)
@@ -199,6 +190,28 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	err = p.Run(ctx)
 	log.Info("Stopped; nftables rules are left in place for the next nftproxy to take over")
 	return err
+}
+
+// proxyConfig is the controller configuration the flags (and --config) give; nftproxy
+// verify compiles with the same one.
+func proxyConfig(o *options.Options) (controller.Config, error) {
+	nodeName, err := o.NodeName()
+	if err != nil {
+		return controller.Config{}, err
+	}
+	cidrs, _ := o.ClusterCIDRs()        // validated
+	serviceCIDRs, _ := o.ServiceCIDRs() // validated
+	return controller.Config{
+		NodeName:          nodeName,
+		ClusterCIDRs:      cidrs,
+		ServiceCIDRs:      serviceCIDRs,
+		MasqueradeAll:     o.MasqueradeAll,
+		MasqueradeBit:     uint32(o.MasqueradeBit),
+		NodePortAddresses: o.NodePortCIDRs(),
+		MinSyncPeriod:     o.MinSyncPeriod,
+		SyncPeriod:        o.SyncPeriod,
+		LocalAddrs:        localAddrs,
+	}, nil
 }
 
 func newClient(o *options.Options) (kubernetes.Interface, error) {

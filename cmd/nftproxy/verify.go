@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/options"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/kernel"
+)
+
+// Exit codes of nftproxy verify.
+const (
+	verifyEqual     = 0
+	verifyDifferent = 1
+	verifyError     = 2
+)
+
+// verifier reads the kernel back and compares (kernel.Applier; a fake in tests).
+type verifier interface {
+	Verify(expected *nft.Ruleset, opts ...kernel.VerifyOption) (kernel.Diff, error)
+}
+
+// runVerify implements "nftproxy verify [flags]": list the API once, compile exactly as
+// the proxy does with the same flags, read nftproxy's tables back from the kernel and
+// print every difference. Exit 0 when equal, 1 when different, 2 on error.
+func runVerify(args []string, stdout, stderr io.Writer) int {
+	fs, o := options.NewFlagSet()
+	wait := fs.Duration("wait", 0, "Keep comparing (listing the API again each second) for up to this long until the kernel matches: the proxy may not have synced the latest changes yet. 0: compare once.")
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: nftproxy verify [flags]\n\n"+
+			"Compares nftproxy's tables in the kernel with what the Services, EndpointSlices and\n"+
+			"Node in the API compile to, with the proxy's flags (or --config). Prints every\n"+
+			"difference; exits 0 when equal, 1 when different, 2 on error.\n\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return verifyEqual
+		}
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return verifyError
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "nftproxy verify: unexpected arguments %q\n", fs.Args())
+		return verifyError
+	}
+	if err := o.Complete(fs); err != nil {
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return verifyError
+	}
+	if err := o.Validate(); err != nil {
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return verifyError
+	}
+	cfg, err := proxyConfig(o)
+	if err != nil {
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return verifyError
+	}
+	client, err := newClient(o)
+	if err != nil {
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return verifyError
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *wait+2*time.Minute)
+	defer cancel()
+	return verifyLoop(ctx, client, cfg, kernel.New(), *wait, stdout, stderr)
+}
+
+// verifyLoop compares until equal or until wait has passed, then reports.
+func verifyLoop(ctx context.Context, client kubernetes.Interface, cfg controller.Config, v verifier, wait time.Duration, stdout, stderr io.Writer) int {
+	deadline := time.Now().Add(wait)
+	for attempt := 1; ; attempt++ {
+		res, err := verifyOnce(ctx, client, cfg, v)
+		if err != nil {
+			fmt.Fprintln(stderr, "nftproxy verify:", err)
+			return verifyError
+		}
+		if res.diff.Empty() || !time.Now().Add(time.Second).Before(deadline) {
+			res.attempts = attempt
+			return res.report(stdout)
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(stderr, "nftproxy verify:", ctx.Err())
+			return verifyError
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// verifyResult is one comparison of the kernel with the API.
+type verifyResult struct {
+	tables       []string // "ip nftproxy", …
+	servicePorts int
+	diff         kernel.Diff
+	attempts     int
+}
+
+// verifyOnce lists the API, compiles like the proxy and compares every family's table.
+// Endpoint slots are compared by content: the proxy's slot numbers depend on the order
+// in which services came and went (compile.Slots), which a fresh compile cannot know.
+func verifyOnce(ctx context.Context, client kubernetes.Interface, cfg controller.Config, v verifier) (verifyResult, error) {
+	var res verifyResult
+	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return res, fmt.Errorf("listing services: %w", err)
+	}
+	slices, err := client.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return res, fmt.Errorf("listing endpoint slices: %w", err)
+	}
+	node, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		node = nil // as the proxy: no Node yet, no node ports on primary IPs
+	case err != nil:
+		return res, fmt.Errorf("reading node %q: %w", cfg.NodeName, err)
+	}
+	// As the proxy: ServiceCIDR objects when the API serves them, else the flag.
+	cidrs, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+	switch {
+	case err == nil:
+		cfg.ServiceCIDRs = nil
+		for _, c := range cidrs.Items {
+			cfg.ServiceCIDRs = append(cfg.ServiceCIDRs, parseCIDRs(c.DeletionTimestamp, c.Spec.CIDRs)...)
+		}
+	case !apierrors.IsNotFound(err):
+		return res, fmt.Errorf("listing service CIDRs: %w", err)
+	}
+	snap, rulesets, _, err := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, ptrs(svcs.Items), ptrs(slices.Items), node)
+	if err != nil {
+		return res, err
+	}
+	res.servicePorts = len(snap.Services)
+	for _, rs := range rulesets {
+		d, err := v.Verify(rs, kernel.EndpointSlotsByContent())
+		if err != nil {
+			return res, fmt.Errorf("reading %s %s back from the kernel: %w", rs.Family, rs.Table, err)
+		}
+		res.tables = append(res.tables, fmt.Sprintf("%s %s", rs.Family, rs.Table))
+		res.diff = append(res.diff, d...)
+	}
+	return res, nil
+}
+
+// report prints the result and returns the exit code.
+func (r verifyResult) report(w io.Writer) int {
+	tries := ""
+	if r.attempts > 1 {
+		tries = fmt.Sprintf(" (after %d comparisons)", r.attempts)
+	}
+	if r.diff.Empty() {
+		fmt.Fprintf(w, "equal: the kernel's tables %s match the API's %d service ports%s\n", strings.Join(r.tables, ", "), r.servicePorts, tries)
+		return verifyEqual
+	}
+	for _, l := range r.diff {
+		fmt.Fprintln(w, l)
+	}
+	fmt.Fprintf(w, "different: %d differences between the kernel's tables %s and the API's %d service ports%s\n", len(r.diff), strings.Join(r.tables, ", "), r.servicePorts, tries)
+	return verifyDifferent
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/options"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/kernel"
+)
+
+// TestVerifyReport formats both outcomes and returns their exit codes.
+func TestVerifyReport(t *testing.T) {
+	var out bytes.Buffer
+	r := verifyResult{tables: []string{"ip nftproxy", "ip6 nftproxy"}, servicePorts: 3, attempts: 1}
+	if code := r.report(&out); code != 0 || out.String() != "equal: the kernel's tables ip nftproxy, ip6 nftproxy match the API's 3 service ports\n" {
+		t.Errorf("equal: code %d, output %q", code, out.String())
+	}
+	out.Reset()
+	r.diff = kernel.Diff{"ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9", "ip nftproxy: chain intruder extra (0 rules)"}
+	r.attempts = 4
+	want := "ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9\n" +
+		"ip nftproxy: chain intruder extra (0 rules)\n" +
+		"different: 2 differences between the kernel's tables ip nftproxy, ip6 nftproxy and the API's 3 service ports (after 4 comparisons)\n"
+	if code := r.report(&out); code != 1 || out.String() != want {
+		t.Errorf("different: code %d, output\n%s\nwant\n%s", code, out.String(), want)
+	}
+}
+
+// kernelOf is a fake kernel holding what other rulesets encode to.
+type kernelOf struct {
+	tables map[nft.Family]*kernel.TableState
+	seen   int
+}
+
+func (k *kernelOf) Verify(rs *nft.Ruleset, opts ...kernel.VerifyOption) (kernel.Diff, error) {
+	k.seen++
+	return kernel.Compare(k.tables[rs.Family], rs, opts...)
+}
+
+func fakeKernel(t *testing.T, rulesets []*nft.Ruleset) *kernelOf {
+	k := &kernelOf{tables: map[nft.Family]*kernel.TableState{}}
+	for _, rs := range rulesets {
+		st, err := kernel.EncodeState(rs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k.tables[rs.Family] = st
+	}
+	return k
+}
+
+// proxyFlags is the controller configuration a proxy command line gives.
+func proxyFlags(t *testing.T, args ...string) controller.Config {
+	fs, o := options.NewFlagSet()
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Complete(fs); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := proxyConfig(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestVerifyOnce compiles the API objects as the proxy does with its flags and compares
+// with the kernel: equal when the kernel holds what a proxy with the same flags (and
+// another slot history) programmed; different when the flags or the objects differ.
+func TestVerifyOnce(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(cluster()...)
+	flags := []string{"--hostname-override", "node-1", "--cluster-cidr", "10.244.0.0/16,fd00:244::/56"}
+	cfg := proxyFlags(t, flags...)
+
+	// what a proxy programmed: compiled after another service came and went
+	svcs, _ := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	eps, _ := client.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+	node, _ := client.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+	slots := map[nft.Family]*compile.Slots{}
+	extra := service("first", "ClusterIP", []string{"10.96.9.9"}, 80, 0)
+	_, _, _, _ = controller.Compile(cfg, slots, append(ptrs(svcs.Items), extra), append(ptrs(eps.Items), slice("first", "first", "IPv4", "node-2", "10.244.9.1", "10.244.9.2")), node)
+	withCIDRs := cfg
+	withCIDRs.ServiceCIDRs = parseCIDRs(nil, []string{"10.96.0.0/16"}) // the ServiceCIDR object
+	_, programmed, _, err := controller.Compile(withCIDRs, slots, ptrs(svcs.Items), ptrs(eps.Items), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fakeKernel(t, programmed)
+
+	res, err := verifyOnce(ctx, client, cfg, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.diff.Empty() || k.seen != 2 || res.servicePorts == 0 {
+		t.Fatalf("same objects and flags: %d families compared, %d service ports, differences:\n%s", k.seen, res.servicePorts, res.diff)
+	}
+
+	// another masquerade bit
+	res, err = verifyOnce(ctx, client, proxyFlags(t, append(flags, "--iptables-masquerade-bit", "15")...), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.diff.String(), "ip nftproxy: chain mark-for-masquerade: rule 0 differs") {
+		t.Errorf("other masquerade bit:\n%s", res.diff)
+	}
+
+	// a service deleted from the API but still in the kernel
+	if err := client.CoreV1().Services("default").Delete(ctx, "echo", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err = verifyOnce(ctx, client, cfg, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`ip nftproxy: set service-ips: extra element 10.96.0.10 . tcp . 80 : goto svc-default/echo/tcp/- comment "default/echo"`,
+		"ip6 nftproxy: chain svc-default/echo/tcp/- extra (2 rules)",
+	} {
+		if !strings.Contains(res.diff.String(), want) {
+			t.Errorf("deleted service: no line %q in\n%s", want, res.diff)
+		}
+	}
+	var out bytes.Buffer
+	if code := verifyLoop(ctx, client, cfg, k, 0, &out, &out); code != 1 || !strings.Contains(out.String(), "different: ") {
+		t.Errorf("verifyLoop: code %d\n%s", code, out.String())
+	}
+}
