@@ -78,7 +78,7 @@ type Compiler struct {
 	cfg   Config
 	slots *Slots
 	node  model.Node
-	parts map[model.ServicePortName]*compiledPart
+	parts []*compiledPart // of the previous call, in service port order
 }
 
 // compiledPart is a service port's Part and what it was compiled from.
@@ -102,14 +102,15 @@ func (a claims) equal(b claims) bool {
 
 // NewCompiler returns a Compiler for cfg.Family; slots is its endpoint slot allocator.
 func NewCompiler(cfg Config, slots *Slots) *Compiler {
-	return &Compiler{cfg: cfg, slots: slots, parts: map[model.ServicePortName]*compiledPart{}}
+	return &Compiler{cfg: cfg, slots: slots}
 }
 
 // Compile returns the ruleset of snap, with one Part per service port, and the conflicts
 // it resolved, like the package's Compile.
 func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem) {
+	prev := cc.parts
 	if !sameNode(cc.node, snap.Node) {
-		cc.parts = map[model.ServicePortName]*compiledPart{} // topology and firewall rules depend on it
+		prev = nil // topology and firewall rules depend on the node: compile everything
 		cc.node = snap.Node
 	}
 	c := &compiler{
@@ -118,31 +119,63 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		nodePorts: map[nodePortKey]model.ServicePortName{},
 	}
 	c.init()
-	live := make(map[model.ServicePortName]bool, len(snap.Services))
+	var dropped []model.ServicePortName // slot owners no longer used
 	pages := map[uint32]bool{}
 	parts := make([]*nft.Part, 0, len(snap.Services))
-	next := make(map[model.ServicePortName]*compiledPart, len(snap.Services))
+	next := make([]*compiledPart, 0, len(snap.Services))
+	j := 0 // snap.Services and prev are both in name order: walk them side by side
 	for i := range snap.Services {
 		sp := &snap.Services[i]
-		won, ok := c.claim(sp)
+		var cp *compiledPart
+		for ; j < len(prev); j++ {
+			if cmp := prev[j].in.Name.Compare(sp.Name); cmp >= 0 {
+				if cmp == 0 {
+					cp = prev[j]
+					j++
+				}
+				break
+			}
+			dropped = append(dropped, prev[j].owners...)
+		}
+		won, ok := c.claim(sp, cp)
 		if !ok {
+			if cp != nil {
+				dropped = append(dropped, cp.owners...)
+			}
 			continue // no address in this family
 		}
-		cp := cc.parts[sp.Name]
 		if cp == nil || !cp.claims.equal(won) || !cp.in.Equal(sp) {
+			old := cp
 			cp = c.servicePort(sp, won)
+			if old != nil {
+				for _, o := range old.owners {
+					if !slices.Contains(cp.owners, o) {
+						dropped = append(dropped, o)
+					}
+				}
+			}
 		}
-		next[sp.Name] = cp
-		for _, o := range cp.owners {
-			live[o] = true
-		}
+		next = append(next, cp)
 		for _, pg := range cp.pages {
 			pages[pg] = true
 		}
 		parts = append(parts, cp.part)
 	}
+	for ; j < len(prev); j++ {
+		dropped = append(dropped, prev[j].owners...)
+	}
 	cc.parts = next
-	cc.slots.retain(live)
+	cc.slots.drop(dropped)
+	if prev == nil {
+		// after a node change, parts were compiled anew without the old ones' owners
+		live := map[model.ServicePortName]bool{}
+		for _, cp := range next {
+			for _, o := range cp.owners {
+				live[o] = true
+			}
+		}
+		cc.slots.retain(live)
+	}
 	rs := c.finish(pages)
 	rs.Parts = parts
 	return rs, c.problems
@@ -184,23 +217,40 @@ type compiler struct {
 
 // claim takes the frontends and node port of sp that no earlier service port has; ok is
 // false when sp has no cluster IP in this family (it is then not programmed at all).
-func (c *compiler) claim(sp *model.ServicePort) (won claims, ok bool) {
-	clusterIPs := model.AddrsOf(sp.ClusterIPs, c.v6)
-	if len(clusterIPs) == 0 {
+// When the result equals prev's claims, prev's are returned (no allocation).
+func (c *compiler) claim(sp *model.ServicePort, prev *compiledPart) (won claims, ok bool) {
+	has := false
+	for _, ip := range sp.ClusterIPs {
+		has = has || ip.Is6() == c.v6
+	}
+	if !has {
 		return won, false
 	}
-	for _, ip := range clusterIPs {
-		if c.claimFrontend(sp.Name, ip, sp.Port) {
-			won.internal = append(won.internal, ip)
+	var ib, eb [4]netip.Addr
+	internal, external := ib[:0], eb[:0]
+	for _, ip := range sp.ClusterIPs {
+		if ip.Is6() == c.v6 && c.claimFrontend(sp.Name, ip, sp.Port) {
+			internal = append(internal, ip)
 		}
 	}
-	for _, ip := range append(model.AddrsOf(sp.ExternalIPs, c.v6), model.AddrsOf(sp.LoadBalancerIPs, c.v6)...) {
-		if c.claimFrontend(sp.Name, ip, sp.Port) {
-			won.external = append(won.external, ip)
+	for _, ips := range [2][]netip.Addr{sp.ExternalIPs, sp.LoadBalancerIPs} {
+		for _, ip := range ips {
+			if ip.Is6() == c.v6 && c.claimFrontend(sp.Name, ip, sp.Port) {
+				external = append(external, ip)
+			}
 		}
 	}
 	if sp.NodePort != 0 && c.claimNodePort(sp.Name, sp.NodePort) {
 		won.nodePort = sp.NodePort
+	}
+	if prev != nil && slices.Equal(prev.claims.internal, internal) && slices.Equal(prev.claims.external, external) && prev.claims.nodePort == won.nodePort {
+		return prev.claims, true
+	}
+	if len(internal) > 0 {
+		won.internal = slices.Clone(internal)
+	}
+	if len(external) > 0 {
+		won.external = slices.Clone(external)
 	}
 	return won, true
 }

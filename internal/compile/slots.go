@@ -56,6 +56,16 @@ func (s *Slots) base(sp model.ServicePortName, n int) uint32 {
 	return r.start * slotBlock
 }
 
+// drop frees the ranges of the given owners.
+func (s *Slots) drop(owners []model.ServicePortName) {
+	for _, o := range owners {
+		if r, ok := s.owned[o]; ok {
+			s.release(r)
+			delete(s.owned, o)
+		}
+	}
+}
+
 // retain frees the ranges of every service port not in keep.
 func (s *Slots) retain(keep map[model.ServicePortName]bool) {
 	for sp, r := range s.owned {

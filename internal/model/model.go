@@ -191,7 +191,13 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 		sp.HealthCheckNodePort == o.HealthCheckNodePort && sp.AffinityTimeout == o.AffinityTimeout &&
 		slices.Equal(sp.ClusterIPs, o.ClusterIPs) && slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(sp.SourceRanges, o.SourceRanges) &&
-		slices.EqualFunc(sp.Endpoints, o.Endpoints, Endpoint.Equal)
+		(same(sp.Endpoints, o.Endpoints) || slices.EqualFunc(sp.Endpoints, o.Endpoints, Endpoint.Equal))
+}
+
+// same reports whether a and b are the same slice (same array, same length): equal
+// without looking at the elements.
+func same[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // Equal reports whether two endpoints are the same in every field.

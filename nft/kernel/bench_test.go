@@ -29,7 +29,7 @@ func services(n, eps int) []model.ServicePort {
 func BenchmarkColdApply(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d/endpoints=10", n), func(b *testing.B) {
-			rs, _ := compile.Compile(&model.Snapshot{Services: services(n, 10)}, cfg(), compile.NewSlots())
+			rs, _ := compile.NewCompiler(cfg(), compile.NewSlots()).Compile(&model.Snapshot{Services: services(n, 10)})
 			for b.Loop() {
 				b.StopTimer()
 				ns := testnetns.New(b)
@@ -47,15 +47,16 @@ func BenchmarkColdApply(b *testing.B) {
 }
 
 // BenchmarkOneChange is the steady state: one endpoint added to one service with n
-// services present; compile + diff + kernel write.
+// services present; compile + diff + kernel write, as the proxy does it (incremental
+// compiler, parts diffed by identity).
 func BenchmarkOneChange(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			ns := testnetns.New(b)
 			a := kernel.New(kernel.WithNetNS(ns.FD))
-			slots := compile.NewSlots()
+			cc := compile.NewCompiler(cfg(), compile.NewSlots())
 			snap := &model.Snapshot{Services: services(n, 10)}
-			rs, _ := compile.Compile(snap, cfg(), slots)
+			rs, _ := cc.Compile(snap)
 			if _, err := a.Apply(rs); err != nil {
 				b.Fatal(err)
 			}
@@ -65,7 +66,7 @@ func BenchmarkOneChange(b *testing.B) {
 			for b.Loop() {
 				i++
 				target.Endpoints = append(base[:10:10], model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 250, byte(i / 256), byte(i)}), Port: 8080, Ready: true, Serving: true})
-				rs, _ := compile.Compile(snap, cfg(), slots)
+				rs, _ := cc.Compile(snap)
 				st, err := a.Apply(rs)
 				if err != nil {
 					b.Fatal(err)
