@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"sync"
 	"time"
 
@@ -89,7 +90,7 @@ type Proxy struct {
 	nodes       corelisters.NodeLister
 	cidrs       networkinglisters.ServiceCIDRLister // nil when the API has no ServiceCIDRs
 
-	slots     map[nft.Family]*compile.Slots
+	pipeline  *pipeline
 	prevSnap  *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
 	healthErr string                 // last health-check server error, logged once
 	reported  map[model.Problem]bool // problems already logged, so each is logged once
@@ -115,7 +116,7 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	}
 	p := &Proxy{
 		cfg: cfg, log: log, client: client, dataplane: dp,
-		slots:    map[nft.Family]*compile.Slots{},
+		pipeline: &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
 		reported: map[model.Problem]bool{},
 	}
 	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod, max(cfg.MinSyncPeriod, time.Second), nil)
@@ -320,7 +321,7 @@ func (p *Proxy) compile() (*model.Snapshot, []*nft.Ruleset, error) {
 		}
 		cfg.ServiceCIDRs = serviceCIDRs(objs)
 	}
-	snap, rulesets, problems, err := Compile(cfg, p.slots, svcs, slices, node)
+	snap, rulesets, problems, err := p.pipeline.compile(cfg, svcs, slices, node)
 	p.report(problems)
 	return snap, rulesets, err
 }
@@ -329,13 +330,47 @@ func (p *Proxy) compile() (*model.Snapshot, []*nft.Ruleset, error) {
 var Families = []nft.Family{nft.IPv4, nft.IPv6}
 
 // Compile turns API objects into the ruleset of every family. slots holds one allocator
-// per family (see compile.Slots); problems lists bad input that was skipped.
+// per family (see compile.Slots); problems lists bad input that was skipped. The
+// rulesets are flat (no parts): this is the pure form of what a running Proxy compiles
+// incrementally.
 func Compile(cfg Config, slots map[nft.Family]*compile.Slots, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	snap, problems := model.Build(svcs, slices, node)
+	pl := &pipeline{slots: slots}
+	snap, rulesets, problems, err := pl.compile(cfg, svcs, slices, node)
+	for i, rs := range rulesets {
+		rulesets[i] = rs.Flatten()
+	}
+	return snap, rulesets, problems, err
+}
+
+// pipeline compiles API objects into rulesets, incrementally when it keeps a model cache
+// and compilers between calls: a service whose objects did not change costs pointer
+// comparisons, and its ruleset part is the same as last time (see nft.Part).
+type pipeline struct {
+	models    *model.Cache // nil: build from scratch
+	slots     map[nft.Family]*compile.Slots
+	compilers map[nft.Family]*compiler
+}
+
+type compiler struct {
+	cfg compile.Config
+	c   *compile.Compiler
+}
+
+func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	var snap *model.Snapshot
+	var problems []model.Problem
+	if pl.models != nil {
+		snap, problems = pl.models.Build(svcs, slices, node)
+	} else {
+		snap, problems = model.Build(svcs, slices, node)
+	}
 	snap.ServiceCIDRs = cfg.ServiceCIDRs
 	npAddrs, allLocal, err := nodePortAddrs(cfg, snap.Node)
 	if err != nil {
 		return nil, nil, problems, err
+	}
+	if pl.compilers == nil {
+		pl.compilers = map[nft.Family]*compiler{}
 	}
 	var out []*nft.Ruleset
 	for _, fam := range Families {
@@ -351,10 +386,15 @@ func Compile(cfg Config, slots map[nft.Family]*compile.Slots, svcs []*v1.Service
 				cc.ClusterCIDR = c
 			}
 		}
-		if slots[fam] == nil {
-			slots[fam] = compile.NewSlots()
+		if pl.slots[fam] == nil {
+			pl.slots[fam] = compile.NewSlots()
 		}
-		rs, conflicts := compile.Compile(snap, cc, slots[fam])
+		c := pl.compilers[fam]
+		if c == nil || !reflect.DeepEqual(c.cfg, cc) {
+			c = &compiler{cfg: cc, c: compile.NewCompiler(cc, pl.slots[fam])}
+			pl.compilers[fam] = c
+		}
+		rs, conflicts := c.c.Compile(snap)
 		problems = append(problems, conflicts...)
 		out = append(out, rs)
 	}
