@@ -749,6 +749,9 @@ func ruleKey(r RuleState) string {
 				if allZero(val) && !keepZero(e.Name, t) {
 					continue // absent and zero mean the same to the kernel
 				}
+				if isRegister(e.Name, t) {
+					val = binary.BigEndian.AppendUint32(nil, reg32(be32(val)))
+				}
 				if isData(e.Name, t) {
 					fmt.Fprintf(&b, "%d=%s;", t, dataString(val))
 					continue
@@ -760,6 +763,41 @@ func ruleKey(r RuleState) string {
 	}
 	fmt.Fprintf(&b, "udata=%x", r.UserData)
 	return b.String()
+}
+
+// isRegister reports whether an expression attribute names a register.
+func isRegister(expr string, attr uint16) bool {
+	regs := map[string][]uint16{
+		"payload":   {unix.NFTA_PAYLOAD_DREG, unix.NFTA_PAYLOAD_SREG},
+		"meta":      {unix.NFTA_META_DREG, unix.NFTA_META_SREG},
+		"ct":        {unix.NFTA_CT_DREG, unix.NFTA_CT_SREG},
+		"cmp":       {unix.NFTA_CMP_SREG},
+		"bitwise":   {unix.NFTA_BITWISE_SREG, unix.NFTA_BITWISE_DREG},
+		"lookup":    {unix.NFTA_LOOKUP_SREG, unix.NFTA_LOOKUP_DREG},
+		"immediate": {unix.NFTA_IMMEDIATE_DREG},
+		"numgen":    {unix.NFTA_NG_DREG},
+		"fib":       {unix.NFTA_FIB_DREG},
+		"nat":       {unix.NFTA_NAT_REG_ADDR_MIN, unix.NFTA_NAT_REG_ADDR_MAX, unix.NFTA_NAT_REG_PROTO_MIN, unix.NFTA_NAT_REG_PROTO_MAX},
+		"masq":      {unix.NFTA_MASQ_REG_PROTO_MIN, unix.NFTA_MASQ_REG_PROTO_MAX},
+		"dynset":    {unix.NFTA_DYNSET_SREG_KEY, unix.NFTA_DYNSET_SREG_DATA},
+	}
+	return slices.Contains(regs[expr], attr)
+}
+
+// reg32 is a register number as the index of a 32-bit register. The kernel stores
+// registers that way and dumps one that starts a 16-byte register by the 16-byte name:
+// NFT_REG32_04 (12), where an IPv6 concatenation's second field goes, reads back as
+// NFT_REG_2 (2).
+func reg32(r uint32) uint32 {
+	switch {
+	case r == 0: // the verdict register
+		return 0
+	case r <= 4: // NFT_REG_1 … NFT_REG_4
+		return r * 4
+	case r >= reg32base:
+		return r - reg32base + 4
+	}
+	return r
 }
 
 // isData reports whether an expression attribute holds nested NFTA_DATA_* attributes,
