@@ -98,6 +98,8 @@ type Proxy struct {
 	mu           sync.Mutex
 	status       Status
 	repairReason string // a full rewrite was requested (RequestRepair); "" if not
+
+	lastFull time.Time // end of the last sync that rewrote the whole table (sync goroutine only)
 }
 
 // Status is the proxy's sync state, for health checks. (Metrics go to Config.Metrics.)
@@ -199,8 +201,14 @@ func (p *Proxy) Run(ctx context.Context) error {
 	return nil
 }
 
-// sync programs the kernel from the informer caches. periodic syncs rewrite the whole
-// table to correct any drift.
+// FullSyncPeriod is how often a periodic sync rewrites the whole table even though
+// nothing asked for it, as upstream's nftables mode does (its FullSyncPeriod). Drift in
+// between is found by the netlink monitor, which asks for a rewrite (RequestRepair).
+const FullSyncPeriod = time.Hour
+
+// sync programs the kernel from the informer caches. Syncs send only what changed since
+// the last one; a periodic sync rewrites the whole table once every FullSyncPeriod, and
+// a repair request at once.
 func (p *Proxy) sync(periodic bool) error {
 	start := time.Now()
 	p.cfg.Metrics.SyncStarted()
@@ -211,10 +219,12 @@ func (p *Proxy) sync(periodic bool) error {
 
 	snap, rulesets, err := p.compile()
 	if err == nil {
-		if repair := p.takeRepair(); periodic || repair != "" {
-			if repair != "" {
-				p.log.Info("Rewriting the whole table", "reason", repair)
-			}
+		repair := p.takeRepair()
+		if periodic && repair == "" && !p.lastFull.IsZero() && time.Since(p.lastFull) >= FullSyncPeriod {
+			repair = "periodic full sync"
+		}
+		if repair != "" {
+			p.log.Info("Rewriting the whole table", "reason", repair)
 			p.dataplane.Resync()
 		}
 		var st kernel.Stats
@@ -222,6 +232,9 @@ func (p *Proxy) sync(periodic bool) error {
 		if err == nil {
 			p.log.V(2).Info("Synced", "services", len(snap.Services), "full", st.Full, "messages", st.Messages,
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start))
+			if st.Full {
+				p.lastFull = time.Now()
+			}
 			p.cleanConntrack(snap)
 			p.syncHealthChecks(snap)
 			p.cfg.Metrics.SyncDone(st.Full, time.Since(start), st.Kernel)

@@ -92,6 +92,11 @@ func slice(svc, name string, addrs ...string) *discovery.EndpointSlice {
 
 func startProxy(t *testing.T, dp *fakeDataplane, objs ...any) (*fake.Clientset, *Proxy) {
 	t.Helper()
+	return startProxyEvery(t, dp, time.Hour, objs...)
+}
+
+func startProxyEvery(t *testing.T, dp *fakeDataplane, syncPeriod time.Duration, objs ...any) (*fake.Clientset, *Proxy) {
+	t.Helper()
 	client := fake.NewClientset()
 	ctx, cancel := context.WithCancel(context.Background())
 	for _, o := range objs {
@@ -106,7 +111,7 @@ func startProxy(t *testing.T, dp *fakeDataplane, objs ...any) (*fake.Clientset, 
 			t.Fatal(err)
 		}
 	}
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour}, logr.Discard())
+	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: syncPeriod}, logr.Discard())
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -229,4 +234,20 @@ func TestStaleUDPConntrackIsDeleted(t *testing.T) {
 	if ct.matches("10.96.0.53", "10.244.1.3") {
 		t.Error("entries to the new endpoint would be deleted too")
 	}
+}
+
+// TestPeriodicSyncsAreIncremental: periodic syncs (every --sync-period) send only changes;
+// the whole table is rewritten when a repair is requested (the netlink monitor does).
+func TestPeriodicSyncsAreIncremental(t *testing.T) {
+	dp := &fakeDataplane{}
+	_, p := startProxyEvery(t, dp, 20*time.Millisecond, service("a", "10.96.0.1"), slice("a", "a-1", "10.244.1.2"))
+	waitFor(t, "five periodic syncs", func() bool { dp.mu.Lock(); defer dp.mu.Unlock(); return len(dp.applied) >= 5 })
+	dp.mu.Lock()
+	resyncs := dp.resyncs
+	dp.mu.Unlock()
+	if resyncs != 0 {
+		t.Fatalf("periodic syncs rewrote the table %d times, want 0 within FullSyncPeriod", resyncs)
+	}
+	p.RequestRepair("test: table tampered with")
+	waitFor(t, "the repair's full rewrite", func() bool { dp.mu.Lock(); defer dp.mu.Unlock(); return dp.resyncs == 1 })
 }

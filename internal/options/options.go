@@ -66,7 +66,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.BoolVar(&o.MasqueradeAll, "masquerade-all", false, "SNAT all traffic sent via Service cluster IPs.")
 	fs.Int32Var(&o.MasqueradeBit, "iptables-masquerade-bit", 14, "The bit of the packet mark (0-31) used to mark packets for masquerading, as kube-proxy's iptables and nftables modes.")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "The minimum period between syncs of the ruleset to the kernel; changes within it are batched.")
-	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "An interval at which the whole ruleset is rewritten even without changes, correcting drift.")
+	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "An interval at which the proxy syncs even without changes (a no-op when nothing changed); the whole table is rewritten once an hour, and at once when the netlink monitor sees it altered.")
 	fs.DurationVar(&o.MinSyncPeriod, "iptables-min-sync-period", time.Second, "kube-proxy's name for --min-sync-period.")
 	fs.DurationVar(&o.SyncPeriod, "iptables-sync-period", 30*time.Second, "kube-proxy's name for --sync-period.")
 	fs.DurationVar(&o.MinSyncPeriod, "nftables-min-sync-period", time.Second, "Same as --min-sync-period.")
