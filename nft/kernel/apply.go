@@ -259,6 +259,9 @@ func fingerprint(s *nft.Set, e nft.Element, key []byte) string {
 type elemDelta struct {
 	st     *state
 	before map[string]map[string]*refElem // set → key → a copy of the entry before (nil: absent)
+	// fresh: st starts empty and every set is created anew, so nothing is tracked in
+	// before: the elements are in st.elems, each once
+	fresh bool
 }
 
 func (d *elemDelta) touch(set, key string) map[string]*refElem {
@@ -266,6 +269,9 @@ func (d *elemDelta) touch(set, key string) map[string]*refElem {
 	if m == nil {
 		m = map[string]*refElem{}
 		d.st.elems[set] = m
+	}
+	if d.fresh {
+		return m
 	}
 	bm := d.before[set]
 	if bm == nil {
@@ -363,7 +369,7 @@ func sameSetDefs(prev *state, rs *nft.Ruleset) bool {
 // diffFull rewrites every object of cur that prev does not know the content of: prev
 // holds only names (from the kernel, or from a state that had to be given up).
 func diffFull(b *batch, prev, cur *state, st *Stats) error {
-	d := &elemDelta{st: cur, before: map[string]map[string]*refElem{}}
+	d := &elemDelta{st: cur, fresh: true}
 	pl := &plan{recreated: map[string]bool{}}
 	setsOf := func(rs *nft.Ruleset) []*nft.Set {
 		out := append([]*nft.Set(nil), rs.Sets...)
@@ -646,10 +652,23 @@ func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats
 	for name := range d.before {
 		setNames = append(setNames, name)
 	}
-	slices.Sort(setNames)
 	del := map[string][]nft.Element{}
 	add := map[string][]nft.Element{}
+	if d.fresh { // every element is new
+		for name, m := range d.st.elems {
+			setNames = append(setNames, name)
+			es := make([]nft.Element, 0, len(m))
+			for _, e := range m {
+				es = append(es, e.elem)
+			}
+			add[name] = es
+		}
+	}
+	slices.Sort(setNames)
 	for _, name := range setNames {
+		if d.fresh {
+			break
+		}
 		now := d.st.elems[name]
 		for k, was := range d.before[name] {
 			is := now[k]
