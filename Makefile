@@ -34,8 +34,13 @@ e2e:
 demo: deps
 	$(GO) run ./e2e/demo
 
-bench:
+# Go benchmarks, then the side-by-side suite (e2e/bench): nftproxy and kube-proxy v1.37.0
+# (nftables and iptables mode) on one local cluster, about an hour at full size; writes
+# docs/bench/results.{json,md} and chart.png. Its N=100 smoke runs within `make e2e`.
+BENCH_SIZES ?= 1000,10000,30000
+bench: deps
 	NFTPROXY_KERNEL_TESTS=1 $(GO) test -run '^$$' -bench . -benchmem -count=1 ./internal/compile/ ./nft/kernel/
+	NFTPROXY_BENCH=1 BENCH_SIZES=$(BENCH_SIZES) $(GO) test -count=1 -timeout 150m -v -run '^TestSideBySide$$' ./e2e/bench/
 
 clean:
 	rm -rf $(BIN)

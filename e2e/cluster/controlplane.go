@@ -44,7 +44,7 @@ func e2eDir() string {
 	return filepath.Dir(filepath.Dir(file))
 }
 
-func (c *Cluster) startControlPlane(ctx context.Context, etcdBin, apiserverBin string) error {
+func (c *Cluster) startControlPlane(ctx context.Context, etcdBin, apiserverBin string, cfg Config) error {
 	pki := filepath.Join(c.WorkDir, "pki")
 	if err := os.MkdirAll(pki, 0o700); err != nil {
 		return err
@@ -59,9 +59,13 @@ func (c *Cluster) startControlPlane(ctx context.Context, etcdBin, apiserverBin s
 		return err
 	}
 
+	etcdData := cfg.EtcdDataDir
+	if etcdData == "" {
+		etcdData = filepath.Join(c.WorkDir, "etcd")
+	}
 	etcd, err := c.StartProcess(c.NodeNS, "etcd", etcdBin,
 		"--name=default",
-		"--data-dir="+filepath.Join(c.WorkDir, "etcd"),
+		"--data-dir="+etcdData,
 		"--listen-client-urls=http://127.0.0.1:2379",
 		"--advertise-client-urls=http://127.0.0.1:2379",
 		"--listen-peer-urls=http://127.0.0.1:2380",
@@ -72,20 +76,21 @@ func (c *Cluster) startControlPlane(ctx context.Context, etcdBin, apiserverBin s
 	if err != nil {
 		return err
 	}
-	apiserver, err := c.StartProcess(c.NodeNS, "kube-apiserver", apiserverBin,
-		"--advertise-address="+c.NodeIP.String(),
+	apiserverArgs := []string{apiserverBin,
+		"--advertise-address=" + c.NodeIP.String(),
 		"--bind-address=0.0.0.0",
 		fmt.Sprintf("--secure-port=%d", apiserverPort),
 		"--etcd-servers=http://127.0.0.1:2379",
-		"--service-cluster-ip-range="+c.ServiceCIDR.String()+","+c.ServiceCIDRv6.String(),
+		"--service-cluster-ip-range=" + c.ServiceCIDR.String() + "," + c.ServiceCIDRv6.String(),
 		"--endpoint-reconciler-type=none",
 		"--authorization-mode=Node,RBAC",
-		"--token-auth-file="+tokenFile,
-		"--cert-dir="+pki,
-		"--service-account-key-file="+saKey,
-		"--service-account-signing-key-file="+saKey,
+		"--token-auth-file=" + tokenFile,
+		"--cert-dir=" + pki,
+		"--service-account-key-file=" + saKey,
+		"--service-account-signing-key-file=" + saKey,
 		"--service-account-issuer=https://kubernetes.default.svc",
-	)
+	}
+	apiserver, err := c.StartProcess(c.NodeNS, "kube-apiserver", append(apiserverArgs, cfg.APIServerArgs...)...)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,968 @@
+// Package bench is the side-by-side benchmark of issue 5: nftproxy and upstream
+// kube-proxy (nftables and iptables mode) on the same local netns cluster (e2e/cluster)
+// in the same run, with real packets. See README.md in this directory.
+//
+//	NFTPROXY_BENCH=1 go test ./e2e/bench/ -run 'TestSideBySide$' -timeout 120m -v
+//
+// For each size N (services already in the API, 10 endpoints each) every proxy is
+// started alone on the node and measured: cold start, the kernel footprint, one change
+// at scale (an added service, an endpoint change) seen by packets, the data path
+// (connections per second to a ClusterIP against the endpoint's pod IP) and, at one N,
+// endpoint churn. Between proxies the rules are removed with the proxy's own --cleanup
+// and the node's ruleset is checked to be empty.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/cluster"
+)
+
+// Options configure RunSuite.
+type Options struct {
+	Sizes        []int // service counts, ascending; 10 endpoints each (Endpoints)
+	Endpoints    int
+	SmallSize    int // extra small N (before Sizes) for the data path; 0: none
+	BigSize      int // nftproxy alone at BigSize × BigEndpoints after the sweep; 0: none
+	BigEndpoints int
+	ChurnSize    int // N at which churn runs (must be one of Sizes); 0: none
+	ChurnRate    int // endpoint changes per second
+	ChurnFor     time.Duration
+	Repeats      int           // one-change repetitions per kind
+	DataPathFor  time.Duration // per load-client run
+	DataPathConc int           // load-client parallel loops
+	Bound        time.Duration // gives up on a cold start after this long ("> bound")
+	Samples      int           // ClusterIPs probed per cold start (first and last included)
+	Proxies      []string      // subset of proxy names; empty: all three
+	Logf         func(format string, args ...any)
+}
+
+// Results is what the suite writes to results.json.
+type Results struct {
+	Started  time.Time `json:"started"`
+	Seconds  float64   `json:"seconds"`
+	Host     Host      `json:"host"`
+	Options  Opts      `json:"options"`
+	Populate []Pop     `json:"populate"`
+	Runs     []*Run    `json:"runs"`
+	Ratios   []Ratio   `json:"ratios"`
+	Notes    []string  `json:"notes"`
+}
+
+// Host describes the machine.
+type Host struct {
+	CPUs      int    `json:"cpus"`
+	Kernel    string `json:"kernel"`
+	Commit    string `json:"nftproxy_commit"`
+	KubeProxy string `json:"kube_proxy"`
+	Nft       string `json:"nft"`
+	Iptables  string `json:"iptables"`
+}
+
+// Opts is the JSON form of Options.
+type Opts struct {
+	Sizes        []int   `json:"sizes"`
+	Endpoints    int     `json:"endpoints_per_service"`
+	SmallSize    int     `json:"small_size"`
+	BigSize      int     `json:"big_size"`
+	BigEndpoints int     `json:"big_endpoints_per_service"`
+	ChurnSize    int     `json:"churn_size"`
+	ChurnRate    int     `json:"churn_rate_per_s"`
+	ChurnSeconds float64 `json:"churn_seconds"`
+	Repeats      int     `json:"one_change_repeats"`
+	BoundSeconds float64 `json:"bound_seconds"`
+}
+
+// Pop records how long writing the API objects took.
+type Pop struct {
+	N         int     `json:"n"`
+	Endpoints int     `json:"endpoints_per_service"`
+	Objects   int     `json:"objects_written"`
+	Seconds   float64 `json:"seconds"`
+}
+
+// Run is one proxy at one size.
+type Run struct {
+	Proxy          string     `json:"proxy"`
+	N              int        `json:"n"`
+	Endpoints      int        `json:"endpoints_per_service"`
+	ColdStart      *ColdStart `json:"cold_start,omitempty"`
+	Footprint      *Footprint `json:"footprint,omitempty"`
+	AddService     *Latency   `json:"add_service,omitempty"`
+	EndpointChange *Latency   `json:"endpoint_change,omitempty"`
+	Churn          *Churn     `json:"churn,omitempty"`
+	DataPath       *DataPath  `json:"data_path,omitempty"`
+	Residue        string     `json:"cleanup_residue,omitempty"` // what --cleanup left (flushed by the suite)
+	CleanupSeconds float64    `json:"cleanup_seconds"`
+	Skipped        string     `json:"skipped,omitempty"`
+	Errors         []string   `json:"errors,omitempty"`
+}
+
+// ColdStart times a proxy started with N services in the API; seconds from the start of
+// the process. Zero values were not reached (see TimedOut).
+type ColdStart struct {
+	InformersSynced float64 `json:"informers_synced_s"` // log line
+	FirstSync       float64 `json:"first_sync_s"`       // kubeproxy_sync_proxy_rules_last_timestamp_seconds
+	AllProgrammed   float64 `json:"all_programmed_s"`   // every sampled ClusterIP answered
+	Sampled         int     `json:"sampled"`
+	Answered        int     `json:"answered"`
+	TimedOut        bool    `json:"timed_out"`
+	BoundSeconds    float64 `json:"bound_s"`
+}
+
+// Latency summarizes repeated one-change measurements (milliseconds).
+type Latency struct {
+	Samples  int     `json:"samples"`
+	Failed   int     `json:"failed"`
+	P50      float64 `json:"p50_ms"` // API write → first answer seeing the change
+	P99      float64 `json:"p99_ms"`
+	Max      float64 `json:"max_ms"`
+	KernelMS float64 `json:"kernel_p50_ms"` // the proxy's kernel metric (kube-proxy: whole sync), per sync
+	SyncMS   float64 `json:"sync_p50_ms"`   // kubeproxy_sync_proxy_rules_duration_seconds, per sync
+}
+
+// Churn is endpoint churn at one N.
+type Churn struct {
+	Rate           int     `json:"rate_per_s"`
+	Seconds        float64 `json:"seconds"`
+	Written        int     `json:"written"`
+	WriteErrors    int     `json:"write_errors"`
+	ProgP50        float64 `json:"programming_p50_s"` // kubeproxy_network_programming_duration_seconds delta
+	ProgP99        float64 `json:"programming_p99_s"`
+	ProgCount      float64 `json:"programming_observations"`
+	PacketSamples  int     `json:"packet_samples"`
+	PacketFailed   int     `json:"packet_failed"`
+	PacketP50      float64 `json:"packet_p50_ms"`
+	PacketP99      float64 `json:"packet_p99_ms"`
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	CPUPercent     float64 `json:"cpu_percent"` // of one core over the churn window
+	PeakRSSMiB     float64 `json:"peak_rss_mib"`
+	RSSMiB         float64 `json:"rss_mib"`
+	SyncsInWindow  float64 `json:"syncs"`
+	SyncP50Seconds float64 `json:"sync_p50_s"`
+}
+
+// DataPath compares a ClusterIP with its only endpoint's pod IP.
+type DataPath struct {
+	ClusterIP Load `json:"cluster_ip"`
+	PodIP     Load `json:"pod_ip"`
+}
+
+// Load is loadclient's output.
+type Load struct {
+	Addr        string  `json:"addr"`
+	Seconds     float64 `json:"seconds"`
+	Concurrency int     `json:"concurrency"`
+	OK          int     `json:"ok"`
+	Failed      int     `json:"failed"`
+	PerSecond   float64 `json:"per_second"`
+	P50Millis   float64 `json:"p50_ms"`
+	P99Millis   float64 `json:"p99_ms"`
+	MaxMillis   float64 `json:"max_ms"`
+	FirstError  string  `json:"first_error,omitempty"`
+}
+
+// Ratio is upstream's value over nftproxy's for one metric at one N.
+type Ratio struct {
+	Metric   string  `json:"metric"`
+	N        int     `json:"n"`
+	Upstream string  `json:"upstream"`
+	Ratio    float64 `json:"ratio"` // upstream / nftproxy
+	Note     string  `json:"note,omitempty"`
+}
+
+// suite is one run's state.
+type suite struct {
+	o       Options
+	c       *cluster.Cluster
+	a       *api
+	proxies []Proxy
+	pods    []*cluster.Pod // backends
+	alt     [2]*cluster.Pod
+	client  *cluster.Pod
+	pool    *nsPool
+	loadBin string
+	res     *Results
+	failed  map[string]bool // proxy timed out at a smaller N
+	logf    func(string, ...any)
+}
+
+// Binaries are what RunSuite needs besides the cluster.
+type Binaries struct {
+	Nftproxy, KubeProxy, LoadClient string
+}
+
+// RunSuite runs the suite on c (a fresh cluster) and returns the results. Errors of single
+// measurements are recorded in the runs; an error is returned only when the suite
+// cannot go on.
+func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options) (*Results, error) {
+	start := time.Now()
+	s := &suite{o: o, c: c, loadBin: bins.LoadClient, failed: map[string]bool{}, logf: o.Logf}
+	if s.logf == nil {
+		s.logf = func(string, ...any) {}
+	}
+	for _, p := range Proxies(bins.Nftproxy, bins.KubeProxy) {
+		if len(o.Proxies) == 0 || slices.Contains(o.Proxies, p.Name) {
+			s.proxies = append(s.proxies, p)
+		}
+	}
+	s.res = &Results{Started: start, Host: hostInfo(ctx, bins), Options: Opts{
+		Sizes: o.Sizes, Endpoints: o.Endpoints, SmallSize: o.SmallSize, BigSize: o.BigSize, BigEndpoints: o.BigEndpoints,
+		ChurnSize: o.ChurnSize, ChurnRate: o.ChurnRate, ChurnSeconds: o.ChurnFor.Seconds(), Repeats: o.Repeats,
+		BoundSeconds: o.Bound.Seconds(),
+	}}
+	if err := s.setup(ctx); err != nil {
+		return nil, err
+	}
+	defer s.pool.Close()
+
+	sizes := slices.Clone(o.Sizes)
+	if o.SmallSize > 0 {
+		sizes = append([]int{o.SmallSize}, sizes...)
+	}
+	have := 0
+	maxN := slices.Max(o.Sizes)
+	for _, n := range sizes {
+		if err := s.grow(ctx, have, n, o.Endpoints); err != nil {
+			return s.res, err
+		}
+		have = n
+		for _, p := range s.proxies {
+			r := &Run{Proxy: p.Name, N: n, Endpoints: o.Endpoints}
+			s.res.Runs = append(s.res.Runs, r)
+			if s.failed[p.Name] {
+				r.Skipped = "cold start exceeded the bound at a smaller N"
+				continue
+			}
+			opts := runOpts{
+				oneChange: true,
+				dataPath:  n == o.SmallSize || n == maxN,
+				churn:     n == o.ChurnSize,
+			}
+			if err := s.runProxy(ctx, p, r, opts); err != nil {
+				return s.res, err
+			}
+		}
+	}
+	if o.BigSize > 0 && o.BigSize > have {
+		ep := o.BigEndpoints
+		s.logf("bench: reshaping %d services to %d endpoints", have, ep)
+		t0 := time.Now()
+		if err := s.a.reshape(ctx, 0, have, ep); err != nil {
+			return s.res, fmt.Errorf("reshape: %w", err)
+		}
+		s.res.Populate = append(s.res.Populate, Pop{N: have, Endpoints: ep, Objects: have, Seconds: time.Since(t0).Seconds()})
+		if err := s.grow(ctx, have, o.BigSize, ep); err != nil {
+			return s.res, err
+		}
+		for _, p := range s.proxies {
+			if p.Mode != "" {
+				continue // nftproxy alone
+			}
+			r := &Run{Proxy: p.Name, N: o.BigSize, Endpoints: ep}
+			s.res.Runs = append(s.res.Runs, r)
+			if err := s.runProxy(ctx, p, r, runOpts{oneChange: true}); err != nil {
+				return s.res, err
+			}
+		}
+	}
+	s.res.Ratios = ratios(s.res.Runs)
+	s.res.Notes = notes()
+	s.res.Seconds = time.Since(start).Seconds()
+	return s.res, nil
+}
+
+func (s *suite) setup(ctx context.Context) error {
+	c := s.c
+	need := max(s.o.Endpoints, s.o.BigEndpoints)
+	for i := range need {
+		p, err := c.AddPod(ctx, fmt.Sprintf("web-%d", i+1))
+		if err != nil {
+			return err
+		}
+		s.pods = append(s.pods, p)
+	}
+	for i := range s.alt {
+		p, err := c.AddPod(ctx, fmt.Sprintf("alt-%d", i+1))
+		if err != nil {
+			return err
+		}
+		s.alt[i] = p
+	}
+	var err error
+	if s.client, err = c.AddPod(ctx, "client"); err != nil {
+		return err
+	}
+	if s.pool, err = newNSPool(s.client.NS, 80); err != nil {
+		return err
+	}
+	if s.a, err = newAPI(c, s.pods); err != nil {
+		return err
+	}
+	if err := s.a.ensureNamespace(ctx); err != nil {
+		return err
+	}
+	if _, err := ensureEmptyRuleset(ctx, c); err != nil {
+		return fmt.Errorf("node ruleset before the first run: %w", err)
+	}
+	return nil
+}
+
+// grow creates services [from, to).
+func (s *suite) grow(ctx context.Context, from, to, eps int) error {
+	if to <= from {
+		return nil
+	}
+	t0 := time.Now()
+	if err := s.a.populate(ctx, from, to, eps); err != nil {
+		return fmt.Errorf("populate %d..%d: %w", from, to, err)
+	}
+	d := time.Since(t0)
+	s.res.Populate = append(s.res.Populate, Pop{N: to, Endpoints: eps, Objects: 2 * (to - from), Seconds: d.Seconds()})
+	s.logf("bench: %d services in the API (+%d services and slices in %v, %.0f objects/s)", to, to-from,
+		d.Round(time.Millisecond), float64(2*(to-from))/d.Seconds())
+	return nil
+}
+
+type runOpts struct{ oneChange, dataPath, churn bool }
+
+// runProxy measures one proxy at the current size, then stops it and removes its rules.
+// Its error is fatal for the suite (the node could not be cleaned).
+func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error {
+	c := s.c
+	n := r.N
+	s.logf("bench: === %s at N=%d", p.Name, n)
+	logName := fmt.Sprintf("%s-%d", p.Name, n)
+	t0 := time.Now()
+	proc, err := c.StartProcess(c.NodeNS, logName, p.args(c)...)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if proc.Running() {
+			proc.Stop()
+		}
+	}()
+	cs := s.coldStart(ctx, p, proc, n, t0)
+	r.ColdStart = cs
+	s.logf("bench: %s N=%d cold start: informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
+		p.Name, n, cs.InformersSynced, cs.FirstSync, cs.AllProgrammed, cs.Answered, cs.Sampled, map[bool]string{true: " TIMED OUT"}[cs.TimedOut])
+	errf := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		r.Errors = append(r.Errors, msg)
+		s.logf("bench: %s N=%d: %s", p.Name, n, msg)
+	}
+	if cs.TimedOut || !proc.Running() {
+		s.failed[p.Name] = true
+		if !proc.Running() {
+			errf("proxy exited; log tail:\n%s", proc.Tail(20))
+		}
+	} else {
+		if fp, err := s.footprint(ctx, n); err != nil {
+			errf("footprint: %v", err)
+		} else {
+			r.Footprint = fp
+		}
+		if o.dataPath {
+			if dp, err := s.dataPath(ctx); err != nil {
+				errf("data path: %v", err)
+			} else {
+				r.DataPath = dp
+			}
+		}
+		if o.oneChange {
+			r.AddService, r.EndpointChange = s.oneChange(ctx, p, n, errf)
+		}
+		if o.churn {
+			if ch, err := s.churn(ctx, p, proc, n); err != nil {
+				errf("churn: %v", err)
+			} else {
+				r.Churn = ch
+			}
+		}
+		if !proc.Running() {
+			errf("proxy exited during the measurements; log tail:\n%s", proc.Tail(20))
+		}
+	}
+	s.logf("bench: %s N=%d measured in %v", p.Name, n, time.Since(t0).Round(time.Second))
+	proc.Stop()
+	tc := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	out, err := c.Exec(cctx, c.NodeNS, p.cleanupArgs(c)...)
+	cancel()
+	r.CleanupSeconds = time.Since(tc).Seconds()
+	if err != nil {
+		errf("--cleanup: %v: %s", err, truncate(string(out), 1000))
+	}
+	residue, err := ensureEmptyRuleset(ctx, c)
+	r.Residue = residue
+	s.logf("bench: %s N=%d --cleanup took %.1fs; left: %q", p.Name, n, r.CleanupSeconds, residue)
+	if err != nil {
+		return fmt.Errorf("%s N=%d: %w", p.Name, n, err)
+	}
+	if out, err := c.Exec(ctx, c.NodeNS, "conntrack", "-F"); err != nil {
+		s.logf("bench: conntrack -F: %v: %s", err, out)
+	}
+	return nil
+}
+
+// sampleIndexes returns the service indexes probed at size n: the first, the last and evenly
+// spread ones between.
+func sampleIndexes(n, k int) []int {
+	if k < 2 {
+		k = 2
+	}
+	seen := map[int]bool{}
+	var out []int
+	for j := range k {
+		i := int(math.Round(float64(j) * float64(n-1) / float64(k-1)))
+		if !seen[i] {
+			seen[i] = true
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (s *suite) scrape(ctx context.Context) (metricSet, error) {
+	code, body, err := s.c.HTTPGet(ctx, s.c.NodeNS, "http://"+metricsAddr+"/metrics")
+	if err != nil {
+		return nil, err
+	}
+	if code != 200 {
+		return nil, fmt.Errorf("/metrics: HTTP %d", code)
+	}
+	m, err := parseMetrics(string(body))
+	return metricSet(m), err
+}
+
+func (s *suite) coldStart(ctx context.Context, p Proxy, proc *cluster.Process, n int, t0 time.Time) *ColdStart {
+	cs := &ColdStart{BoundSeconds: s.o.Bound.Seconds()}
+	ctx, cancel := context.WithTimeout(ctx, s.o.Bound)
+	defer cancel()
+	idx := sampleIndexes(n, s.o.Samples)
+	cs.Sampled = len(idx)
+
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var last time.Time
+	answered := 0
+	for _, i := range idx {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil && proc.Running() {
+				a := s.pool.Dial(s.a.addr(i), 200*time.Millisecond)
+				if a.OK {
+					mu.Lock()
+					answered++
+					if a.Start.After(last) {
+						last = a.Start
+					}
+					mu.Unlock()
+					return
+				}
+				if a.Err != "" && !strings.Contains(a.Err, "timeout") {
+					// refused (a proxy rejects a service without endpoints yet): back off a little
+					time.Sleep(20 * time.Millisecond)
+				} else {
+					time.Sleep(30 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	watch := newLogWatch(proc.Log)
+	for ctx.Err() == nil && proc.Running() {
+		if cs.InformersSynced == 0 && watch.poll(p.SyncedLog) {
+			cs.InformersSynced = time.Since(t0).Seconds()
+		}
+		if cs.FirstSync == 0 {
+			if m, err := s.scrape(ctx); err == nil {
+				if v, ok := m.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds"); ok && v > 0 {
+					cs.FirstSync = v - float64(t0.UnixNano())/1e9
+				}
+			}
+		}
+		mu.Lock()
+		all := answered == len(idx)
+		mu.Unlock()
+		if all && cs.FirstSync > 0 && cs.InformersSynced > 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	cs.Answered = answered
+	if answered == len(idx) {
+		cs.AllProgrammed = last.Sub(t0).Seconds()
+	}
+	cs.TimedOut = answered < len(idx) || cs.FirstSync == 0
+	return cs
+}
+
+func (s *suite) footprint(ctx context.Context, n int) (*Footprint, error) {
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	out, err := s.c.Exec(lctx, s.c.NodeNS, "nft", "list", "ruleset")
+	d := time.Since(t0)
+	if err != nil {
+		return nil, fmt.Errorf("nft list ruleset: %v: %s", err, truncate(string(out), 300))
+	}
+	fp, err := listJSON(ctx, s.c)
+	if err != nil {
+		return nil, err
+	}
+	fp.ListSeconds = d.Seconds()
+	fp.ListBytes = len(out)
+	fp.PerService = float64(fp.Chains+fp.Rules+fp.Elements) / float64(n)
+	return &fp, nil
+}
+
+// settle waits until the proxy has no pending change and its last sync is behind us:
+// at least minGap after the last write (both proxies' --min-sync-period is 1 s), then
+// until the pending-change gauges are 0.
+func (s *suite) settle(ctx context.Context, since time.Time) {
+	const minGap = 1100 * time.Millisecond
+	if d := time.Until(since.Add(minGap)); d > 0 {
+		time.Sleep(d)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		m, err := s.scrape(ctx)
+		if err == nil {
+			e, _ := m.value("kubeproxy_sync_proxy_rules_endpoint_changes_pending")
+			v, _ := m.value("kubeproxy_sync_proxy_rules_service_changes_pending")
+			if e == 0 && v == 0 {
+				time.Sleep(200 * time.Millisecond)
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// syncDelta waits (bounded) for at least one sync after before and returns the mean of
+// the proxy's kernel metric and of its sync duration over the syncs since.
+func (s *suite) syncDelta(ctx context.Context, p Proxy, before metricSet) (kernel, sync float64, err error) {
+	deadline := time.Now().Add(30 * time.Second)
+	hb := before.histogram(p.KernelMetric)
+	sb := before.histogram("kubeproxy_sync_proxy_rules_duration_seconds")
+	for {
+		m, err := s.scrape(ctx)
+		if err == nil {
+			hk := m.histogram(p.KernelMetric).sub(hb)
+			hs := m.histogram("kubeproxy_sync_proxy_rules_duration_seconds").sub(sb)
+			if hk.Count > 0 && hs.Count > 0 {
+				return hk.Sum / hk.Count, hs.Sum / hs.Count, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return 0, 0, fmt.Errorf("no sync recorded within 30s (%v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// oneChange measures, Repeats times each, an added service and one EndpointSlice
+// update at size n: from the API write to the first connection that sees the change.
+func (s *suite) oneChange(ctx context.Context, p Proxy, n int, errf func(string, ...any)) (add, change *Latency) {
+	const (
+		interval = 5 * time.Millisecond
+		attemptT = 100 * time.Millisecond
+		bound    = 2 * time.Minute
+	)
+	var addLat, addKernel, addSync, chLat, chKernel, chSync []float64
+	addFailed, chFailed := 0, 0
+	lastWrite := time.Now()
+	s.settle(ctx, lastWrite)
+	for rep := range s.o.Repeats {
+		// Added service: its slice first (a slice without its service programs nothing),
+		// then the timed Service create.
+		idx := extraBase + rep
+		if err := s.a.createSlice(ctx, idx, s.a.endpoints(idx, s.o.Endpoints)); err != nil {
+			errf("add-service %d: slice: %v", rep, err)
+			addFailed++
+			continue
+		}
+		s.settle(ctx, time.Now())
+		before, err := s.scrape(ctx)
+		if err != nil {
+			errf("scrape: %v", err)
+		}
+		t0 := time.Now()
+		if err := s.a.createService(ctx, idx); err != nil {
+			errf("add-service %d: %v", rep, err)
+			addFailed++
+			continue
+		}
+		seen, err := s.pool.waitAnswer(ctx, s.a.addr(idx), func(string) bool { return true }, interval, attemptT, bound)
+		if err != nil {
+			errf("add-service %d: %v", rep, err)
+			addFailed++
+		} else {
+			addLat = append(addLat, ms(seen.Sub(t0)))
+			if k, sy, err := s.syncDelta(ctx, p, before); err == nil {
+				addKernel, addSync = append(addKernel, k*1000), append(addSync, sy*1000)
+			}
+		}
+		s.settle(ctx, t0)
+
+		// Endpoint change: one existing service's slice moves to a pod that is no
+		// endpoint of any service; the first answer from that pod is the new behaviour.
+		target := (rep*max(1, n/max(1, s.o.Repeats)) + n/(2*max(1, s.o.Repeats))) % n
+		alt := s.alt[0]
+		before, err = s.scrape(ctx)
+		if err != nil {
+			errf("scrape: %v", err)
+		}
+		t0 = time.Now()
+		if err := s.a.setEndpoints(ctx, target, []netip.Addr{alt.IP}); err != nil {
+			errf("endpoint-change %d: %v", rep, err)
+			chFailed++
+			continue
+		}
+		seen, err = s.pool.waitAnswer(ctx, s.a.addr(target), func(pod string) bool { return pod == alt.Name }, interval, attemptT, bound)
+		if err != nil {
+			errf("endpoint-change %d: %v", rep, err)
+			chFailed++
+		} else {
+			chLat = append(chLat, ms(seen.Sub(t0)))
+			if k, sy, err := s.syncDelta(ctx, p, before); err == nil {
+				chKernel, chSync = append(chKernel, k*1000), append(chSync, sy*1000)
+			}
+		}
+		// restore (not timed), so the next proxy starts from the same state
+		s.settle(ctx, t0)
+		if err := s.a.setEndpoints(ctx, target, s.a.endpoints(target, s.o.Endpoints)); err != nil {
+			errf("endpoint-change %d: restore: %v", rep, err)
+		}
+		lastWrite = time.Now()
+		s.settle(ctx, lastWrite)
+	}
+	for rep := range s.o.Repeats {
+		if err := s.a.deleteService(ctx, extraBase+rep); err != nil {
+			errf("delete added service: %v", err)
+		}
+	}
+	s.settle(ctx, time.Now())
+	add = summarize(addLat, addKernel, addSync, addFailed)
+	change = summarize(chLat, chKernel, chSync, chFailed)
+	s.logf("bench: %s N=%d add-service p50 %.1f ms p99 %.1f ms (kernel %.2f ms); endpoint-change p50 %.1f ms p99 %.1f ms (kernel %.2f ms)",
+		p.Name, n, add.P50, add.P99, add.KernelMS, change.P50, change.P99, change.KernelMS)
+	return add, change
+}
+
+func summarize(lat, kernel, sync []float64, failed int) *Latency {
+	l := &Latency{Samples: len(lat), Failed: failed}
+	if len(lat) > 0 {
+		l.P50, l.P99, l.Max = pct(lat, 0.5), pct(lat, 0.99), slices.Max(lat)
+	}
+	if len(kernel) > 0 {
+		l.KernelMS = pct(kernel, 0.5)
+		l.SyncMS = pct(sync, 0.5)
+	}
+	return l
+}
+
+// pct is the q-quantile of xs (nearest rank, linear between ranks).
+func pct(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	pos := q * float64(len(s)-1)
+	lo := int(math.Floor(pos))
+	hi := int(math.Ceil(pos))
+	return s[lo] + (s[hi]-s[lo])*(pos-float64(lo))
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// churn writes ChurnRate endpoint changes per second for ChurnFor. Each write removes
+// one endpoint of a service or adds it back (trigger-time annotation set at write
+// time); once a second the write moves a probe service to another pod instead, and its
+// answers are watched for that pod.
+func (s *suite) churn(ctx context.Context, p Proxy, proc *cluster.Process, n int) (*Churn, error) {
+	// Probe services, changed in turn once a second each: a probe's next change comes
+	// len(probes) seconds later, so a slow proxy's late answer is still seen.
+	probes := []int{extraBase + 1000, extraBase + 1001, extraBase + 1002, extraBase + 1003}
+	alt := s.alt
+	for _, pi := range probes {
+		if err := s.a.createSlice(ctx, pi, []netip.Addr{alt[0].IP}); err != nil {
+			return nil, err
+		}
+		if err := s.a.createService(ctx, pi); err != nil {
+			return nil, err
+		}
+		defer func() { _ = s.a.deleteService(context.WithoutCancel(ctx), pi) }()
+	}
+	for _, pi := range probes {
+		if _, err := s.pool.waitAnswer(ctx, s.a.addr(pi), func(pod string) bool { return pod == alt[0].Name }, 20*time.Millisecond, 200*time.Millisecond, 2*time.Minute); err != nil {
+			return nil, fmt.Errorf("probe service: %w", err)
+		}
+	}
+	probeState := make([]int, len(probes))
+	s.settle(ctx, time.Now())
+	before, err := s.scrape(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cpu0, err := cpuSeconds(proc.PID())
+	if err != nil {
+		return nil, err
+	}
+	ch := &Churn{Rate: s.o.ChurnRate}
+	t0 := time.Now()
+	total := int(s.o.ChurnFor.Seconds() * float64(s.o.ChurnRate))
+	writes := make(chan func(), 256)
+	var wmu sync.Mutex
+	var wwg sync.WaitGroup
+	for range 16 {
+		wwg.Add(1)
+		go func() {
+			defer wwg.Done()
+			for w := range writes {
+				w()
+			}
+		}()
+	}
+	var pwg sync.WaitGroup
+	var packet []float64
+	stride := 7919 // a prime: consecutive writes hit services far apart
+	rotation := map[int]int{}
+	tick := time.NewTicker(time.Second / time.Duration(s.o.ChurnRate))
+	for k := 0; k < total; k++ {
+		<-tick.C
+		if ctx.Err() != nil {
+			break
+		}
+		if k%s.o.ChurnRate == 0 {
+			j := (k / s.o.ChurnRate) % len(probes)
+			probe := probes[j]
+			probeState[j] ^= 1
+			want := alt[probeState[j]]
+			writes <- func() {
+				w0 := time.Now()
+				err := s.a.setEndpoints(ctx, probe, []netip.Addr{want.IP})
+				wmu.Lock()
+				if err != nil {
+					ch.WriteErrors++
+					wmu.Unlock()
+					return
+				}
+				ch.Written++
+				wmu.Unlock()
+				pwg.Add(1)
+				go func() {
+					defer pwg.Done()
+					seen, err := s.pool.waitAnswer(ctx, s.a.addr(probe), func(pod string) bool { return pod == want.Name }, 5*time.Millisecond, 100*time.Millisecond, time.Duration(len(probes))*time.Second)
+					wmu.Lock()
+					defer wmu.Unlock()
+					if err != nil {
+						ch.PacketFailed++
+						return
+					}
+					packet = append(packet, ms(seen.Sub(w0)))
+				}()
+			}
+			continue
+		}
+		i := (k * stride) % n
+		rotation[i]++
+		eps := s.a.endpoints(i, s.o.Endpoints)
+		if rotation[i]%2 == 1 {
+			eps = eps[:len(eps)-1] // one endpoint removed; the next change of i adds it back
+		}
+		writes <- func() {
+			err := s.a.setEndpoints(ctx, i, eps)
+			wmu.Lock()
+			if err != nil {
+				ch.WriteErrors++
+			} else {
+				ch.Written++
+			}
+			wmu.Unlock()
+		}
+	}
+	tick.Stop()
+	close(writes)
+	wwg.Wait()
+	ch.Seconds = time.Since(t0).Seconds()
+	pwg.Wait()
+	s.settle(ctx, time.Now())
+	cpu1, err := cpuSeconds(proc.PID())
+	if err != nil {
+		return nil, err
+	}
+	window := time.Since(t0).Seconds()
+	ch.CPUSeconds = cpu1 - cpu0
+	ch.CPUPercent = 100 * ch.CPUSeconds / window
+	hwm, rss, err := memKB(proc.PID())
+	if err != nil {
+		return nil, err
+	}
+	ch.PeakRSSMiB, ch.RSSMiB = float64(hwm)/1024, float64(rss)/1024
+	after, err := s.scrape(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h := after.histogram("kubeproxy_network_programming_duration_seconds").sub(before.histogram("kubeproxy_network_programming_duration_seconds"))
+	ch.ProgCount = h.Count
+	ch.ProgP50, ch.ProgP99 = nanToZero(h.quantile(0.5)), nanToZero(h.quantile(0.99))
+	hs := after.histogram("kubeproxy_sync_proxy_rules_duration_seconds").sub(before.histogram("kubeproxy_sync_proxy_rules_duration_seconds"))
+	ch.SyncsInWindow = hs.Count
+	ch.SyncP50Seconds = nanToZero(hs.quantile(0.5))
+	ch.PacketSamples = len(packet)
+	if len(packet) > 0 {
+		ch.PacketP50, ch.PacketP99 = pct(packet, 0.5), pct(packet, 0.99)
+	}
+	// restore every churned service's endpoints, so the next proxy starts from the same state
+	var idx []int
+	for i, r := range rotation {
+		if r != 0 {
+			idx = append(idx, i)
+		}
+	}
+	if err := parallel(ctx, 0, len(idx), 16, func(ctx context.Context, j int) error {
+		return retry(ctx, func() error { return s.a.setEndpoints(ctx, idx[j], s.a.endpoints(idx[j], s.o.Endpoints)) })
+	}); err != nil {
+		return ch, fmt.Errorf("restore after churn: %w", err)
+	}
+	s.settle(ctx, time.Now())
+	s.logf("bench: %s N=%d churn: %d writes in %.1fs, programming p50 %.2fs p99 %.2fs (%v obs), packets p50 %.0f ms p99 %.0f ms (%d, %d failed), cpu %.1fs (%.0f%%), peak rss %.0f MiB",
+		p.Name, n, ch.Written, ch.Seconds, ch.ProgP50, ch.ProgP99, ch.ProgCount, ch.PacketP50, ch.PacketP99, ch.PacketSamples, ch.PacketFailed, ch.CPUSeconds, ch.CPUPercent, ch.PeakRSSMiB)
+	return ch, nil
+}
+
+func nanToZero(f float64) float64 {
+	if math.IsNaN(f) {
+		return 0
+	}
+	return f
+}
+
+// dataPath runs the load client against a one-endpoint service's ClusterIP and against
+// the endpoint's pod IP.
+func (s *suite) dataPath(ctx context.Context) (*DataPath, error) {
+	idx := extraBase + 2000
+	ep := s.pods[0]
+	if err := s.a.createSlice(ctx, idx, []netip.Addr{ep.IP}); err != nil {
+		return nil, err
+	}
+	if err := s.a.createService(ctx, idx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		_ = s.a.deleteService(context.WithoutCancel(ctx), idx)
+		s.settle(ctx, time.Now())
+	}()
+	if _, err := s.pool.waitAnswer(ctx, s.a.addr(idx), func(string) bool { return true }, 20*time.Millisecond, 200*time.Millisecond, 2*time.Minute); err != nil {
+		return nil, err
+	}
+	s.settle(ctx, time.Now())
+	dp := &DataPath{}
+	var err error
+	if dp.ClusterIP, err = s.load(ctx, s.a.addr(idx)); err != nil {
+		return nil, err
+	}
+	if dp.PodIP, err = s.load(ctx, netip.AddrPortFrom(ep.IP, targetPort).String()); err != nil {
+		return nil, err
+	}
+	s.logf("bench: data path: ClusterIP %.0f conn/s (p50 %.3f ms, p99 %.3f ms), pod IP %.0f conn/s (p50 %.3f ms, p99 %.3f ms)",
+		dp.ClusterIP.PerSecond, dp.ClusterIP.P50Millis, dp.ClusterIP.P99Millis, dp.PodIP.PerSecond, dp.PodIP.P50Millis, dp.PodIP.P99Millis)
+	return dp, nil
+}
+
+func (s *suite) load(ctx context.Context, addr string) (Load, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.o.DataPathFor+30*time.Second)
+	defer cancel()
+	out, err := s.c.Exec(ctx, s.client.NS, s.loadBin, "--addr", addr, "--duration", s.o.DataPathFor.String(),
+		"--concurrency", strconv.Itoa(s.o.DataPathConc), "--timeout", "1s")
+	if err != nil {
+		return Load{}, fmt.Errorf("loadclient %s: %v: %s", addr, err, truncate(string(out), 500))
+	}
+	var l Load
+	if err := jsonUnmarshalLast(out, &l); err != nil {
+		return Load{}, fmt.Errorf("loadclient output %q: %w", truncate(string(out), 300), err)
+	}
+	return l, nil
+}
+
+// BuildBinaries builds nftproxy and the load client into dir and finds (or builds)
+// kube-proxy with e2e/hack/build-k8s.sh. The nftproxy build is retried for a few
+// minutes: the tree may be mid-change.
+func BuildBinaries(ctx context.Context, dir string) (Binaries, error) {
+	root := repoRoot()
+	b := Binaries{Nftproxy: filepath.Join(dir, "nftproxy"), LoadClient: filepath.Join(dir, "loadclient")}
+	build := func(out, pkg string) error {
+		var last error
+		for attempt := range 10 {
+			cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			o, err := cmd.CombinedOutput()
+			if err == nil {
+				return nil
+			}
+			last = fmt.Errorf("go build %s: %v: %s", pkg, err, o)
+			if attempt < 9 {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(30 * time.Second):
+				}
+			}
+		}
+		return last
+	}
+	if err := build(b.Nftproxy, "./cmd/nftproxy"); err != nil {
+		return b, err
+	}
+	if err := build(b.LoadClient, "./e2e/bench/loadclient"); err != nil {
+		return b, err
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(root, "e2e", "hack", "build-k8s.sh"), "kube-proxy").Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		return b, fmt.Errorf("build-k8s.sh kube-proxy: %w", err)
+	}
+	b.KubeProxy = strings.TrimSpace(string(out))
+	return b, nil
+}
+
+func hostInfo(ctx context.Context, bins Binaries) Host {
+	h := Host{CPUs: numCPU()}
+	run := func(name string, args ...string) string {
+		ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = repoRoot()
+		out, _ := cmd.CombinedOutput()
+		return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	}
+	h.Kernel = run("uname", "-r")
+	h.Commit = run("git", "describe", "--always", "--dirty")
+	h.KubeProxy = run(bins.KubeProxy, "--version")
+	h.Nft = run("nft", "--version")
+	h.Iptables = run("iptables", "--version")
+	return h
+}

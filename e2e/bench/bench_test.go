@@ -1,0 +1,367 @@
+package bench
+
+import (
+	"bytes"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nftproxy/nftproxy/e2e/cluster"
+)
+
+// TestSideBySide is `make bench`'s full run (about an hour): NFTPROXY_BENCH=1, as root.
+//
+//	BENCH_SIZES       service counts (default 1000,10000,30000; 10 endpoints each)
+//	BENCH_BIG         nftproxy alone at this many services × 5 endpoints (default 50000; 0: none)
+//	BENCH_CHURN_SIZE  N of the churn measurement (default 10000; must be in BENCH_SIZES)
+//	BENCH_PROXIES     comma-separated subset of nftproxy,kube-proxy-nftables,kube-proxy-iptables
+//	BENCH_OUT         output directory (default docs/bench of the repository)
+//	BENCH_BOUND       per cold start (default 10m)
+func TestSideBySide(t *testing.T) {
+	if os.Getenv("NFTPROXY_BENCH") != "1" {
+		t.Skip("set NFTPROXY_BENCH=1 to run the side-by-side benchmark (root; about an hour at full size)")
+	}
+	if err := cluster.CheckPrerequisites(); err != nil {
+		t.Fatal(err)
+	}
+	sizes := intsEnv(t, "BENCH_SIZES", "1000,10000,30000")
+	o := Options{
+		Sizes: sizes, Endpoints: 10,
+		SmallSize: 10,
+		BigSize:   intEnv(t, "BENCH_BIG", 50000), BigEndpoints: 5,
+		ChurnSize: intEnv(t, "BENCH_CHURN_SIZE", 10000), ChurnRate: 50, ChurnFor: 60 * time.Second,
+		Repeats:     10,
+		DataPathFor: 5 * time.Second, DataPathConc: 4,
+		Bound:   durEnv(t, "BENCH_BOUND", 10*time.Minute),
+		Samples: 22,
+		Logf:    t.Logf,
+	}
+	if p := os.Getenv("BENCH_PROXIES"); p != "" {
+		o.Proxies = strings.Split(p, ",")
+	}
+	out := os.Getenv("BENCH_OUT")
+	if out == "" {
+		out = filepath.Join(repoRoot(), "docs", "bench")
+	}
+	res := runSuite(t, o)
+	if err := res.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s/results.{json,md} and chart.png (run took %.1f min)", out, res.Seconds/60)
+}
+
+// TestSideBySideSmoke runs every measurement of the suite quickly at N=100 for all three
+// proxies and checks the results are sane. It is part of `make e2e` (NFTPROXY_E2E=1).
+func TestSideBySideSmoke(t *testing.T) {
+	cluster.Require(t)
+	o := Options{
+		Sizes: []int{100}, Endpoints: 10,
+		ChurnSize: 100, ChurnRate: 20, ChurnFor: 5 * time.Second,
+		Repeats:     2,
+		DataPathFor: time.Second, DataPathConc: 2,
+		Bound:   2 * time.Minute,
+		Samples: 8,
+		Logf:    t.Logf,
+	}
+	res := runSuite(t, o)
+	want := []string{"nftproxy", "kube-proxy-nftables", "kube-proxy-iptables"}
+	if len(res.Runs) != len(want) {
+		t.Fatalf("%d runs, want %d", len(res.Runs), len(want))
+	}
+	for i, r := range res.Runs {
+		if r.Proxy != want[i] || r.N != 100 {
+			t.Errorf("run %d: %s N=%d, want %s N=100", i, r.Proxy, r.N, want[i])
+		}
+		for _, e := range r.Errors {
+			t.Errorf("%s: %s", r.Proxy, e)
+		}
+		if r.Residue != "" && r.Proxy != "kube-proxy-iptables" { // iptables-nft leaves its tables
+			t.Errorf("%s: --cleanup left %s", r.Proxy, r.Residue)
+		}
+		cs := r.ColdStart
+		if cs == nil || cs.TimedOut || cs.Answered != cs.Sampled || cs.Sampled < 2 {
+			t.Errorf("%s: cold start %+v: every sampled service must answer", r.Proxy, cs)
+			continue
+		}
+		if !(cs.InformersSynced > 0 && cs.FirstSync > 0 && cs.AllProgrammed > 0 && cs.AllProgrammed < 120) {
+			t.Errorf("%s: cold start times %+v", r.Proxy, cs)
+		}
+		if f := r.Footprint; f == nil || f.Tables == 0 || f.Chains == 0 || f.Rules == 0 || f.ListSeconds <= 0 {
+			t.Errorf("%s: footprint %+v", r.Proxy, f)
+		} else if f.PerService < 1 {
+			t.Errorf("%s: %.2f kernel objects per service", r.Proxy, f.PerService)
+		}
+		for name, l := range map[string]*Latency{"add-service": r.AddService, "endpoint-change": r.EndpointChange} {
+			if l == nil || l.Samples != o.Repeats || l.Failed != 0 || !(l.P50 > 0 && l.P99 >= l.P50) || l.KernelMS <= 0 || l.SyncMS <= 0 {
+				t.Errorf("%s: %s %+v", r.Proxy, name, l)
+			}
+		}
+		if c := r.Churn; c == nil || c.Written < int(o.ChurnFor.Seconds())*o.ChurnRate/2 || c.WriteErrors != 0 ||
+			c.PacketSamples == 0 || c.PacketFailed != 0 || c.CPUSeconds <= 0 || c.PeakRSSMiB <= 0 || c.ProgCount <= 0 || c.ProgP50 <= 0 {
+			t.Errorf("%s: churn %+v", r.Proxy, c)
+		}
+		if d := r.DataPath; d == nil || d.ClusterIP.OK == 0 || d.PodIP.OK == 0 || d.ClusterIP.P50Millis <= 0 {
+			t.Errorf("%s: data path %+v", r.Proxy, d)
+		}
+	}
+	if len(res.Ratios) == 0 {
+		t.Error("no ratios")
+	}
+	dir := t.TempDir()
+	if err := res.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range want {
+		if !strings.Contains(string(md), "| "+p+" | 100 × 10 |") {
+			t.Errorf("results.md has no row for %s", p)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "chart.png"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := png.Decode(bytes.NewReader(b)); err != nil {
+		t.Errorf("chart.png: %v", err)
+	}
+	t.Logf("results.md:\n%s", md)
+}
+
+func runSuite(t *testing.T, o Options) *Results {
+	t.Helper()
+	ctx := t.Context()
+	bins, err := BuildBinaries(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// etcd on tmpfs: tens of thousands of writes without fsync cost.
+	etcdDir, err := os.MkdirTemp("/dev/shm", "nftproxy-bench-etcd-")
+	if err != nil {
+		etcdDir = "" // the harness default (on disk)
+	} else {
+		t.Cleanup(func() { os.RemoveAll(etcdDir) })
+	}
+	c, err := cluster.Start(ctx, cluster.Config{Logf: t.Logf, EtcdDataDir: etcdDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	res, err := RunSuite(ctx, c, bins, o)
+	if err != nil {
+		if res != nil {
+			dir := t.TempDir()
+			_ = res.Write(dir)
+			md, _ := os.ReadFile(filepath.Join(dir, "results.md"))
+			t.Logf("partial results:\n%s", md)
+		}
+		t.Fatal(err)
+	}
+	return res
+}
+
+func intsEnv(t *testing.T, name, def string) []int {
+	v := os.Getenv(name)
+	if v == "" {
+		v = def
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			t.Fatalf("%s=%q: want comma-separated positive integers", name, v)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func intEnv(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		t.Fatalf("%s=%q: want an integer", name, v)
+	}
+	return n
+}
+
+func durEnv(t *testing.T, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return d
+}
+
+// --- unit tests of the measuring helpers (no root needed) ----------------------------
+
+func TestParseMetricsAndHistogram(t *testing.T) {
+	text := `# HELP kubeproxy_network_programming_duration_seconds x
+# TYPE kubeproxy_network_programming_duration_seconds histogram
+kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="0.25"} 2
+kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="0.5"} 6
+kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="1"} 10
+kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="+Inf"} 10
+kubeproxy_network_programming_duration_seconds_sum{ip_family="IPv4"} 4
+kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} 10
+kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv6",le="0.25"} 100
+kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv6",le="0.5"} 100
+kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv6",le="1"} 100
+kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv6",le="+Inf"} 100
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7e+09
+nftproxy_sync_kernel_duration_seconds_sum 0.5
+nftproxy_sync_kernel_duration_seconds_count 4
+odd_label{a="x,y}",b="q\"z"} 3 1700000000
+`
+	m, err := parseMetrics(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := metricSet(m)
+	if v, ok := ms.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds"); !ok || v != 1.7e9 {
+		t.Errorf("last timestamp = %v %v", v, ok)
+	}
+	if v, _ := ms.value("odd_label"); v != 3 {
+		t.Errorf("odd_label = %v", v)
+	}
+	var odd sample
+	for _, s := range m {
+		if s.Name == "odd_label" {
+			odd = s
+		}
+	}
+	if odd.Labels["a"] != "x,y}" || odd.Labels["b"] != `q"z` {
+		t.Errorf("labels %q", odd.Labels)
+	}
+	h := ms.histogram("kubeproxy_network_programming_duration_seconds")
+	if h.Count != 10 || h.Sum != 4 || len(h.Bounds) != 4 {
+		t.Fatalf("histogram (IPv4 only) %+v", h)
+	}
+	// 5th of 10 observations: in (0.25, 0.5], 3 of the 4 there → 0.25 + 0.25*3/4
+	if q := h.quantile(0.5); math.Abs(q-0.4375) > 1e-9 {
+		t.Errorf("p50 = %v, want 0.4375", q)
+	}
+	if q := h.quantile(0.99); math.Abs(q-(0.5+0.5*3.9/4)) > 1e-9 {
+		t.Errorf("p99 = %v", q)
+	}
+	empty := h.sub(h)
+	if !math.IsNaN(empty.quantile(0.5)) || empty.Count != 0 {
+		t.Errorf("h-h = %+v", empty)
+	}
+	k := ms.histogram("nftproxy_sync_kernel_duration_seconds")
+	if k.Sum/k.Count != 0.125 {
+		t.Errorf("kernel mean %v", k.Sum/k.Count)
+	}
+}
+
+func TestProcParsers(t *testing.T) {
+	stat := "1234 (kube proxy) S 1 1234 1234 0 -1 4194560 5000 0 0 0 250 130 0 0 20 0 12 0 100 0 0"
+	if v, err := parseStatCPU(stat); err != nil || math.Abs(v-3.8) > 1e-9 {
+		t.Errorf("cpu = %v %v, want 3.8", v, err)
+	}
+	hwm, rss, err := parseStatusMem("Name:\tx\nVmPeak:\t 9 kB\nVmHWM:\t  51200 kB\nVmRSS:\t  40960 kB\n")
+	if err != nil || hwm != 51200 || rss != 40960 {
+		t.Errorf("mem = %d %d %v", hwm, rss, err)
+	}
+	if _, err := cpuSeconds(os.Getpid()); err != nil {
+		t.Error(err)
+	}
+	if h, _, err := memKB(os.Getpid()); err != nil || h <= 0 {
+		t.Errorf("own VmHWM %d %v", h, err)
+	}
+}
+
+func TestCountRuleset(t *testing.T) {
+	j := `{"nftables": [{"metainfo": {"json_schema_version": 1}},
+ {"table": {"family": "ip", "name": "t", "handle": 1}},
+ {"chain": {"family": "ip", "table": "t", "name": "a", "handle": 1}},
+ {"chain": {"family": "ip", "table": "t", "name": "b", "handle": 2}},
+ {"map": {"family": "ip", "name": "m", "table": "t", "type": "ipv4_addr", "map": "verdict", "elem": [["10.0.0.1", {"jump": {"target": "a"}}], ["10.0.0.2", {"jump": {"target": "b"}}]]}},
+ {"set": {"family": "ip", "name": "s", "table": "t", "type": "ipv4_addr", "elem": ["10.0.0.3"]}},
+ {"set": {"family": "ip", "name": "e", "table": "t", "type": "ipv4_addr"}},
+ {"rule": {"family": "ip", "table": "t", "chain": "a", "handle": 3, "expr": []}}]}`
+	f, err := countRuleset([]byte(j))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Tables != 1 || f.Chains != 2 || f.Rules != 1 || f.Sets != 3 || f.Elements != 3 {
+		t.Errorf("%+v", f)
+	}
+}
+
+func TestSampleAndPct(t *testing.T) {
+	s := sampleIndexes(1000, 5)
+	if len(s) != 5 || s[0] != 0 || s[4] != 999 {
+		t.Errorf("sample = %v", s)
+	}
+	if s := sampleIndexes(1, 5); len(s) != 1 || s[0] != 0 {
+		t.Errorf("sample(1) = %v", s)
+	}
+	if p := pct([]float64{4, 1, 3, 2}, 0.5); p != 2.5 {
+		t.Errorf("p50 = %v", p)
+	}
+	if p := pct([]float64{1, 2, 3}, 0.99); math.Abs(p-2.98) > 1e-9 {
+		t.Errorf("p99 = %v", p)
+	}
+}
+
+// The report and the chart render whatever the runs hold, timed-out and skipped runs
+// included.
+func TestReportRenders(t *testing.T) {
+	res := &Results{Host: Host{KubeProxy: "Kubernetes v1.37.0", CPUs: 2}, Options: Opts{Endpoints: 10, Repeats: 2}}
+	for _, n := range []int{10, 1000} {
+		for i, p := range []string{"nftproxy", "kube-proxy-nftables", "kube-proxy-iptables"} {
+			f := float64(i + 1)
+			r := &Run{Proxy: p, N: n, Endpoints: 10,
+				ColdStart:      &ColdStart{AllProgrammed: f * float64(n) / 100, FirstSync: f, InformersSynced: 0.1, Sampled: 2, Answered: 2, BoundSeconds: 600},
+				Footprint:      &Footprint{Tables: 2, Chains: n, Rules: n, Elements: n, PerService: 3, ListSeconds: 0.1},
+				AddService:     &Latency{Samples: 2, P50: 5 * f, P99: 9 * f, Max: 9 * f, KernelMS: f},
+				EndpointChange: &Latency{Samples: 2, P50: 6 * f, P99: 8 * f, Max: 8 * f, KernelMS: f},
+			}
+			if n == 1000 && i == 2 {
+				r.ColdStart.TimedOut, r.ColdStart.AllProgrammed, r.ColdStart.Answered = true, 0, 1
+				r.AddService, r.EndpointChange, r.Footprint = nil, nil, nil
+			}
+			res.Runs = append(res.Runs, r)
+		}
+	}
+	res.Runs = append(res.Runs, &Run{Proxy: "kube-proxy-iptables", N: 5000, Skipped: "cold start exceeded the bound at a smaller N"})
+	res.Ratios = ratios(res.Runs)
+	var lower bool
+	for _, q := range res.Ratios {
+		if q.N == 1000 && q.Upstream == "kube-proxy-iptables" && q.Metric == "cold start: all programmed (s)" {
+			lower = strings.Contains(q.Note, "lower bound") && math.Abs(q.Ratio-60) < 1e-9
+		}
+	}
+	if !lower {
+		t.Errorf("no lower-bound ratio for the timed-out run: %+v", res.Ratios)
+	}
+	md := res.Markdown()
+	for _, s := range []string{"> 600 s (1/2 answered)", "skipped: cold start exceeded", "| kube-proxy-nftables | 10 × 10 |"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("markdown lacks %q:\n%s", s, md)
+		}
+	}
+	b, err := res.Chart()
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil || img.Bounds().Dx() < 1000 {
+		t.Fatalf("chart: %v", err)
+	}
+}

@@ -1,0 +1,368 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+)
+
+func numCPU() int { return runtime.NumCPU() }
+
+// repoRoot is the repository root (this file is e2e/bench/report.go).
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
+}
+
+// jsonUnmarshalLast decodes the last non-empty line of out.
+func jsonUnmarshalLast(out []byte, v any) error {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return json.Unmarshal([]byte(lines[len(lines)-1]), v)
+}
+
+func notes() []string {
+	return []string{
+		"All three proxies run alone in the same node network namespace of the same local cluster, one after the other, with their default sync periods (1 s minimum, 30 s periodic) and API client settings.",
+		"Cold start: seconds from starting the process; 'all programmed' is the start of the last sampled ClusterIP's first answered TCP connection (the first and last created service and evenly spread ones); 'first sync' is kubeproxy_sync_proxy_rules_last_timestamp_seconds; 'informers' is the log line (nftproxy: \"Informer caches synced\"; kube-proxy: the service and endpoint-slice \"Caches are synced\").",
+		"One change: API write to the first connection (attempts every 5 ms, 100 ms timeout each, from a pod) that sees the change: an answer from the new service, or from the pod that became the slice's only endpoint. Kernel: nftproxy_sync_kernel_duration_seconds for nftproxy (the netlink transaction), kubeproxy_sync_proxy_rules_duration_seconds (the whole sync) for kube-proxy, mean per sync over the syncs of the change.",
+		"Churn: network programming quantiles come from the kubeproxy_network_programming_duration_seconds histogram delta (bucket interpolation; kube-proxy's buckets are 0.25 s, 0.5 s, then every second). kube-proxy observes once per changed EndpointSlice from its last-change-trigger-time annotation; nftproxy observes once per sync from the oldest change its informer saw, so the packet-measured latency (one of four probe services moved to another pod once a second, answers watched every 5 ms) is the comparable number.",
+		"Data path: a one-endpoint service; loadclient in a pod opens, reads one line and resets TCP connections for a fixed time; the pod-IP run is the same endpoint without the service.",
+		"Footprint: `nft -j list ruleset` of the node (kube-proxy iptables mode through iptables-nft); objects per service = (chains + rules + set/map elements) / N.",
+		"The machine may be shared: compare the proxies within one run, not across runs.",
+	}
+}
+
+// ratios computes upstream / nftproxy for the main metrics.
+func ratios(runs []*Run) []Ratio {
+	find := func(proxy string, n int) *Run {
+		for _, r := range runs {
+			if r.Proxy == proxy && r.N == n && r.Skipped == "" {
+				return r
+			}
+		}
+		return nil
+	}
+	var out []Ratio
+	var ns []int
+	for _, r := range runs {
+		if !slices.Contains(ns, r.N) {
+			ns = append(ns, r.N)
+		}
+	}
+	type metric struct {
+		name string
+		get  func(*Run) (float64, bool)
+		note string
+	}
+	ms := []metric{
+		{"cold start: all programmed (s)", func(r *Run) (float64, bool) {
+			if r.ColdStart == nil || r.ColdStart.TimedOut {
+				return 0, false
+			}
+			return r.ColdStart.AllProgrammed, true
+		}, ""},
+		{"cold start: first sync (s)", func(r *Run) (float64, bool) {
+			if r.ColdStart == nil || r.ColdStart.FirstSync <= 0 {
+				return 0, false
+			}
+			return r.ColdStart.FirstSync, true
+		}, ""},
+		{"add service p50 (ms)", func(r *Run) (float64, bool) { return latP50(r.AddService) }, ""},
+		{"endpoint change p50 (ms)", func(r *Run) (float64, bool) { return latP50(r.EndpointChange) }, ""},
+		{"churn packets p50 (ms)", func(r *Run) (float64, bool) {
+			if r.Churn == nil || r.Churn.PacketSamples == 0 {
+				return 0, false
+			}
+			return r.Churn.PacketP50, true
+		}, ""},
+		{"churn CPU (s)", func(r *Run) (float64, bool) {
+			if r.Churn == nil {
+				return 0, false
+			}
+			return r.Churn.CPUSeconds, true
+		}, ""},
+		{"peak RSS (MiB)", func(r *Run) (float64, bool) {
+			if r.Churn == nil {
+				return 0, false
+			}
+			return r.Churn.PeakRSSMiB, true
+		}, ""},
+		{"ClusterIP connections/s", func(r *Run) (float64, bool) {
+			if r.DataPath == nil || r.DataPath.ClusterIP.OK == 0 {
+				return 0, false
+			}
+			return r.DataPath.ClusterIP.PerSecond, true
+		}, "higher is better: a ratio below 1 means fewer connections per second than nftproxy"},
+		{"ClusterIP connect p99 (ms)", func(r *Run) (float64, bool) {
+			if r.DataPath == nil || r.DataPath.ClusterIP.OK == 0 {
+				return 0, false
+			}
+			return r.DataPath.ClusterIP.P99Millis, true
+		}, ""},
+		{"objects per service", func(r *Run) (float64, bool) {
+			if r.Footprint == nil {
+				return 0, false
+			}
+			return r.Footprint.PerService, true
+		}, ""},
+		{"nft list ruleset (s)", func(r *Run) (float64, bool) {
+			if r.Footprint == nil {
+				return 0, false
+			}
+			return r.Footprint.ListSeconds, true
+		}, ""},
+	}
+	for _, n := range ns {
+		base := find("nftproxy", n)
+		if base == nil {
+			continue
+		}
+		for _, up := range []string{"kube-proxy-nftables", "kube-proxy-iptables"} {
+			u := find(up, n)
+			for _, m := range ms {
+				bv, ok := m.get(base)
+				if !ok || bv <= 0 {
+					continue
+				}
+				if u == nil {
+					// timed out or skipped: a lower bound on the ratio of cold start
+					if m.name == "cold start: all programmed (s)" {
+						for _, r := range runs {
+							if r.Proxy == up && r.N == n && (r.Skipped != "" || (r.ColdStart != nil && r.ColdStart.TimedOut)) {
+								bound := r.ColdStart
+								if bound != nil {
+									out = append(out, Ratio{Metric: m.name, N: n, Upstream: up, Ratio: bound.BoundSeconds / bv, Note: "upstream did not finish: ratio is a lower bound"})
+								}
+							}
+						}
+					}
+					continue
+				}
+				uv, ok := m.get(u)
+				if !ok {
+					if m.name == "cold start: all programmed (s)" && u.ColdStart != nil && u.ColdStart.TimedOut {
+						out = append(out, Ratio{Metric: m.name, N: n, Upstream: up, Ratio: u.ColdStart.BoundSeconds / bv, Note: "upstream did not finish within the bound: ratio is a lower bound"})
+					}
+					continue
+				}
+				out = append(out, Ratio{Metric: m.name, N: n, Upstream: up, Ratio: uv / bv, Note: m.note})
+			}
+		}
+	}
+	return out
+}
+
+func latP50(l *Latency) (float64, bool) {
+	if l == nil || l.Samples == 0 {
+		return 0, false
+	}
+	return l.P50, true
+}
+
+// Write writes results.json, results.md and chart.png into dir.
+func (r *Results) Write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.Markdown()), 0o644); err != nil {
+		return err
+	}
+	png, err := r.Chart()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "chart.png"), png, 0o644)
+}
+
+func secs(v float64) string {
+	switch {
+	case v <= 0:
+		return "–"
+	case v < 1:
+		return fmt.Sprintf("%.0f ms", v*1000)
+	case v < 10:
+		return fmt.Sprintf("%.2f s", v)
+	case v < 100:
+		return fmt.Sprintf("%.1f s", v)
+	default:
+		return fmt.Sprintf("%.0f s", v)
+	}
+}
+
+func millis(v float64) string {
+	switch {
+	case v <= 0:
+		return "–"
+	case v < 10:
+		return fmt.Sprintf("%.1f ms", v)
+	case v < 10000:
+		return fmt.Sprintf("%.0f ms", v)
+	default:
+		return fmt.Sprintf("%.1f s", v/1000)
+	}
+}
+
+// Markdown renders the results as tables.
+func (r *Results) Markdown() string {
+	var b bytes.Buffer
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("# Side by side: nftproxy and kube-proxy %s\n\n", r.Host.KubeProxy)
+	w("Generated by `make bench` (e2e/bench, `TestSideBySide`) on %s; do not edit. ", r.Started.Format("2006-01-02 15:04 MST"))
+	w("Machine: %d CPUs, kernel %s, %s, %s; nftproxy %s. The run took %.0f min.\n\n",
+		r.Host.CPUs, r.Host.Kernel, r.Host.Nft, r.Host.Iptables, r.Host.Commit, r.Seconds/60)
+	w("![cold start and one-change latency](chart.png)\n\n")
+
+	w("## Cold start\n\nN services (%d endpoints each) in the API, the proxy started alone on the node. Seconds from the process start.\n\n", r.Options.Endpoints)
+	w("| proxy | N | informers synced | first sync done | all sampled ClusterIPs answer | cleanup |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, run := range r.Runs {
+		if run.Skipped != "" {
+			w("| %s | %s | skipped: %s | | | |\n", run.Proxy, nLabel(run), run.Skipped)
+			continue
+		}
+		cs := run.ColdStart
+		if cs == nil {
+			continue
+		}
+		all := secs(cs.AllProgrammed)
+		if cs.TimedOut {
+			all = fmt.Sprintf("> %s (%d/%d answered)", secs(cs.BoundSeconds), cs.Answered, cs.Sampled)
+		}
+		w("| %s | %s | %s | %s | %s | %s |\n", run.Proxy, nLabel(run), secs(cs.InformersSynced), secs(cs.FirstSync), all, secs(run.CleanupSeconds))
+	}
+
+	w("\n## One change at scale\n\nAPI write → first TCP connection that sees it (p50 / p99 / max over %d repetitions). Kernel: nftproxy's netlink transaction; kube-proxy's whole sync (its only sync metric). Sync: `kubeproxy_sync_proxy_rules_duration_seconds` of both.\n\n", r.Options.Repeats)
+	w("| proxy | N | add service p50 / p99 / max | kernel | sync | endpoint change p50 / p99 / max | kernel | sync |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, run := range r.Runs {
+		if run.AddService == nil {
+			continue
+		}
+		a, e := run.AddService, run.EndpointChange
+		w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", run.Proxy, nLabel(run), latCell(a), millis(a.KernelMS), millis(a.SyncMS), latCell(e), millis(e.KernelMS), millis(e.SyncMS))
+	}
+
+	w("\n## Churn\n\n")
+	w("| proxy | N | writes (rate) | programming p50 / p99 (histogram, obs.) | packets p50 / p99 (samples) | syncs | CPU | peak RSS |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, run := range r.Runs {
+		c := run.Churn
+		if c == nil {
+			continue
+		}
+		w("| %s | %s | %d in %.0f s (%d/s) | %s / %s (%.0f) | %s / %s (%d, %d failed) | %.0f | %.1f s (%.0f%% of a core) | %.0f MiB |\n",
+			run.Proxy, nLabel(run), c.Written, c.Seconds, c.Rate, secs(c.ProgP50), secs(c.ProgP99), c.ProgCount,
+			millis(c.PacketP50), millis(c.PacketP99), c.PacketSamples, c.PacketFailed, c.SyncsInWindow, c.CPUSeconds, c.CPUPercent, c.PeakRSSMiB)
+	}
+
+	w("\n## Data path\n\nNew TCP connections to a one-endpoint service's ClusterIP and, for the physical limit, to the same endpoint's pod IP (loadclient in a pod).\n\n")
+	w("| proxy | N | ClusterIP conn/s | p50 | p99 | pod IP conn/s | p50 | p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, run := range r.Runs {
+		d := run.DataPath
+		if d == nil {
+			continue
+		}
+		w("| %s | %s | %.0f | %.3f ms | %.3f ms | %.0f | %.3f ms | %.3f ms |\n", run.Proxy, nLabel(run),
+			d.ClusterIP.PerSecond, d.ClusterIP.P50Millis, d.ClusterIP.P99Millis, d.PodIP.PerSecond, d.PodIP.P50Millis, d.PodIP.P99Millis)
+	}
+
+	w("\n## Kernel footprint\n\n")
+	w("| proxy | N | tables | chains | rules | sets+maps | elements | objects / service | `nft list ruleset` | output |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, run := range r.Runs {
+		f := run.Footprint
+		if f == nil {
+			continue
+		}
+		w("| %s | %s | %d | %d | %d | %d | %d | %.1f | %s | %.1f MB |\n", run.Proxy, nLabel(run), f.Tables, f.Chains, f.Rules, f.Sets, f.Elements, f.PerService, secs(f.ListSeconds), float64(f.ListBytes)/1e6)
+	}
+
+	if len(r.Ratios) > 0 {
+		w("\n## Ratios (upstream / nftproxy)\n\n| metric | N | kube-proxy nftables | kube-proxy iptables |\n|---|---:|---:|---:|\n")
+		type key struct {
+			m string
+			n int
+		}
+		var keys []key
+		vals := map[key]map[string]Ratio{}
+		for _, q := range r.Ratios {
+			k := key{q.Metric, q.N}
+			if vals[k] == nil {
+				vals[k] = map[string]Ratio{}
+				keys = append(keys, k)
+			}
+			vals[k][q.Upstream] = q
+		}
+		cell := func(q Ratio, ok bool) string {
+			if !ok {
+				return "–"
+			}
+			s := fmt.Sprintf("%.2f×", q.Ratio)
+			if strings.Contains(q.Note, "lower bound") {
+				s = "> " + s
+			}
+			return s
+		}
+		for _, k := range keys {
+			a, okA := vals[k]["kube-proxy-nftables"]
+			b, okB := vals[k]["kube-proxy-iptables"]
+			w("| %s | %d | %s | %s |\n", k.m, k.n, cell(a, okA), cell(b, okB))
+		}
+		w("\nConnections per second: higher is better, so there a ratio below 1 favours nftproxy.\n")
+	}
+
+	var errs []string
+	for _, run := range r.Runs {
+		for _, e := range run.Errors {
+			errs = append(errs, fmt.Sprintf("%s N=%d: %s", run.Proxy, run.N, strings.SplitN(e, "\n", 2)[0]))
+		}
+		if run.Residue != "" {
+			errs = append(errs, fmt.Sprintf("%s N=%d: --cleanup left %s (flushed by the suite)", run.Proxy, run.N, run.Residue))
+		}
+	}
+	if len(errs) > 0 {
+		w("\n## Errors and residue\n\n")
+		for _, e := range errs {
+			w("- %s\n", e)
+		}
+	}
+	w("\n## Method\n\n")
+	for _, n := range r.Notes {
+		w("- %s\n", n)
+	}
+	w("- Writing the API objects:")
+	for _, p := range r.Populate {
+		w(" %d objects in %.0f s (N=%d, %d endpoints);", p.Objects, p.Seconds, p.N, p.Endpoints)
+	}
+	w("\n")
+	return b.String()
+}
+
+func nLabel(r *Run) string {
+	if r.Endpoints != 0 {
+		return fmt.Sprintf("%d × %d", r.N, r.Endpoints)
+	}
+	return fmt.Sprint(r.N)
+}
+
+func latCell(l *Latency) string {
+	if l == nil || l.Samples == 0 {
+		if l != nil && l.Failed > 0 {
+			return fmt.Sprintf("all %d failed", l.Failed)
+		}
+		return "–"
+	}
+	s := fmt.Sprintf("%s / %s / %s", millis(l.P50), millis(l.P99), millis(l.Max))
+	if l.Failed > 0 {
+		s += fmt.Sprintf(" (%d failed)", l.Failed)
+	}
+	return s
+}
