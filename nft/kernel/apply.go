@@ -3,6 +3,7 @@ package kernel
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"time"
@@ -40,6 +41,52 @@ type state struct {
 	elems  map[string]map[string]*refElem // set → key bytes → element
 	// known is false for a state read from the kernel: only names, content unknown
 	known bool
+}
+
+// undo restores a state that diffParts updated in place, after the kernel refused the
+// transaction (and so kept the table as it was).
+type undo struct {
+	st     *state
+	rs     *nft.Ruleset
+	sets   map[string]*nft.Set
+	chains map[string]*nft.Chain
+	parts  map[string]*nft.Part // owner → part before (nil: none)
+	d      *elemDelta
+}
+
+func (u *undo) part(owner string) {
+	if _, seen := u.parts[owner]; !seen {
+		u.parts[owner] = u.st.parts[owner]
+	}
+}
+
+func (u *undo) apply() {
+	st := u.st
+	st.rs, st.sets, st.chains = u.rs, u.sets, u.chains
+	for owner, p := range u.parts {
+		if p == nil {
+			delete(st.parts, owner)
+		} else {
+			st.parts[owner] = p
+		}
+	}
+	for set, keys := range u.d.before {
+		m := st.elems[set]
+		if m == nil {
+			m = map[string]*refElem{}
+			st.elems[set] = m
+		}
+		for k, was := range keys {
+			if was == nil {
+				delete(m, k)
+			} else {
+				m[k] = was
+			}
+		}
+		if len(m) == 0 {
+			delete(st.elems, set)
+		}
+	}
 }
 
 type refElem struct {
@@ -87,6 +134,7 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	defer conn.Close()
 	var batches []*batch
 	next := map[tableKey]*state{}
+	var undos []func()
 	for _, rs := range rulesets {
 		k := tableKey{rs.Family, rs.Table}
 		prev := a.prev[k]
@@ -102,10 +150,13 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 		if n := len(batches); n > 0 {
 			b.setID = batches[n-1].setID // set IDs must be unique within the transaction
 		}
-		cur, full, err := diff(b, prev, rs, &st)
+		cur, full, u, err := diff(b, prev, rs, &st)
 		if err != nil {
 			a.Resync()
 			return st, err
+		}
+		if u != nil {
+			undos = append(undos, func() { u.apply(); a.prev[k] = u.st })
 		}
 		st.Full = st.Full || full
 		batches = append(batches, b)
@@ -117,7 +168,14 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	err = all.send(conn)
 	st.Kernel = time.Since(start)
 	if err != nil {
-		a.Resync() // the kernel kept the old ruleset; start from what it has next time
+		var rejected *RejectedError
+		a.Resync()
+		if errors.As(err, &rejected) && len(undos) == len(rulesets) {
+			// the kernel applied nothing: the previous states are still true
+			for _, u := range undos {
+				u()
+			}
+		}
 		return st, err
 	}
 	for k, s := range next {
@@ -343,17 +401,24 @@ type plan struct {
 // updated in place). When prev's content is known and no shared set's definition
 // changed, only the parts that are not identical to prev's are looked at; otherwise the
 // whole table is rewritten (full).
-func diff(b *batch, prev *state, rs *nft.Ruleset, st *Stats) (cur *state, full bool, err error) {
+// The undo it returns, when not nil, restores prev after the kernel refused the
+// transaction.
+func diff(b *batch, prev *state, rs *nft.Ruleset, st *Stats) (cur *state, full bool, u *undo, err error) {
 	if !prev.known || !sameSetDefs(prev, rs) {
-		full = prev.known // a known state whose shared sets changed: rewrite it all
-		if prev.known {
+		if prev.known { // a known state whose shared sets changed: rewrite it all
 			prev = prev.names()
 		}
 		cur = newState(rs)
 		cur.known = true
-		return cur, true, diffFull(b, prev, cur, st)
+		return cur, true, nil, diffFull(b, prev, cur, st)
 	}
-	return prev, false, diffParts(b, prev, rs, st)
+	u = &undo{st: prev, rs: prev.rs, sets: maps.Clone(prev.sets), chains: prev.chains, parts: map[string]*nft.Part{}}
+	err = diffParts(b, prev, rs, st, u)
+	if err != nil {
+		u.apply()
+		return prev, false, nil, err
+	}
+	return prev, false, u, nil
 }
 
 // sameSetDefs reports whether every set of rs that prev has is defined as in prev.
@@ -447,8 +512,9 @@ func (d *elemDelta) addElements(byName map[string]*nft.Set, sets []*nft.Set, par
 
 // diffParts diffs prev, whose content is known, against rs: the ruleset's own chains and
 // sets by name and content, its parts by identity.
-func diffParts(b *batch, prev *state, rs *nft.Ruleset, st *Stats) error {
+func diffParts(b *batch, prev *state, rs *nft.Ruleset, st *Stats, u *undo) error {
 	d := &elemDelta{st: prev, before: map[string]map[string]*refElem{}}
+	u.d = d
 	pl := &plan{recreated: map[string]bool{}}
 	oldRS := prev.rs
 	byName := map[string]*nft.Set{}
@@ -544,6 +610,12 @@ func diffParts(b *batch, prev *state, rs *nft.Ruleset, st *Stats) error {
 		}
 	}
 	for _, ch := range changed {
+		if ch[0] != nil {
+			u.part(ch[0].Owner)
+		}
+		if ch[1] != nil {
+			u.part(ch[1].Owner)
+		}
 		if err := pl.part(d, prev, byName, ch[0], ch[1]); err != nil {
 			return err
 		}

@@ -1,14 +1,17 @@
 package kernel_test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"testing"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
+	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
 
@@ -45,11 +48,25 @@ func TestPartsIncrementalEqualsFresh(t *testing.T) {
 		}
 		sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
 		rs, _ := cc.Compile(snap)
+		if step%5 == 4 && len(rs.Parts) > 0 {
+			// the kernel refuses a transaction with one bad part: the applier must
+			// still know what the kernel has, so that the next delta is right
+			bad := *rs
+			bad.Parts = slices.Clone(rs.Parts)
+			i := r.IntN(len(bad.Parts))
+			p := *bad.Parts[i]
+			p.Chains = append(slices.Clone(p.Chains), &nft.Chain{Name: "broken-" + p.Owner, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: "no-such-chain"}}}}})
+			bad.Parts[i] = &p
+			var rejected *kernel.RejectedError
+			if _, err := applier.Apply(&bad); !errors.As(err, &rejected) {
+				t.Fatalf("step %d: bad part: got %v, want a refusal", step, err)
+			}
+		}
 		st, err := applier.Apply(rs)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
-		if st.Full != (step == 0) {
+		if st.Full != (step == 0) { // also after a refusal: the kernel kept its table
 			t.Errorf("step %d: Full=%v", step, st.Full)
 		}
 		fresh := testnetns.New(t)
