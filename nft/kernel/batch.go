@@ -367,8 +367,21 @@ func (b *batch) failure(errs []error) error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("kernel refused the transaction of %d messages: %w", len(b.msgs), errors.Join(errs...))
+	return &RejectedError{Messages: len(b.msgs), Err: errors.Join(errs...)}
 }
+
+// RejectedError is the kernel's refusal of a transaction: it applied none of it, so the
+// table is exactly as before.
+type RejectedError struct {
+	Messages int   // in the transaction
+	Err      error // the kernel's errors (up to five)
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("kernel refused the transaction of %d messages: %v", e.Messages, e.Err)
+}
+
+func (e *RejectedError) Unwrap() error { return e.Err }
 
 const ackTimeout = 60 * time.Second
 
