@@ -77,7 +77,7 @@ func TestServices(t *testing.T) {
 
 	var err error
 	e.args = []string{
-		"--kubeconfig", c.Kubeconfig,
+		"--kubeconfig", c.LeastPrivilegeKubeconfigT(t),
 		"--hostname-override", c.NodeName,
 		"--cluster-cidr", clusterCIDR,
 		"--min-sync-period", "100ms",
@@ -756,7 +756,7 @@ func (e *env) testDryRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	c := e.c
-	out, err := c.Exec(ctx, c.NodeNS, e.bin, "--dry-run", "--kubeconfig", c.Kubeconfig,
+	out, err := c.Exec(ctx, c.NodeNS, e.bin, "--dry-run", "--kubeconfig", c.LeastPrivilegeKubeconfigT(t),
 		"--hostname-override", c.NodeName, "--cluster-cidr", clusterCIDR)
 	if err != nil {
 		t.Fatalf("nftproxy --dry-run: %v\n%s", err, out)

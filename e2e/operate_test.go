@@ -86,7 +86,7 @@ func (e *env) testExplain(t *testing.T) {
 	empty := e.createService(t, "unexplained", corev1.ServiceTypeClusterIP, nil, tcpPort("http", 80, 8080))
 	explain := func(args ...string) string {
 		t.Helper()
-		base := []string{e.bin, "explain", "--kubeconfig", e.c.Kubeconfig, "--hostname-override", e.c.NodeName, "--cluster-cidr", clusterCIDR}
+		base := []string{e.bin, "explain", "--kubeconfig", e.c.LeastPrivilegeKubeconfigT(t), "--hostname-override", e.c.NodeName, "--cluster-cidr", clusterCIDR}
 		out, err := e.c.Exec(t.Context(), e.c.NodeNS, append(base, args...)...)
 		if err != nil {
 			t.Fatalf("explain %v: %v\n%s", args, err, out)

@@ -95,7 +95,7 @@ func TestSemantics(t *testing.T) {
 
 	for _, n := range []*cluster.Node{s.n1, s.n2} {
 		p, err := c.StartProcess(n.NS, "nftproxy-"+n.Name, s.bin,
-			"--kubeconfig", c.Kubeconfig,
+			"--kubeconfig", c.LeastPrivilegeKubeconfigT(t),
 			"--hostname-override", n.Name,
 			"--cluster-cidr", dualClusterCIDR,
 			"--min-sync-period", "100ms",

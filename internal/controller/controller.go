@@ -5,6 +5,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -100,6 +101,9 @@ type Proxy struct {
 	repairReason string // a full rewrite was requested (RequestRepair); "" if not
 
 	lastFull time.Time // end of the last sync that rewrote the whole table (sync goroutine only)
+	// the rulesets the kernel last accepted, and the parts it refused (see isolate.go)
+	applied    []*nft.Ruleset
+	quarantine map[quarantineKey]*nft.Part
 }
 
 // Status is the proxy's sync state, for health checks. (Metrics go to Config.Metrics.)
@@ -118,8 +122,9 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	}
 	p := &Proxy{
 		cfg: cfg, log: log, client: client, dataplane: dp,
-		pipeline: &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
-		reported: map[model.Problem]bool{},
+		pipeline:   &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
+		reported:   map[model.Problem]bool{},
+		quarantine: map[quarantineKey]*nft.Part{},
 	}
 	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod, max(cfg.MinSyncPeriod, time.Second), nil)
 	p.runner.OnPanic(func(v any) { log.Error(fmt.Errorf("%v", v), "Sync panicked; will retry") })
@@ -228,8 +233,18 @@ func (p *Proxy) sync(periodic bool) error {
 			p.dataplane.Resync()
 		}
 		var st kernel.Stats
+		rulesets = p.withQuarantine(rulesets)
 		st, err = p.dataplane.Apply(rulesets...)
+		var rejected *kernel.RejectedError
+		if errors.As(err, &rejected) {
+			p.log.Error(err, "The kernel refused the transaction; it keeps the previous ruleset. Looking for the service ports it refuses")
+			var applied []*nft.Ruleset
+			if st, applied, err = p.isolate(rulesets, err); err == nil {
+				rulesets = applied
+			}
+		}
 		if err == nil {
+			p.applied = rulesets
 			p.log.V(2).Info("Synced", "services", len(snap.Services), "full", st.Full, "messages", st.Messages,
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start))
 			if st.Full {

@@ -26,14 +26,26 @@ type fakeDataplane struct {
 	applied [][]*nft.Ruleset
 	fail    int // fail this many Apply calls
 	resyncs int
+	calls   int
+	// refuse, when set, makes Apply refuse (as the kernel does) rulesets whose rendered
+	// text it matches
+	refuse func(text string) bool
 }
 
 func (f *fakeDataplane) Apply(rs ...*nft.Ruleset) (kernel.Stats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.calls++
 	if f.fail > 0 {
 		f.fail--
 		return kernel.Stats{}, errors.New("injected kernel failure")
+	}
+	if f.refuse != nil {
+		for _, r := range rs {
+			if f.refuse(nft.Render(r)) {
+				return kernel.Stats{}, &kernel.RejectedError{Messages: 1, Err: errors.New("injected refusal")}
+			}
+		}
 	}
 	f.applied = append(f.applied, rs)
 	return kernel.Stats{}, nil
@@ -96,6 +108,17 @@ func startProxy(t *testing.T, dp *fakeDataplane, objs ...any) (*fake.Clientset, 
 }
 
 func startProxyEvery(t *testing.T, dp *fakeDataplane, syncPeriod time.Duration, objs ...any) (*fake.Clientset, *Proxy) {
+	t.Helper()
+	return startProxyFull(t, dp, syncPeriod, objs...)
+}
+
+// startProxyWith runs the proxy on any dataplane.
+func startProxyWith(t *testing.T, dp Dataplane, objs ...any) (*fake.Clientset, *Proxy) {
+	t.Helper()
+	return startProxyFull(t, dp, time.Hour, objs...)
+}
+
+func startProxyFull(t *testing.T, dp Dataplane, syncPeriod time.Duration, objs ...any) (*fake.Clientset, *Proxy) {
 	t.Helper()
 	client := fake.NewClientset()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -18,6 +18,17 @@ type Runner struct {
 	requests                  chan struct{}
 	onPanic                   func(any)
 	lastStart, nextUnrequired time.Time
+	failures                  int // consecutive failed runs
+}
+
+// backoff is the wait before retrying after r.failures consecutive failures: the retry
+// interval, doubled after each further failure, at most the periodic interval.
+func (r *Runner) backoff() time.Duration {
+	d := r.retry
+	for i := 1; i < r.failures && d < r.max; i++ {
+		d *= 2
+	}
+	return min(d, r.max)
 }
 
 // New returns a Runner for fn. fn's argument is true for a run that nobody requested
@@ -77,8 +88,10 @@ func (r *Runner) Loop(stop <-chan struct{}) {
 		err := r.safeRun(!pending)
 		pending = false
 		if err != nil {
-			r.nextUnrequired = r.lastStart.Add(r.retry)
+			r.failures++
+			r.nextUnrequired = r.lastStart.Add(r.backoff())
 		} else {
+			r.failures = 0
 			r.nextUnrequired = r.lastStart.Add(r.max)
 		}
 	}

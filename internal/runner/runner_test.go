@@ -138,3 +138,30 @@ func TestPanicIsRecoveredAndRetried(t *testing.T) {
 		t.Fatalf("recovered %v, want boom", recovered)
 	}
 }
+
+// TestRetriesBackOff: consecutive failures double the wait (5 s, 10 s, 20 s, then the
+// 30 s period at most); a success resets it.
+func TestRetriesBackOff(t *testing.T) {
+	h := newHarness(t)
+	for range 4 {
+		h.fail <- errors.New("kernel said no")
+	}
+	h.expectRun(false)
+	for _, wait := range []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second} {
+		h.advance(wait - time.Second)
+		h.expectNoRun()
+		h.advance(time.Second)
+		h.expectRun(true)
+	}
+	h.advance(29 * time.Second) // capped at the periodic interval
+	h.expectNoRun()
+	h.advance(time.Second)
+	h.expectRun(true) // succeeds
+	h.fail <- errors.New("again")
+	h.advance(30 * time.Second)
+	h.expectRun(true)
+	h.advance(4 * time.Second) // back to the retry interval
+	h.expectNoRun()
+	h.advance(time.Second)
+	h.expectRun(true)
+}

@@ -25,8 +25,12 @@ type StatusFunc func() controller.Status
 // delete; like kube-proxy, /healthz then fails so load balancers drain the node.
 const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
-// Healthy applies kube-proxy's rule: unhealthy once a change has waited twice the sync
-// period or longer without being programmed.
+// Healthy applies kube-proxy's rule (pkg/proxy/healthcheck/proxy_health.go, Health, with
+// healthTimeout = 2 × --sync-period as cmd/kube-proxy/app/server.go sets it): unhealthy
+// once a change has waited twice the sync period or longer without being programmed.
+// Time without changes is not staleness: with nothing queued the proxy is healthy
+// however long ago the last change arrived, e.g. while the API server is unreachable
+// and the programmed rules are still the latest state the proxy knows.
 func Healthy(st controller.Status, syncPeriod time.Duration, now time.Time) bool {
 	return st.OldestPending.IsZero() || now.Sub(st.OldestPending) < 2*syncPeriod
 }
@@ -69,7 +73,8 @@ type Health struct {
 	Probes ProbeRecorder
 }
 
-// Report is the JSON body of both endpoints; its first four fields are kube-proxy's.
+// Report is the JSON body of both endpoints; its first four fields and Status are
+// kube-proxy's.
 type Report struct {
 	// LastUpdated is the current time when healthy (as kube-proxy reports), else the
 	// end of the last successful sync.
@@ -84,6 +89,17 @@ type Report struct {
 	Syncs         int        `json:"syncs"`
 	Failures      int        `json:"failures"`
 	LastError     string     `json:"lastError,omitempty"`
+	// Status is kube-proxy's per-family report ("IPv4", "IPv6": nftproxy programs both
+	// in one transaction, so both carry the same values): lastUpdated is the end of the
+	// last successful sync, healthy the staleness rule alone (without the node). Empty
+	// before the first sync, as kube-proxy's.
+	Status map[v1.IPFamily]ProxierHealth `json:"status,omitempty"`
+}
+
+// ProxierHealth is one family's entry of Report.Status (kube-proxy's ProxierHealth).
+type ProxierHealth struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
 }
 
 // Check computes the report of /healthz (withNode) or /livez.
@@ -105,6 +121,12 @@ func (h *Health) Check(withNode bool) Report {
 	if !st.OldestPending.IsZero() {
 		p := st.OldestPending
 		r.OldestPending = &p
+	}
+	if !st.LastSync.IsZero() {
+		r.Status = map[v1.IPFamily]ProxierHealth{
+			v1.IPv4Protocol: {LastUpdated: st.LastSync, Healthy: r.Healthy},
+			v1.IPv6Protocol: {LastUpdated: st.LastSync, Healthy: r.Healthy},
+		}
 	}
 	if withNode {
 		eligible := h.Node == nil || NodeEligible(h.Node())

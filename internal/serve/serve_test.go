@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -237,5 +238,43 @@ func TestStart(t *testing.T) {
 			t.Fatal("server still up after ctx ended")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestHealthLikeKubeProxy pins kube-proxy's rule (pkg/proxy/healthcheck/proxy_health.go
+// in v1.37, healthTimeout 2 × sync period): no change arriving is not staleness, so a
+// proxy that has heard nothing for an hour (the API server is gone) stays healthy on
+// both endpoints; a change queued for 2 × the sync period without a successful sync
+// makes both fail. The body carries kube-proxy's per-family "status".
+func TestHealthLikeKubeProxy(t *testing.T) {
+	f := newFixture()
+	lastSync := f.now.Add(-time.Hour)
+	f.st = controller.Status{LastSync: lastSync, Syncs: 1}
+	for _, path := range []string{"/healthz", "/livez"} {
+		code, body := f.get(t, path)
+		if code != 200 || body["lastUpdated"] != ts(f.now) {
+			t.Errorf("%s, nothing heard for an hour, nothing queued: %d %v", path, code, body)
+		}
+		want := map[string]any{"lastUpdated": ts(lastSync), "healthy": true}
+		st, _ := body["status"].(map[string]any)
+		if len(st) != 2 || !reflect.DeepEqual(st["IPv4"], want) || !reflect.DeepEqual(st["IPv6"], want) {
+			t.Errorf("%s status: %v, want IPv4 and IPv6 %v", path, body["status"], want)
+		}
+	}
+	// A change queued 2 × the sync period ago, still not synced: both 503, and each
+	// family says so.
+	f.st.OldestPending = f.now.Add(-60 * time.Second)
+	for _, path := range []string{"/healthz", "/livez"} {
+		code, body := f.get(t, path)
+		want := map[string]any{"lastUpdated": ts(lastSync), "healthy": false}
+		st, _ := body["status"].(map[string]any)
+		if code != 503 || body["lastUpdated"] != ts(lastSync) || !reflect.DeepEqual(st["IPv4"], want) || !reflect.DeepEqual(st["IPv6"], want) {
+			t.Errorf("%s, queued for 2× sync period: %d %v", path, code, body)
+		}
+	}
+	// Before the first sync kube-proxy has no per-family entry.
+	f.st = controller.Status{}
+	if code, body := f.get(t, "/livez"); code != 200 || body["status"] != nil {
+		t.Errorf("/livez before the first sync: %d %v", code, body)
 	}
 }
