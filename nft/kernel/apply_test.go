@@ -3,6 +3,7 @@ package kernel_test
 import (
 	"errors"
 	"fmt"
+	"github.com/google/nftables"
 	"net/netip"
 	"sort"
 	"strings"
@@ -206,30 +207,69 @@ func TestResyncRepairsTampering(t *testing.T) {
 	}
 }
 
-// TestLargeTransaction applies 5,000 service ports × 10 endpoints in one transaction
-// (chunked element messages, sized socket buffers) and checks the element counts.
+// TestLargeTransaction applies 50,000 service ports × 10 endpoints (issue 6's large
+// state) in one transaction, as the proxy compiles them (one part per service port):
+// chunked element messages and sized socket buffers, no ENOBUFS, no EMSGSIZE. It counts
+// what the kernel holds over netlink, then checks that one more endpoint is a small delta.
 func TestLargeTransaction(t *testing.T) {
+	const n = 50000
 	ns := testnetns.New(t)
-	var svcs []model.ServicePort
-	for i := 0; i < 5000; i++ {
-		s := svc(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.96.%d.%d", i/250, 1+i%250), 0, 0, 0)
+	svcs := make([]model.ServicePort, 0, n)
+	for i := 0; i < n; i++ {
+		s := svc(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/65536, (i/256)%256, i%256), 0, 0, 0)
 		for j := 0; j < 10; j++ {
-			s.Endpoints = append(s.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(i / 250), byte(1 + i%250)}), Port: uint16(8000 + j), Ready: true, Serving: true})
+			s.Endpoints = append(s.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(128 + i/65536), byte(i / 256), byte(i)}), Port: uint16(8000 + j), Ready: true, Serving: true})
 		}
 		svcs = append(svcs, s)
 	}
-	rs, _ := compile.Compile(&model.Snapshot{Services: svcs}, cfg(), compile.NewSlots())
-	st, err := kernel.New(kernel.WithNetNS(ns.FD)).Apply(rs)
+	cc := compile.NewCompiler(cfg(), compile.NewSlots())
+	snap := &model.Snapshot{Services: svcs}
+	rs, _ := cc.Compile(snap)
+	a := kernel.New(kernel.WithNetNS(ns.FD))
+	st, err := a.Apply(rs)
 	if err != nil {
 		t.Fatalf("large apply (%d messages, %d bytes): %v", st.Messages, st.Bytes, err)
 	}
 	t.Logf("applied %d messages, %d bytes, %d elements; kernel %v", st.Messages, st.Bytes, st.Elements, st.Kernel)
-	out := ns.MustRun(t, "", "nft", "list", "table", "ip", "nftproxy")
-	if n := strings.Count(out, " : 10.244."); n != 50000 {
-		t.Fatalf("endpoints maps have %d elements, want 50000", n)
+	conn, err := nftables.New(nftables.WithNetNSFd(ns.FD))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n, want := strings.Count(out, "map endpoints-"), (5000*16+compile.PageSlots-1)/compile.PageSlots; n != want {
-		t.Fatalf("%d endpoints maps, want one per page of %d slots (%d)", n, compile.PageSlots, want)
+	table := &nftables.Table{Name: compile.TableName, Family: nftables.TableFamilyIPv4}
+	sets, err := conn.GetSets(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(prefix string) (elems, maps int) {
+		for _, s := range sets {
+			if strings.HasPrefix(s.Name, prefix) {
+				es, err := conn.GetSetElements(s)
+				if err != nil {
+					t.Fatalf("reading %s: %v", s.Name, err)
+				}
+				elems += len(es)
+				maps++
+			}
+		}
+		return elems, maps
+	}
+	if got, pages := count("endpoints-"); got != n*10 || pages != (n*16+compile.PageSlots-1)/compile.PageSlots {
+		t.Fatalf("endpoints maps: %d elements in %d maps, want %d in one map per page of %d slots", got, pages, n*10, compile.PageSlots)
+	}
+	if got, _ := count("service-ips"); got != n {
+		t.Fatalf("service-ips has %d elements, want %d", got, n)
+	}
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(chains) < n {
+		t.Fatalf("%d chains, want at least one per service port (%d)", len(chains), n)
+	}
+	snap.Services[n/2].Endpoints = append(snap.Services[n/2].Endpoints[:10:10], model.Endpoint{Addr: netip.MustParseAddr("10.250.0.1"), Port: 8080, Ready: true, Serving: true})
+	rs, _ = cc.Compile(snap)
+	if st, err = a.Apply(rs); err != nil || st.Full || st.Messages > 8 {
+		t.Fatalf("one endpoint more at %d service ports: %+v, %v; want a delta of a few messages", n, st, err)
 	}
 }
 
