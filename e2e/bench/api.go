@@ -49,6 +49,8 @@ func newAPI(c *cluster.Cluster, backends []*cluster.Pod) (*api, error) {
 		return nil, err
 	}
 	cfg.QPS, cfg.Burst = 2000, 4000
+	cfg.ContentType = "application/vnd.kubernetes.protobuf" // cheaper for the apiserver than JSON
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	cfg.Timeout = 60 * time.Second
 	cfg.Dial = dialIn(c.NodeNS)
 	cs, err := kubernetes.NewForConfig(cfg)
