@@ -34,6 +34,10 @@ type Recorder interface {
 	Programmed(latency time.Duration)
 	// ServicePorts records the number of service ports in the last synced snapshot.
 	ServicePorts(n int)
+	// Repaired counts a repair (a rewrite of the whole table) requested because
+	// another process changed nftproxy's tables, or, lost, because the kernel dropped
+	// change events that may have been about them.
+	Repaired(lost bool)
 }
 
 // Nop is a Recorder that records nothing.
@@ -45,6 +49,7 @@ func (Nop) SyncDone(bool, time.Duration, time.Duration) {}
 func (Nop) SyncFailed(bool, time.Duration)              {}
 func (Nop) Programmed(time.Duration)                    {}
 func (Nop) ServicePorts(int)                            {}
+func (Nop) Repaired(bool)                               {}
 
 // Label values of ip_family, as kube-proxy's (v1.IPFamily).
 const (
@@ -85,6 +90,7 @@ type Prometheus struct {
 	livez               *prometheus.CounterVec
 	kernelDuration      prometheus.Histogram
 	servicePorts        prometheus.Gauge
+	repairs             *prometheus.CounterVec
 }
 
 var _ Recorder = (*Prometheus)(nil)
@@ -142,15 +148,20 @@ func New(o Options) *Prometheus {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		servicePorts: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftproxy_service_ports",
 			Help: "Service ports in the last synced snapshot."}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nftproxy_dataplane_repairs_total",
+			Help: "Rewrites of the whole table requested because another process changed it (cause foreign_change) or change events were lost (events_lost)."}, []string{"cause"}),
 	}
 	p.reg.MustRegister(p.syncDuration, p.syncFullDuration, p.syncPartialDuration, p.lastSync, p.lastQueued,
 		p.programming, p.endpointsPending, p.endpointsTotal, p.servicesPending, p.servicesTotal,
-		p.syncFailures, p.healthz, p.livez, p.kernelDuration, p.servicePorts)
+		p.syncFailures, p.healthz, p.livez, p.kernelDuration, p.servicePorts, p.repairs)
 	// Series that exist from the start, as kube-proxy's: a counter at 0 rather than
 	// absent, so rate() and alerts work before the first event.
 	for _, f := range p.families {
 		p.syncFailures.WithLabelValues(f)
 		p.syncDuration.WithLabelValues(f)
+	}
+	for _, cause := range []string{repairForeign, repairLost} {
+		p.repairs.WithLabelValues(cause)
 	}
 	if !o.NoRuntimeMetrics {
 		p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -249,6 +260,21 @@ func (p *Prometheus) Programmed(latency time.Duration) {
 
 // ServicePorts implements Recorder.
 func (p *Prometheus) ServicePorts(n int) { p.servicePorts.Set(float64(n)) }
+
+// Values of nftproxy_dataplane_repairs_total's cause label.
+const (
+	repairForeign = "foreign_change"
+	repairLost    = "events_lost"
+)
+
+// Repaired implements Recorder.
+func (p *Prometheus) Repaired(lost bool) {
+	cause := repairForeign
+	if lost {
+		cause = repairLost
+	}
+	p.repairs.WithLabelValues(cause).Inc()
+}
 
 // Probe counts one answer of the health server: path "/healthz" or "/livez".
 func (p *Prometheus) Probe(path string, code int) {

@@ -61,6 +61,8 @@ func TestRecorderValuesAfterKnownSequence(t *testing.T) {
 		// Failures and sync durations exist at 0 before any sync.
 		`kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 0`,
 		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 0`,
+		`nftproxy_dataplane_repairs_total{cause="foreign_change"} 0`,
+		`nftproxy_dataplane_repairs_total{cause="events_lost"} 0`,
 	)
 	p.SyncStarted()
 	clk.set(1002)
@@ -78,6 +80,9 @@ func TestRecorderValuesAfterKnownSequence(t *testing.T) {
 	p.Probe("/healthz", 200)
 	p.Probe("/healthz", 503)
 	p.Probe("/livez", 200)
+	p.Repaired(false)
+	p.Repaired(false)
+	p.Repaired(true)
 
 	body := scrape(t, p.Handler())
 	for _, fam := range []string{"IPv4", "IPv6"} {
@@ -127,6 +132,9 @@ func TestRecorderValuesAfterKnownSequence(t *testing.T) {
 		`kubeproxy_proxy_healthz_total{code="200"} 2`,
 		`kubeproxy_proxy_healthz_total{code="503"} 1`,
 		`kubeproxy_proxy_livez_total{code="200"} 1`,
+		`# TYPE nftproxy_dataplane_repairs_total counter`,
+		`nftproxy_dataplane_repairs_total{cause="foreign_change"} 2`,
+		`nftproxy_dataplane_repairs_total{cause="events_lost"} 1`,
 	)
 	if strings.Contains(body, "go_goroutines") {
 		t.Error("runtime metrics present with NoRuntimeMetrics")
@@ -162,4 +170,5 @@ func TestNopIsARecorder(t *testing.T) {
 	r.SyncFailed(false, time.Second)
 	r.Programmed(time.Second)
 	r.ServicePorts(1)
+	r.Repaired(true)
 }

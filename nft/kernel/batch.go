@@ -328,6 +328,9 @@ func (b *batch) send(c *netlink.Conn) error {
 	if err := sizeBuffers(c, b.bytes); err != nil {
 		return err
 	}
+	if err := noteOwnTransaction(c); err != nil { // so that a Monitor ignores its events
+		return err
+	}
 	sent, err := c.SendMessages(msgs)
 	if err != nil {
 		return fmt.Errorf("sending batch of %d messages (%d bytes): %w", len(msgs), b.bytes, err)

@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"context"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nftproxy/nftproxy/e2e/cluster"
+)
+
+// TestSelfHealing runs nftproxy with its default --min-sync-period (1s) and
+// --sync-period (30s) and tampers with its table from the node namespace with nft, as
+// an administrator or another agent might: the table deleted, a service chain flushed,
+// a service-ips element deleted, a drop rule added. Each time the kernel's table must
+// be back (the same listing, modulo counters) within a second — long before the
+// periodic resync — new connections must work again, and
+// nftproxy_dataplane_repairs_total must count the repair. A foreign table in the same
+// namespace is never touched.
+func TestSelfHealing(t *testing.T) {
+	cluster.Require(t)
+	e := &env{bin: buildNftproxy(t)}
+	e.c = cluster.StartT(t, cluster.Config{})
+	c, ctx := e.c, t.Context()
+	for _, name := range []string{"web-1", "web-2", "client"} {
+		p, err := c.AddPod(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "client" {
+			e.client = p
+		} else {
+			e.web = append(e.web, p)
+		}
+	}
+	const foreign = `table ip foreign {
+	set allowed {
+		type ipv4_addr
+		elements = { 192.0.2.77 }
+	}
+
+	chain keep {
+		ip saddr @allowed counter accept
+	}
+}
+`
+	if out, err := c.ExecInput(ctx, c.NodeNS, foreign, "nft", "-f", "-"); err != nil {
+		t.Fatalf("creating the foreign table: %v\n%s", err, out)
+	}
+	foreignBefore := e.mustNft(t, "list", "table", "ip", "foreign")
+
+	e.args = []string{
+		"--kubeconfig", c.Kubeconfig,
+		"--hostname-override", c.NodeName,
+		"--cluster-cidr", clusterCIDR,
+		"-v=2",
+		"--healthz-bind-address", "0.0.0.0:10256",
+		"--metrics-bind-address", "127.0.0.1:10249",
+	}
+	var err error
+	if e.proxy, err = c.StartProcess(c.NodeNS, "nftproxy", append([]string{e.bin}, e.args...)...); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFirstSync(t)
+
+	svc := e.createService(t, "heal", corev1.ServiceTypeClusterIP, nil, tcpPort("http", 80, 8080))
+	e.putSlice(t, svc, endpoint(e.web[0], ready), endpoint(e.web[1], ready))
+	addr := hostPort(svc.Spec.ClusterIP, 80)
+	e.waitOK(t, "service answers", e.client.NS, "tcp", addr)
+	svcChain := "svc-default/heal/tcp/http"
+	baseline := e.waitStableListing(t)
+	if !strings.Contains(baseline, "chain "+svcChain+" {") {
+		t.Fatalf("no chain %s in the table:\n%s", svcChain, baseline)
+	}
+
+	const attemptTimeout = 300 * time.Millisecond // of each client connection
+	var latencies []time.Duration
+	for _, tamper := range []struct {
+		name string
+		nft  []string
+	}{
+		{"delete-table", []string{"delete", "table", "ip", tableName}},
+		{"flush-service-chain", []string{"flush", "chain", "ip", tableName, svcChain}},
+		{"delete-service-ips-element", []string{"delete", "element", "ip", tableName, "service-ips", "{ " + svc.Spec.ClusterIP + " . tcp . 80 }"}},
+		{"add-drop-rule", []string{"insert", "rule", "ip", tableName, "services", "ip", "daddr", svc.Spec.ClusterIP, "drop"}},
+	} {
+		t.Run(tamper.name, func(t *testing.T) {
+			if !e.proxy.Running() {
+				t.Fatalf("nftproxy is not running; log:\n%s", e.proxy.Tail(40))
+			}
+			repairsBefore := metricValue(e.scrape(t), "nftproxy_dataplane_repairs_total")
+			// A client opening a new connection every 20 ms across the tampering.
+			run, err := c.StartProbe(ctx, e.client.NS, cluster.ProbeSpec{Proto: "tcp", Addr: addr, Count: 100, Timeout: attemptTimeout, Interval: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(500 * time.Millisecond)
+
+			tamperStart := time.Now()
+			e.mustNft(t, tamper.nft...)
+			tampered := time.Now()
+			took, last := e.waitListing(t, baseline, tampered, 3*time.Second)
+			if took < 0 {
+				t.Fatalf("table not restored within 3s of `nft %s`\n--- want:\n%s\n--- last listing:\n%s\n--- nftproxy log:\n%s",
+					strings.Join(tamper.nft, " "), baseline, last, e.proxy.Tail(20))
+			}
+			latencies = append(latencies, took)
+			t.Logf("nft %s: table restored %v after the command returned", strings.Join(tamper.nft, " "), took.Round(time.Millisecond))
+			if took > time.Second {
+				t.Errorf("restored after %v, want within 1s", took)
+			}
+			restored := time.Now()
+
+			select {
+			case <-run.Done():
+			case <-time.After(30 * time.Second):
+				t.Fatal("client probe did not finish within 30s")
+			}
+			res, err := run.Stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var before, during, after []cluster.ProbeResult
+			for _, r := range res {
+				switch {
+				case r.At.Add(attemptTimeout).Before(tamperStart): // over before nft ran
+					before = append(before, r)
+				case r.At.After(restored.Add(100 * time.Millisecond)):
+					after = append(after, r)
+				default:
+					during = append(during, r)
+				}
+			}
+			t.Logf("client: before %s; around the tampering and repair %s; after %s", summary(before), summary(during), summary(after))
+			if len(after) < 10 {
+				t.Errorf("only %d connection attempts after the repair", len(after))
+			}
+			expectAnswered(t, "connections before the tampering", before, e.web, is(e.client.IP.String()))
+			expectAnswered(t, "connections after the repair", after, e.web, is(e.client.IP.String()))
+
+			repairs := metricValue(e.scrape(t), "nftproxy_dataplane_repairs_total")
+			if repairs < repairsBefore+1 {
+				t.Errorf("nftproxy_dataplane_repairs_total went from %v to %v, want an increase", repairsBefore, repairs)
+			}
+			if detected, synced := repairLog(e.proxy.Tail(80), tamperStart); detected.IsZero() || synced.IsZero() {
+				t.Errorf("nftproxy did not log the detection and the repairing sync; log:\n%s", e.proxy.Tail(20))
+			} else {
+				t.Logf("from nftproxy's log: change detected %v and repairing sync done %v after the nft command started (it took %v)",
+					detected.Sub(tamperStart).Round(time.Millisecond), synced.Sub(tamperStart).Round(time.Millisecond), tampered.Sub(tamperStart).Round(time.Millisecond))
+			}
+			// Let the runner's --min-sync-period since the repair pass, so that the
+			// next tampering is measured from an idle proxy, as in production.
+			time.Sleep(time.Second)
+		})
+	}
+	t.Logf("repair latency (tamper command returned → restored listing seen): %v", latencies)
+	if m := e.scrape(t); metricValue(m, `nftproxy_dataplane_repairs_total{cause="events_lost"}`) != 0 {
+		t.Errorf("events were lost: %v", metricValue(m, `nftproxy_dataplane_repairs_total{cause="events_lost"}`))
+	}
+	if after := e.mustNft(t, "list", "table", "ip", "foreign"); after != foreignBefore {
+		t.Errorf("the foreign table changed\n--- before:\n%s\n--- after:\n%s", foreignBefore, after)
+	}
+}
+
+func (e *env) mustNft(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := e.c.Exec(t.Context(), e.c.NodeNS, append([]string{"nft"}, args...)...)
+	if err != nil {
+		t.Fatalf("nft %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+var counterValuesRE = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+
+// normalizedListing is `nft list table ip nftproxy` without counter values and with
+// its sets and chains sorted (nft lists them in creation order, which a rewrite may
+// change); "" if the table does not exist.
+func (e *env) normalizedListing(ctx context.Context) string {
+	out, err := e.nftList(ctx)
+	if err != nil {
+		return ""
+	}
+	s := counterValuesRE.ReplaceAllString(strings.TrimSpace(out), "counter")
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "table ip "+tableName+" {"), "}")
+	blocks := strings.Split(strings.TrimSpace(s), "\n\n")
+	for i := range blocks {
+		blocks[i] = strings.TrimSpace(blocks[i])
+	}
+	sort.Strings(blocks)
+	return strings.Join(blocks, "\n\n")
+}
+
+// waitStableListing returns the normalized listing once it has not changed for 2s.
+func (e *env) waitStableListing(t *testing.T) string {
+	t.Helper()
+	deadline := time.Now().Add(converge)
+	last, since := "", time.Now()
+	for time.Now().Before(deadline) {
+		cur := e.normalizedListing(t.Context())
+		if cur != last {
+			last, since = cur, time.Now()
+		} else if cur != "" && time.Since(since) >= 2*time.Second {
+			return cur
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the table did not settle within %v:\n%s", converge, last)
+	return ""
+}
+
+// waitListing polls the listing until it equals want; it returns how long after start
+// that was, or -1 and the last listing after limit.
+func (e *env) waitListing(t *testing.T, want string, start time.Time, limit time.Duration) (time.Duration, string) {
+	t.Helper()
+	var last string
+	for time.Since(start) < limit {
+		if last = e.normalizedListing(t.Context()); last == want {
+			return time.Since(start), last
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return -1, last
+}
+
+// repairLog finds, in nftproxy's log (text format, -v=2), the first detection of a
+// foreign change at or after since and the end of the next full sync.
+func repairLog(log string, since time.Time) (detected, synced time.Time) {
+	for _, line := range strings.Split(log, "\n") {
+		ts, _, ok := strings.Cut(line, "\t")
+		if !ok {
+			continue
+		}
+		at, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts)
+		if err != nil || at.Before(since.Truncate(time.Millisecond)) {
+			continue
+		}
+		switch {
+		case detected.IsZero() && strings.Contains(line, "repairing"):
+			detected = at
+		case !detected.IsZero() && strings.Contains(line, "\tSynced\t") && strings.Contains(line, `"full": true`):
+			return detected, at
+		}
+	}
+	return detected, time.Time{}
+}
