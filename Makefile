@@ -4,7 +4,7 @@ GO       ?= go
 BIN      := $(CURDIR)/bin
 PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
 
-.PHONY: all build deps test lint unit e2e demo bench clean
+.PHONY: all build deps test lint unit e2e soak demo bench clean
 
 all: build
 
@@ -29,6 +29,11 @@ unit:
 # End-to-end: real etcd + kube-apiserver and real packets between network namespaces.
 e2e:
 	NFTPROXY_E2E=1 $(GO) test -count=1 -timeout 30m -v ./e2e/...
+
+# Churn soak alone, longer than the 4 minutes it runs within e2e (SOAK_DURATION=… to change).
+SOAK_DURATION ?= 30m
+soak:
+	NFTPROXY_E2E=1 SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -timeout 3h -v -run '^TestChurnSoak$$' ./e2e/
 
 # The main job on a built-in local cluster: two services, the ruleset, traffic.
 demo: deps
