@@ -10,100 +10,150 @@ import (
 
 // Cache builds snapshots like Build, but remembers each service's result and reuses it
 // while the Service and its EndpointSlices are the same objects (informer caches replace
-// an object on every change and never modify one in place). A sync then costs a pass of
-// pointer comparisons over all services plus the work for the ones that changed. A
-// Cache must be used by one goroutine at a time.
+// an object on every change and never modify one in place). Objects are recognised by
+// identity, so a sync costs a pass of pointer lookups over all objects plus the work for
+// the services that changed. A Cache must be used by one goroutine at a time.
 type Cache struct {
+	gen      uint64
 	services map[nsName]*cachedService
-	order    []nsName // sorted keys of services, valid while the set of services is unchanged
+	slices   map[*discovery.EndpointSlice]*cachedSlice
+	order    []*cachedService // services with a Service object, in name order
 }
 
 type cachedService struct {
-	svc      *v1.Service
-	slices   []*discovery.EndpointSlice
+	key      nsName
+	svc      *v1.Service                // nil: only slices refer to this name
+	slices   []*discovery.EndpointSlice // the service's proxied slices, in no order
 	ports    []ServicePort
 	problems []Problem
+	dirty    bool   // ports must be built again
+	gen      uint64 // last Build that listed the Service
+}
+
+type cachedSlice struct {
+	key     nsName
+	proxied bool // labelled with a service and of an IP address type
+	gen     uint64
 }
 
 // NewCache returns an empty Cache.
-func NewCache() *Cache { return &Cache{services: map[nsName]*cachedService{}} }
+func NewCache() *Cache {
+	return &Cache{services: map[nsName]*cachedService{}, slices: map[*discovery.EndpointSlice]*cachedSlice{}}
+}
 
 // Build returns what Build returns for the same arguments (the problems possibly in
 // another order).
 func (c *Cache) Build(services []*v1.Service, epSlices []*discovery.EndpointSlice, node *v1.Node) (*Snapshot, []Problem) {
+	c.gen++
 	nb := &builder{}
 	snap := &Snapshot{Node: nb.node(node)}
 	problems := nb.problems
-	bySvc := groupSlicesUnsorted(epSlices)
-	next := make(map[nsName]*cachedService, len(services))
-	sameSet := len(services) == len(c.services)
-	n := 0
-	for _, svc := range services {
-		k := nsName{svc.Namespace, svc.Name}
-		group := bySvc[k]
-		cs := c.services[k]
-		if cs == nil {
-			sameSet = false
+	membership := false // the set of services changed: the order is built again
+
+	// Slices: new ones join their service, vanished ones leave it.
+	for _, s := range epSlices {
+		if e := c.slices[s]; e != nil {
+			e.gen = c.gen
+			continue
 		}
-		if cs == nil || cs.svc != svc || !slicesEqual(cs.slices, group) {
-			b := &builder{}
-			ports := b.service(svc, sortedByName(group))
-			slices.SortFunc(ports, func(x, y ServicePort) int { return x.Name.Compare(y.Name) })
-			cs = &cachedService{svc: svc, slices: group, ports: ports, problems: b.problems}
+		e := &cachedSlice{gen: c.gen}
+		if svc := s.Labels[discovery.LabelServiceName]; svc != "" && (s.AddressType == discovery.AddressTypeIPv4 || s.AddressType == discovery.AddressTypeIPv6) {
+			e.key, e.proxied = nsName{s.Namespace, svc}, true
+			cs := c.entry(e.key)
+			cs.slices = append(cs.slices, s)
+			cs.dirty = true
 		}
-		next[k] = cs
-		n += len(cs.ports)
+		c.slices[s] = e
 	}
-	c.services = next
-	if !sameSet || len(c.order) != len(next) {
-		c.order = c.order[:0]
-		for k := range next {
-			c.order = append(c.order, k)
+	if len(c.slices) > len(epSlices) {
+		for s, e := range c.slices {
+			if e.gen == c.gen {
+				continue
+			}
+			delete(c.slices, s)
+			if cs := c.services[e.key]; e.proxied && cs != nil {
+				if i := slices.Index(cs.slices, s); i >= 0 {
+					cs.slices = slices.Delete(cs.slices, i, i+1)
+				}
+				cs.dirty = true
+				c.forgetIfUnused(cs)
+			}
 		}
-		slices.SortFunc(c.order, func(a, b nsName) int {
-			if r := strings.Compare(a.ns, b.ns); r != 0 {
+	}
+
+	// Services: a replaced object or a changed slice set builds the ports again.
+	seen := 0
+	for _, svc := range services {
+		cs := c.entry(nsName{svc.Namespace, svc.Name})
+		if cs.svc == nil {
+			membership = true
+		}
+		if cs.svc != svc {
+			cs.svc, cs.dirty = svc, true
+		}
+		if cs.gen != c.gen {
+			seen++
+		}
+		cs.gen = c.gen
+		if cs.dirty {
+			b := &builder{}
+			ports := b.service(svc, sortedByName(cs.slices))
+			slices.SortFunc(ports, func(x, y ServicePort) int { return x.Name.Compare(y.Name) })
+			cs.ports, cs.problems, cs.dirty = ports, b.problems, false
+		}
+	}
+	if seen != len(c.order) || membership {
+		membership = true
+		for _, cs := range c.services {
+			if cs.svc != nil && cs.gen != c.gen { // the Service is gone
+				cs.svc, cs.ports, cs.problems, cs.dirty = nil, nil, nil, true
+				c.forgetIfUnused(cs)
+			}
+		}
+	}
+	if membership {
+		c.order = c.order[:0]
+		for _, cs := range c.services {
+			if cs.svc != nil {
+				c.order = append(c.order, cs)
+			}
+		}
+		slices.SortFunc(c.order, func(a, b *cachedService) int {
+			if r := strings.Compare(a.key.ns, b.key.ns); r != 0 {
 				return r
 			}
-			return strings.Compare(a.name, b.name)
+			return strings.Compare(a.key.name, b.key.name)
 		})
+	}
+	n := 0
+	for _, cs := range c.order {
+		n += len(cs.ports)
 	}
 	if n > 0 {
 		snap.Services = make([]ServicePort, 0, n)
 	}
-	for _, k := range c.order {
-		cs := next[k]
+	for _, cs := range c.order {
 		snap.Services = append(snap.Services, cs.ports...)
 		problems = append(problems, cs.problems...)
 	}
 	return snap, problems
 }
 
-// groupSlicesUnsorted indexes the slices that may carry endpoints by service, in the
-// order given; slicesEqual compares such groups, sortedByName orders one for building.
-func groupSlicesUnsorted(ss []*discovery.EndpointSlice) map[nsName][]*discovery.EndpointSlice {
-	out := map[nsName][]*discovery.EndpointSlice{}
-	for _, s := range ss {
-		svc := s.Labels[discovery.LabelServiceName]
-		if svc == "" || (s.AddressType != discovery.AddressTypeIPv4 && s.AddressType != discovery.AddressTypeIPv6) {
-			continue
-		}
-		k := nsName{s.Namespace, svc}
-		out[k] = append(out[k], s)
+// entry returns the cached service of k, creating an empty one.
+func (c *Cache) entry(k nsName) *cachedService {
+	cs := c.services[k]
+	if cs == nil {
+		cs = &cachedService{key: k, dirty: true}
+		c.services[k] = cs
 	}
-	return out
+	return cs
 }
 
-// slicesEqual reports whether a and b hold the same slice objects, in any order.
-func slicesEqual(a, b []*discovery.EndpointSlice) bool {
-	if len(a) != len(b) {
-		return false
+// forgetIfUnused drops a service entry that neither a Service nor a slice refers to.
+func (c *Cache) forgetIfUnused(cs *cachedService) {
+	if cs.svc == nil && len(cs.slices) == 0 {
+		delete(c.services, cs.key)
 	}
-	for _, s := range a {
-		if !slices.Contains(b, s) {
-			return false
-		}
-	}
-	return true
 }
 
 func sortedByName(ss []*discovery.EndpointSlice) []*discovery.EndpointSlice {

@@ -1,0 +1,58 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/conntrack"
+	"github.com/nftproxy/nftproxy/internal/healthcheck"
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/nft"
+)
+
+// BenchmarkSyncOneChange is the userspace side of a steady-state sync, from API objects:
+// n Services with a 10-endpoint EndpointSlice each, one slice replaced (as an informer
+// replaces it) per iteration; model, compile (both families), conntrack and health
+// check bookkeeping. The kernel write is BenchmarkOneChange in nft/kernel.
+func BenchmarkSyncOneChange(b *testing.B) {
+	for _, n := range []int{1000, 10000, 30000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			svcs := make([]*v1.Service, n)
+			slices := make([]*discovery.EndpointSlice, n)
+			for i := range svcs {
+				name := fmt.Sprintf("s%06d", i)
+				svcs[i] = service(name, fmt.Sprintf("10.%d.%d.%d", 96+i/65536, (i/256)%256, i%256))
+				var addrs []string
+				for j := range 10 {
+					k := i*10 + j
+					addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 128+k/65536, (k/256)%256, k%256))
+				}
+				slices[i] = slice(name, name+"-1", addrs...)
+			}
+			cfg := Config{NodeName: "node-1", MasqueradeBit: 14}
+			pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
+			prev, _, _, err := pl.compile(cfg, svcs, slices, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			i := 0
+			for b.Loop() {
+				i++
+				k := n / 2
+				s := slice(svcs[k].Name, svcs[k].Name+"-1", fmt.Sprintf("10.250.%d.%d", (i/256)%256, i%256))
+				slices[k] = s
+				snap, _, _, err := pl.compile(cfg, svcs, slices, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				conntrack.StaleWith(prev, snap, servingEndpoints)
+				healthcheck.FromSnapshot(snap)
+				prev = snap
+			}
+		})
+	}
+}
