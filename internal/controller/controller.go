@@ -185,7 +185,11 @@ func (p *Proxy) Status() Status {
 // Run starts the informers, waits for their caches and syncs until ctx ends. The rules
 // stay in the kernel when it returns: a restarted proxy takes over without a gap.
 func (p *Proxy) Run(ctx context.Context) error {
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	// The correlator's caches (aggregation and spam filtering of repeated events) hold
+	// up to LRUCacheSize keys each, 4096 by default: a few MiB that fill up slowly with
+	// events about objects that come and go, and read as growth in a churn soak. A node
+	// proxy reports little (bad input, refused rules), so a small cache correlates as well.
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx), record.WithCorrelatorOptions(record.CorrelatorOptions{LRUCacheSize: eventCacheSize}))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: p.client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	p.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "nftproxy", Host: p.cfg.NodeName})
@@ -205,6 +209,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.nodeFactory.Shutdown()
 	return nil
 }
+
+// eventCacheSize bounds the event correlator's caches (see Run).
+const eventCacheSize = 256
 
 // FullSyncPeriod is how often a periodic sync rewrites the whole table even though
 // nothing asked for it, as upstream's nftables mode does (its FullSyncPeriod). Drift in
