@@ -54,7 +54,7 @@ func TestSelfHealing(t *testing.T) {
 	foreignBefore := e.mustNft(t, "list", "table", "ip", "foreign")
 
 	e.args = []string{
-		"--kubeconfig", c.Kubeconfig,
+		"--kubeconfig", c.LeastPrivilegeKubeconfigT(t),
 		"--hostname-override", c.NodeName,
 		"--cluster-cidr", clusterCIDR,
 		"-v=2",
