@@ -4,7 +4,7 @@ GO       ?= go
 BIN      := $(CURDIR)/bin
 PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
 
-.PHONY: all build deps test lint unit e2e soak demo bench clean
+.PHONY: all build deps test lint unit e2e soak demo bench fuzz clean
 
 all: build
 
@@ -46,6 +46,17 @@ BENCH_SIZES ?= 1000,10000,30000
 bench: deps
 	NFTPROXY_KERNEL_TESTS=1 $(GO) test -run '^$$' -bench . -benchmem -count=1 ./internal/compile/ ./nft/kernel/
 	NFTPROXY_BENCH=1 BENCH_SIZES=$(BENCH_SIZES) $(GO) test -count=1 -timeout 150m -v -run '^TestSideBySide$$' ./e2e/bench/
+
+# Hostile-input fuzzing of the model builder and the compiler, FUZZTIME per target, one
+# worker each (internal/controller/fuzz_test.go). `unit` already runs their seed corpus
+# (testdata/fuzz) as tests, and applies it to the kernel in throwaway namespaces.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := FuzzCompile FuzzCompileIncremental
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "== $$t ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -parallel=1 ./internal/controller/ || exit 1; \
+	done
 
 clean:
 	rm -rf $(BIN)
