@@ -27,8 +27,9 @@ unit:
 	NFTPROXY_KERNEL_TESTS=1 $(GO) test -count=1 $(PKGS)
 
 # End-to-end: real etcd + kube-apiserver and real packets between network namespaces.
+# One package at a time (-p 1): each runs its own clusters and traffic needs the CPU.
 e2e:
-	NFTPROXY_E2E=1 $(GO) test -count=1 -timeout 30m -v ./e2e/...
+	NFTPROXY_E2E=1 $(GO) test -count=1 -p 1 -timeout 60m -v ./e2e/...
 
 # Churn soak alone, longer than the 4 minutes it runs within e2e (SOAK_DURATION=… to change).
 SOAK_DURATION ?= 30m

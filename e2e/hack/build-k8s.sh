@@ -15,6 +15,9 @@ bins=("$@"); [ ${#bins[@]} -gt 0 ] || bins=(kube-apiserver)
 staging="v0.${ver#v1.}"
 out="$cache/k8s-$ver"
 mkdir -p "$out"
+# One build at a time: test packages run in parallel and may all ask for a binary.
+exec 9>"$cache/.build-k8s.lock"
+flock 9
 
 need=()
 for b in "${bins[@]}"; do [ -x "$out/$b" ] || need+=("$b"); done
