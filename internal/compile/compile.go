@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
@@ -323,6 +324,23 @@ func (c *compiler) init() {
 	}
 }
 
+// maxComment is the longest comment nft accepts in its input (the kernel would store
+// more, but the rendered text must load with nft -f).
+const maxComment = 128
+
+// truncateComment shortens s to maxComment bytes without splitting a character. Service
+// port names can be longer (63 + 63 + 15 characters).
+func truncateComment(s string) string {
+	if len(s) <= maxComment {
+		return s
+	}
+	n := maxComment
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
 // ChainName returns the name of a service port's chain; kind is "svc" or "ext".
 func ChainName(kind string, sp model.ServicePortName) string {
 	port := sp.Port
@@ -335,7 +353,7 @@ func ChainName(kind string, sp model.ServicePortName) string {
 // servicePort compiles one service port, given the frontends and node port it won.
 func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart {
 	cp := &compiledPart{in: *sp, claims: won, part: &nft.Part{Owner: ChainName("port", sp.Name)}}
-	comment := sp.Name.String()
+	comment := truncateComment(sp.Name.String())
 	lbIPs := model.AddrsOf(sp.LoadBalancerIPs, c.v6)
 	clusterIPs := model.AddrsOf(sp.ClusterIPs, c.v6)
 	for _, ip := range clusterIPs {
@@ -373,7 +391,15 @@ func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart 
 		cp.part.Chains = append(cp.part.Chains, c.externalChain(sp, p))
 	}
 	c.frontendElements(cp, sp, p, cat.HasAny, internal, external, nodePort, comment)
-	c.firewall(cp, sp, lbIPs, comment)
+	// only the load-balancer IPs this port won: another service's source ranges guard
+	// the ones it lost
+	var wonLB []netip.Addr
+	for _, ip := range lbIPs {
+		if slices.Contains(external, ip) {
+			wonLB = append(wonLB, ip)
+		}
+	}
+	c.firewall(cp, sp, wonLB, comment)
 	return cp
 }
 
@@ -569,7 +595,7 @@ func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []net
 			ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}, nft.Verdict{Kind: nft.Return}}})
 		}
 	}
-	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: comment + " source ranges"})
+	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: truncateComment(comment + " source ranges")})
 	cp.part.Chains = append(cp.part.Chains, ch)
 	for _, ip := range lbIPs {
 		cp.add(mapFirewallIPs, nft.Element{

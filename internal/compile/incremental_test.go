@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/nftproxy/nftproxy/internal/model"
@@ -135,5 +136,76 @@ func TestCompilerIncremental(t *testing.T) {
 				cur = maps.Clone(cur)
 			}
 		})
+	}
+}
+
+// TestLongNamesFitComments: a service port name can be 63 + 63 + 15 characters; every
+// comment in the ruleset must still fit nft's 128-character limit, or the rendered text
+// does not load with nft -f (found by fuzzing).
+func TestLongNamesFitComments(t *testing.T) {
+	sp := model.ServicePort{
+		Name:            model.ServicePortName{Namespace: strings.Repeat("n", 63), Name: strings.Repeat("s", 63), Port: strings.Repeat("p", 15), Protocol: model.ProtoTCP},
+		ClusterIPs:      []netip.Addr{ip("10.96.0.1")},
+		Port:            80,
+		NodePort:        30080,
+		LoadBalancerIPs: []netip.Addr{ip("198.51.100.1")},
+		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
+		AffinityTimeout: 100,
+		Endpoints:       []model.Endpoint{ep("10.244.1.2", 8080)},
+	}
+	rs, _ := Compile(&model.Snapshot{Services: []model.ServicePort{sp}}, configFor(nft.IPv4), NewSlots())
+	n := 0
+	check := func(where, c string) {
+		n++
+		if len(c) > maxComment {
+			t.Errorf("%s: comment of %d bytes: %q", where, len(c), c)
+		}
+	}
+	for _, s := range rs.Sets {
+		check("set "+s.Name, s.Comment)
+		for _, e := range s.Elements {
+			check("element of "+s.Name, e.Comment)
+		}
+	}
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			check("rule of "+c.Name, r.Comment)
+		}
+	}
+	if n < 10 {
+		t.Fatalf("checked only %d comments", n)
+	}
+}
+
+// TestFirewallOnlyForWonAddresses: two LoadBalancer services with the same ingress IP
+// and port and source ranges: only the first in name order gets the firewall-ips entry
+// (found by fuzzing: both parts added the key, with different verdicts).
+func TestFirewallOnlyForWonAddresses(t *testing.T) {
+	mk := func(name, cip string) model.ServicePort {
+		return model.ServicePort{
+			Name:       model.ServicePortName{Namespace: "default", Name: name, Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{ip(cip)}, Port: 80,
+			LoadBalancerIPs: []netip.Addr{ip("198.51.100.1")},
+			SourceRanges:    []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+		}
+	}
+	rs, _ := NewCompiler(configFor(nft.IPv4), NewSlots()).Compile(&model.Snapshot{Services: []model.ServicePort{mk("a", "10.96.0.1"), mk("b", "10.96.0.2")}})
+	owners := map[string]string{}
+	for _, p := range rs.Parts {
+		for _, se := range p.Elements {
+			if se.Set != mapFirewallIPs {
+				continue
+			}
+			for _, e := range se.Elements {
+				k := valuesString(e.Key)
+				if o, dup := owners[k]; dup {
+					t.Fatalf("firewall-ips key %s added by %s and %s", k, o, p.Owner)
+				}
+				owners[k] = p.Owner
+			}
+		}
+	}
+	if len(owners) != 1 {
+		t.Fatalf("firewall-ips entries: %v, want one (service a's)", owners)
 	}
 }

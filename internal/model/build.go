@@ -53,11 +53,10 @@ func (b *builder) node(n *v1.Node) Node {
 	var have4, have6 bool
 	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
 		for _, a := range n.Status.Addresses {
-			ip, err := netip.ParseAddr(a.Address)
+			ip, err := parseIP(a.Address)
 			if a.Type != t || err != nil {
 				continue
 			}
-			ip = ip.Unmap()
 			if (ip.Is4() && !have4) || (ip.Is6() && !have6) {
 				out.IPs = append(out.IPs, ip)
 				have4, have6 = have4 || ip.Is4(), have6 || ip.Is6()
@@ -113,7 +112,13 @@ func (b *builder) service(svc *v1.Service, slices []*discovery.EndpointSlice) []
 		}
 	}
 	var out []ServicePort
+	seenPort := map[string]bool{}
 	for _, p := range svc.Spec.Ports {
+		if seenPort[p.Name] { // the API requires unique port names (and a name when there are several)
+			b.problem("Service", svc.Namespace, svc.Name, "port %q: another port has the same name, port skipped", p.Name)
+			continue
+		}
+		seenPort[p.Name] = true
 		proto, ok := protocol(p.Protocol)
 		if !ok {
 			b.problem("Service", svc.Namespace, svc.Name, "port %q: unsupported protocol %q, port skipped", p.Name, p.Protocol)
@@ -185,17 +190,31 @@ func (b *builder) policies(svc *v1.Service, sp *ServicePort) {
 	}
 }
 
+// parseIP parses an IP address as the API means it: an IPv4-mapped IPv6 address is its
+// IPv4 address, and an IPv6 zone ("%eth0") is not an address the API accepts (two
+// services could otherwise hold one address in two zones).
+func parseIP(s string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return ip, err
+	}
+	if ip.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("%q has a zone", s)
+	}
+	return ip.Unmap(), nil
+}
+
 // addrs parses a list of IP strings, reporting and skipping garbage, keeping at most one
 // address per family for cluster IPs.
 func (b *builder) addrs(kind, ns, name, what string, in []string) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range in {
-		ip, err := netip.ParseAddr(s)
+		ip, err := parseIP(s)
 		if err != nil {
 			b.problem(kind, ns, name, "%s %q is not an IP address, ignored", what, s)
 			continue
 		}
-		out = append(out, ip.Unmap())
+		out = append(out, ip)
 	}
 	return out
 }
@@ -225,8 +244,8 @@ func (b *builder) endpoints(portName string, proto uint8, slices []*discovery.En
 		for i := range s.Endpoints {
 			ep := &s.Endpoints[i]
 			for _, a := range ep.Addresses {
-				addr, err := netip.ParseAddr(a)
-				if err != nil || addr.Unmap().Is4() != (s.AddressType == discovery.AddressTypeIPv4) {
+				addr, err := parseIP(a)
+				if err != nil || addr.Is4() != (s.AddressType == discovery.AddressTypeIPv4) {
 					b.problem("EndpointSlice", s.Namespace, s.Name, "endpoint address %q is not an %s address, skipped", a, s.AddressType)
 					continue
 				}
