@@ -1,5 +1,6 @@
 # nftproxy — see README.md. Targets that touch the kernel need root; they only ever
 # program network namespaces they create themselves.
+SHELL    := /bin/bash
 GO       ?= go
 BIN      := $(CURDIR)/bin
 PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
@@ -45,7 +46,8 @@ demo: deps
 # docs/bench/results.{json,md} and chart.png. Its N=100 smoke runs within `make e2e`.
 BENCH_SIZES ?= 1000,10000,30000
 bench: deps
-	NFTPROXY_KERNEL_TESTS=1 $(GO) test -run '^$$' -bench . -benchmem -count=1 ./internal/compile/ ./nft/kernel/
+	mkdir -p docs/bench
+	set -o pipefail; NFTPROXY_KERNEL_TESTS=1 $(GO) test -run '^$$' -bench . -benchmem -count=1 ./internal/compile/ ./internal/controller/ ./nft/kernel/ | tee docs/bench/gobench.txt
 	NFTPROXY_BENCH=1 BENCH_SIZES=$(BENCH_SIZES) $(GO) test -count=1 -timeout 150m -v -run '^TestSideBySide$$' ./e2e/bench/
 
 # Hostile-input fuzzing of the model builder and the compiler, FUZZTIME per target, one
