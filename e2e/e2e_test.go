@@ -57,22 +57,8 @@ type env struct {
 // so a failing subtest does not stop the others.
 func TestServices(t *testing.T) {
 	cluster.Require(t)
-	e := &env{bin: buildNftproxy(t)}
-	e.c = cluster.StartT(t, cluster.Config{})
-	ctx := t.Context()
+	e := newEnv(t, 3)
 	c := e.c
-
-	for _, name := range []string{"web-1", "web-2", "web-3", "client"} {
-		p, err := c.AddPod(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if name == "client" {
-			e.client = p
-		} else {
-			e.web = append(e.web, p)
-		}
-	}
 	e.setupRoutes(t)
 
 	var err error
@@ -112,6 +98,30 @@ func TestServices(t *testing.T) {
 }
 
 // buildNftproxy builds ./cmd/nftproxy (from the repository root) into a temp dir.
+// newEnv builds nftproxy, starts a local cluster and adds pods web-1 … web-<webs> and
+// client on its first node.
+func newEnv(t *testing.T, webs int) *env {
+	t.Helper()
+	e := &env{bin: buildNftproxy(t)}
+	e.c = cluster.StartT(t, cluster.Config{})
+	for i := 1; i <= webs+1; i++ {
+		name := fmt.Sprintf("web-%d", i)
+		if i > webs {
+			name = "client"
+		}
+		p, err := e.c.AddPod(t.Context(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "client" {
+			e.client = p
+		} else {
+			e.web = append(e.web, p)
+		}
+	}
+	return e
+}
+
 func buildNftproxy(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "nftproxy")

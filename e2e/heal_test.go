@@ -23,20 +23,8 @@ import (
 // namespace is never touched.
 func TestSelfHealing(t *testing.T) {
 	cluster.Require(t)
-	e := &env{bin: buildNftproxy(t)}
-	e.c = cluster.StartT(t, cluster.Config{})
+	e := newEnv(t, 2)
 	c, ctx := e.c, t.Context()
-	for _, name := range []string{"web-1", "web-2", "client"} {
-		p, err := c.AddPod(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if name == "client" {
-			e.client = p
-		} else {
-			e.web = append(e.web, p)
-		}
-	}
 	const foreign = `table ip foreign {
 	set allowed {
 		type ipv4_addr

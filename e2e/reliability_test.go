@@ -31,20 +31,8 @@ const apiOutage = 60 * time.Second
 
 func TestReliability(t *testing.T) {
 	cluster.Require(t)
-	e := &env{bin: buildNftproxy(t)}
-	e.c = cluster.StartT(t, cluster.Config{})
-	c, ctx := e.c, t.Context()
-	for _, name := range []string{"web-1", "web-2", "client"} {
-		p, err := c.AddPod(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if name == "client" {
-			e.client = p
-		} else {
-			e.web = append(e.web, p)
-		}
-	}
+	e := newEnv(t, 2)
+	c := e.c
 	kubeconfig := c.LeastPrivilegeKubeconfigT(t)
 	// No --healthz-bind-address / --metrics-bind-address: kube-proxy's defaults apply.
 	e.args = []string{

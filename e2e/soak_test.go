@@ -53,20 +53,8 @@ func soakDuration(t *testing.T) time.Duration {
 func TestChurnSoak(t *testing.T) {
 	cluster.Require(t)
 	duration := soakDuration(t)
-	e := &env{bin: buildNftproxy(t)}
-	e.c = cluster.StartT(t, cluster.Config{})
+	e := newEnv(t, 2)
 	ctx, c := t.Context(), e.c
-	for _, name := range []string{"web-1", "web-2", "client"} {
-		p, err := c.AddPod(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if name == "client" {
-			e.client = p
-		} else {
-			e.web = append(e.web, p)
-		}
-	}
 	kubeconfig := c.LeastPrivilegeKubeconfigT(t)
 	e.args = []string{
 		"--kubeconfig", kubeconfig,
