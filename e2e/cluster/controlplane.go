@@ -97,7 +97,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, etcdBin, apiserverBin s
 
 	server := fmt.Sprintf("https://%s", net.JoinHostPort(c.NodeIP.String(), fmt.Sprint(apiserverPort)))
 	c.Kubeconfig = filepath.Join(c.WorkDir, "kubeconfig")
-	if err := os.WriteFile(c.Kubeconfig, []byte(kubeconfig(server, token)), 0o600); err != nil {
+	if err := os.WriteFile(c.Kubeconfig, []byte(kubeconfig(server, "admin", token)), 0o600); err != nil {
 		return err
 	}
 	cs, err := kubernetes.NewForConfig(&rest.Config{
@@ -164,7 +164,8 @@ func writeRSAKey(path string) error {
 	return os.WriteFile(path, der, 0o600)
 }
 
-func kubeconfig(server, token string) string {
+// kubeconfig is a kubeconfig for user with a bearer token.
+func kubeconfig(server, user, token string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -173,16 +174,16 @@ clusters:
     server: %s
     insecure-skip-tls-verify: true
 users:
-- name: admin
+- name: %[2]s
   user:
-    token: %s
+    token: %[3]s
 contexts:
 - name: e2e
   context:
     cluster: e2e
-    user: admin
+    user: %[2]s
 current-context: e2e
-`, server, token)
+`, server, user, token)
 }
 
 // nsDialer dials from inside the named network namespace: the socket is created on a

@@ -136,24 +136,7 @@ func (c *Cluster) LeastPrivilegeKubeconfig(ctx context.Context) (string, error) 
 		return "", fmt.Errorf("token for %s: %w", r.Username(), err)
 	}
 	server := fmt.Sprintf("https://%s", net.JoinHostPort(c.NodeIP.String(), fmt.Sprint(apiserverPort)))
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: e2e
-  cluster:
-    server: %s
-    insecure-skip-tls-verify: true
-users:
-- name: %[2]s
-  user:
-    token: %[3]s
-contexts:
-- name: e2e
-  context:
-    cluster: e2e
-    user: %[2]s
-current-context: e2e
-`, server, sa.Name, tr.Status.Token)
+	kc := kubeconfig(server, sa.Name, tr.Status.Token)
 	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
 		return "", err
 	}
