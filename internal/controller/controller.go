@@ -16,6 +16,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -147,6 +148,9 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 		log.Info("The API serves no ServiceCIDR objects; using --service-cluster-ip-range", "cidrs", cfg.ServiceCIDRs)
 	}
 	for _, inf := range infs {
+		// managed fields (server-side apply bookkeeping) are most of a small object's
+		// size and nothing here reads them: drop them before the cache keeps the object
+		_ = inf.SetTransform(dropManagedFields)
 		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { p.changed(obj) },
 			UpdateFunc: func(_, obj any) { p.changed(obj) },
@@ -154,6 +158,14 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 		})
 	}
 	return p
+}
+
+// dropManagedFields is the informers' transform: it clears metadata.managedFields.
+func dropManagedFields(obj any) (any, error) {
+	if a, err := meta.Accessor(obj); err == nil {
+		a.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 // changed notes a change from the API and asks for a sync.

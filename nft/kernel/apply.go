@@ -39,7 +39,7 @@ type state struct {
 	sets   map[string]*nft.Set   // the ruleset's and its parts' sets
 	chains map[string]*nft.Chain // the ruleset's own chains (parts keep theirs)
 	parts  map[string]*nft.Part
-	elems  map[string]map[string]*refElem // set → key bytes → element
+	elems  map[string]map[string]refElem // set → key bytes → element
 	// known is false for a state read from the kernel: only names, content unknown
 	known bool
 }
@@ -74,14 +74,14 @@ func (u *undo) apply() {
 	for set, keys := range u.d.before {
 		m := st.elems[set]
 		if m == nil {
-			m = map[string]*refElem{}
+			m = map[string]refElem{}
 			st.elems[set] = m
 		}
 		for k, was := range keys {
 			if was == nil {
 				delete(m, k)
 			} else {
-				m[k] = was
+				m[k] = *was
 			}
 		}
 		if len(m) == 0 {
@@ -91,9 +91,9 @@ func (u *undo) apply() {
 }
 
 type refElem struct {
-	elem nft.Element
-	full uint64 // hash of key, value and comment bytes: equal when nothing changed
-	refs int
+	elem *nft.Element // in the ruleset or part that added it last
+	full uint64       // hash of key, value and comment bytes: equal when nothing changed
+	refs int32
 }
 
 // Option configures an Applier.
@@ -276,7 +276,7 @@ func (a *Applier) kernelState(fam nft.Family, table string) (*state, error) {
 
 func newState(rs *nft.Ruleset) *state {
 	return &state{rs: rs, sets: map[string]*nft.Set{}, chains: map[string]*nft.Chain{}, parts: map[string]*nft.Part{},
-		elems: map[string]map[string]*refElem{}}
+		elems: map[string]map[string]refElem{}}
 }
 
 // names returns a state with st's set and chain names and unknown content: diffing
@@ -310,7 +310,8 @@ func fingerprint(s *nft.Set, e nft.Element, key []byte) uint64 {
 		_ = h.WriteByte(byte(e.Verdict.Kind))
 		_, _ = h.WriteString(e.Verdict.Chain)
 	} else if len(e.Data) > 0 {
-		data, _ := encodeValues(s.Data, e.Data)
+		var buf [64]byte
+		data, _ := appendValues(buf[:0], s.Data, e.Data)
 		_, _ = h.Write(data)
 	}
 	_ = h.WriteByte(0)
@@ -330,63 +331,80 @@ type elemDelta struct {
 	fresh bool
 }
 
-func (d *elemDelta) touch(set, key string) map[string]*refElem {
-	m := d.st.elems[set]
+// maps returns the element index of a set and, unless the delta is fresh, the map of
+// its keys' states before this sync.
+func (d *elemDelta) maps(set string) (m map[string]refElem, bm map[string]*refElem) {
+	m = d.st.elems[set]
 	if m == nil {
-		m = map[string]*refElem{}
+		m = map[string]refElem{}
 		d.st.elems[set] = m
 	}
 	if d.fresh {
-		return m
+		return m, nil
 	}
-	bm := d.before[set]
+	bm = d.before[set]
 	if bm == nil {
 		bm = map[string]*refElem{}
 		d.before[set] = bm
 	}
-	if _, seen := bm[key]; !seen {
-		if e := m[key]; e != nil {
-			c := *e
-			bm[key] = &c
-		} else {
-			bm[key] = nil
-		}
+	return m, bm
+}
+
+// note records key's state before its first change in this sync.
+func note(m map[string]refElem, bm map[string]*refElem, key []byte) {
+	if bm == nil {
+		return
 	}
-	return m
+	if _, seen := bm[string(key)]; seen {
+		return
+	}
+	if e, ok := m[string(key)]; ok {
+		bm[string(key)] = &e
+	} else {
+		bm[string(key)] = nil
+	}
 }
 
 // add counts one contribution of es to set s.
 func (d *elemDelta) add(s *nft.Set, es []nft.Element) error {
-	for _, e := range es {
-		k, err := encodeValues(s.Key, e.Key)
+	m, bm := d.maps(s.Name)
+	var kb [64]byte
+	for i := range es {
+		e := &es[i] // rulesets are never modified once built: the index points into them
+		k, err := appendValues(kb[:0], s.Key, e.Key)
 		if err != nil {
 			return fmt.Errorf("set %s: %w", s.Name, err)
 		}
-		m := d.touch(s.Name, string(k))
-		full := fingerprint(s, e, k)
-		if cur := m[string(k)]; cur != nil {
+		note(m, bm, k)
+		full := fingerprint(s, *e, k)
+		if cur, ok := m[string(k)]; ok {
 			// parts share a key only with identical elements; should two differ, the
 			// last one counted wins rather than a stale one
 			cur.refs++
 			cur.elem, cur.full = e, full
+			m[string(k)] = cur
 			continue
 		}
-		m[string(k)] = &refElem{elem: e, full: full, refs: 1}
+		m[string(k)] = refElem{elem: e, full: full, refs: 1}
 	}
 	return nil
 }
 
 // remove takes back one contribution of es to set s.
 func (d *elemDelta) remove(s *nft.Set, es []nft.Element) error {
+	m, bm := d.maps(s.Name)
+	var kb [64]byte
 	for _, e := range es {
-		k, err := encodeValues(s.Key, e.Key)
+		k, err := appendValues(kb[:0], s.Key, e.Key)
 		if err != nil {
 			return fmt.Errorf("set %s: %w", s.Name, err)
 		}
-		m := d.touch(s.Name, string(k))
-		if cur := m[string(k)]; cur != nil {
+		note(m, bm, k)
+		if cur, ok := m[string(k)]; ok {
 			if cur.refs--; cur.refs <= 0 {
 				delete(m, string(k))
+			} else {
+				m[string(k)] = cur
 			}
 		}
 	}
@@ -739,7 +757,7 @@ func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats
 			setNames = append(setNames, name)
 			es := make([]nft.Element, 0, len(m))
 			for _, e := range m {
-				es = append(es, e.elem)
+				es = append(es, *e.elem)
 			}
 			add[name] = es
 		}
@@ -751,12 +769,12 @@ func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats
 		}
 		now := d.st.elems[name]
 		for k, was := range d.before[name] {
-			is := now[k]
-			if was != nil && !pl.recreated[name] && !gone[name] && (is == nil || is.full != was.full) {
-				del[name] = append(del[name], was.elem)
+			is, ok := now[k]
+			if was != nil && !pl.recreated[name] && !gone[name] && (!ok || is.full != was.full) {
+				del[name] = append(del[name], *was.elem)
 			}
-			if is != nil && (was == nil || pl.recreated[name] || is.full != was.full) {
-				add[name] = append(add[name], is.elem)
+			if ok && (was == nil || pl.recreated[name] || is.full != was.full) {
+				add[name] = append(add[name], *is.elem)
 			}
 		}
 		if len(now) == 0 || gone[name] && !pl.recreated[name] {

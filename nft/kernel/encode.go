@@ -271,12 +271,17 @@ func concatType(ts []nft.Datatype) (id, length uint32) {
 // encodeValues encodes a key or value tuple; in a concatenation each field takes a
 // multiple of 4 bytes.
 func encodeValues(ts []nft.Datatype, vs []nft.Value) ([]byte, error) {
+	return appendValues(make([]byte, 0, 20*len(ts)), ts, vs)
+}
+
+// appendValues appends the encoding of vs to dst: each field in its own 32-bit aligned
+// register slot when there are several (a concatenation), as nft does.
+func appendValues(dst []byte, ts []nft.Datatype, vs []nft.Value) ([]byte, error) {
 	if len(ts) != len(vs) {
 		return nil, fmt.Errorf("kernel: %d values for %d types", len(vs), len(ts))
 	}
-	var out []byte
 	for i, t := range ts {
-		var b []byte
+		start := len(dst)
 		v := vs[i]
 		switch t {
 		case nft.TypeIPv4Addr, nft.TypeIPv6Addr:
@@ -284,24 +289,29 @@ func encodeValues(ts []nft.Datatype, vs []nft.Value) ([]byte, error) {
 			if !a.IsValid() || a.Is4() != (t == nft.TypeIPv4Addr) {
 				return nil, fmt.Errorf("kernel: %v is not a valid %s", a, map[bool]string{true: "IPv4 address", false: "IPv6 address"}[t == nft.TypeIPv4Addr])
 			}
-			b = a.AsSlice()
+			if a.Is4() {
+				b := a.As4()
+				dst = append(dst, b[:]...)
+			} else {
+				b := a.As16()
+				dst = append(dst, b[:]...)
+			}
 		case nft.TypeInetProto:
-			b = []byte{byte(v.Num)}
+			dst = append(dst, byte(v.Num))
 		case nft.TypeInetService:
-			b = binary.BigEndian.AppendUint16(nil, uint16(v.Num))
+			dst = binary.BigEndian.AppendUint16(dst, uint16(v.Num))
 		case nft.TypeNumgen:
-			b = le32(v.Num)
+			dst = binary.LittleEndian.AppendUint32(dst, v.Num) // registers hold host byte order
 		default:
 			return nil, fmt.Errorf("kernel: cannot encode datatype %d", t)
 		}
 		if len(ts) > 1 {
-			for len(b)%4 != 0 {
-				b = append(b, 0)
+			for (len(dst)-start)%4 != 0 {
+				dst = append(dst, 0)
 			}
 		}
-		out = append(out, b...)
 	}
-	return out, nil
+	return dst, nil
 }
 
 // Userdata (libnftnl's TLVs) that nft attaches to sets and rules.
