@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"syscall"
 	"time"
@@ -40,12 +41,21 @@ import (
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
 
+// gcPercent is nftproxy's default GOGC.
+const gcPercent = 50
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "explain" {
 		os.Exit(runExplain(os.Args[2:]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "verify" {
 		os.Exit(runVerify(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if os.Getenv("GOGC") == "" {
+		// A sync's transient garbage (netlink encoding) is about twice the live heap at
+		// scale; collecting at +50% instead of +100% cuts the peak by a fifth (10k
+		// services: 366 → 299 MiB of heap) for a little CPU. GOGC overrides it.
+		debug.SetGCPercent(gcPercent)
 	}
 	fs, o := options.NewFlagSet()
 	if code, exit := configure(fs, o, os.Args[1:], os.Stderr); exit {
