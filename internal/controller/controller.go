@@ -105,6 +105,9 @@ type Proxy struct {
 	// the rulesets the kernel last accepted, and the parts it refused (see isolate.go)
 	applied    []*nft.Ruleset
 	quarantine map[quarantineKey]*nft.Part
+
+	synced     chan struct{} // closed after the first successful sync
+	syncedOnce sync.Once
 }
 
 // Status is the proxy's sync state, for health checks. (Metrics go to Config.Metrics.)
@@ -126,6 +129,7 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 		pipeline:   &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
 		reported:   map[model.Problem]bool{},
 		quarantine: map[quarantineKey]*nft.Part{},
+		synced:     make(chan struct{}),
 	}
 	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod, max(cfg.MinSyncPeriod, time.Second), nil)
 	p.runner.OnPanic(func(v any) { log.Error(fmt.Errorf("%v", v), "Sync panicked; will retry") })
@@ -186,6 +190,9 @@ func (p *Proxy) changed(obj any) {
 	p.mu.Unlock()
 	p.runner.Request()
 }
+
+// Synced is closed once the first sync has programmed the kernel.
+func (p *Proxy) Synced() <-chan struct{} { return p.synced }
 
 // Status returns a copy of the sync state.
 func (p *Proxy) Status() Status {
@@ -263,6 +270,7 @@ func (p *Proxy) sync(periodic bool) error {
 			}
 		}
 		if err == nil {
+			p.syncedOnce.Do(func() { close(p.synced) })
 			p.applied = rulesets
 			p.log.V(2).Info("Synced", "services", len(snap.Services), "full", st.Full, "messages", st.Messages,
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start))
