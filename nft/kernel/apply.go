@@ -164,7 +164,7 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 		next[k] = cur
 	}
 	all := mergeBatches(batches)
-	st.Messages, st.Bytes = len(all.msgs), all.bytes
+	st.Messages, st.Bytes = all.msgs, all.bytes
 	start := time.Now()
 	err = all.send(conn)
 	st.Kernel = time.Since(start)
@@ -484,6 +484,22 @@ func diffFull(b *batch, prev, cur *state, st *Stats) error {
 			pl.goneSets = append(pl.goneSets, name)
 		}
 	}
+	// size each set's index once: growing maps of hundreds of thousands of keys
+	// doubles the peak memory of a cold sync
+	counts := map[string]int{}
+	for _, s := range cur.rs.Sets {
+		counts[s.Name] += len(s.Elements)
+	}
+	for _, p := range cur.rs.Parts {
+		for _, se := range p.Elements {
+			counts[se.Set] += len(se.Elements)
+		}
+	}
+	for name, n := range counts {
+		if n > 0 {
+			cur.elems[name] = make(map[string]refElem, n)
+		}
+	}
 	if err := d.addElements(byName, cur.rs.Sets, nil); err != nil {
 		return err
 	}
@@ -739,7 +755,11 @@ func (pl *plan) part(d *elemDelta, st *state, sets map[string]*nft.Set, old, p *
 // them, and references are removed before what they refer to is deleted.
 func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats) error {
 	var errs []error
-	try := func(err error) { errs = append(errs, err) }
+	try := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
 	try(b.addTable())
 	gone := map[string]bool{}
 	for _, name := range pl.goneSets {
@@ -750,14 +770,14 @@ func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats
 	for name := range d.before {
 		setNames = append(setNames, name)
 	}
-	del := map[string][]nft.Element{}
-	add := map[string][]nft.Element{}
+	del := map[string][]*nft.Element{}
+	add := map[string][]*nft.Element{}
 	if d.fresh { // every element is new
 		for name, m := range d.st.elems {
 			setNames = append(setNames, name)
-			es := make([]nft.Element, 0, len(m))
+			es := make([]*nft.Element, 0, len(m))
 			for _, e := range m {
-				es = append(es, *e.elem)
+				es = append(es, e.elem)
 			}
 			add[name] = es
 		}
@@ -771,10 +791,10 @@ func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats
 		for k, was := range d.before[name] {
 			is, ok := now[k]
 			if was != nil && !pl.recreated[name] && !gone[name] && (!ok || is.full != was.full) {
-				del[name] = append(del[name], *was.elem)
+				del[name] = append(del[name], was.elem)
 			}
 			if ok && (was == nil || pl.recreated[name] || is.full != was.full) {
-				add[name] = append(add[name], *is.elem)
+				add[name] = append(add[name], is.elem)
 			}
 		}
 		if len(now) == 0 || gone[name] && !pl.recreated[name] {
@@ -842,8 +862,12 @@ func mergeBatches(bs []*batch) *batch {
 	}
 	out := &batch{}
 	for _, b := range bs {
-		out.msgs = append(out.msgs, b.msgs...)
-		out.what = append(out.what, b.what...)
+		if b.msgs == 0 {
+			continue
+		}
+		out.last = msgRef{len(out.pages) + b.last.page, b.last.off}
+		out.pages = append(out.pages, b.pages...)
+		out.msgs += b.msgs
 		out.bytes += b.bytes
 	}
 	return out

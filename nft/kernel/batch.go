@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,80 +24,172 @@ import (
 // attribute overflows its 16-bit length.
 const elemChunk = 512
 
-// batch accumulates the messages of one transaction.
+// pageSize is the size at which a batch starts a new buffer. Messages are written
+// straight into these pages (no per-message or per-attribute allocation) and the pages
+// go to the kernel as the iovecs of one sendmsg, so a 50 MB transaction is never copied.
+const pageSize = 1 << 20
+
+// Netlink message header flags (linux/netlink.h).
+const (
+	nlmRequest = unix.NLM_F_REQUEST
+	nlmAck     = unix.NLM_F_ACK
+	nlmCreate  = unix.NLM_F_CREATE
+	nlmAppend  = unix.NLM_F_APPEND
+)
+
+// batch accumulates the messages of one transaction, encoded.
 type batch struct {
-	fam   nft.Family
-	table string
-	msgs  []netlink.Message
-	what  []string // per message: a description for error reports
-	bytes int
-	setID uint32 // last NFTA_SET_ID handed out (the kernel requires one per new set)
+	fam     nft.Family
+	table   string
+	pages   [][]byte // whole netlink messages, back to back
+	msgs    int
+	bytes   int
+	last    msgRef // the last message: it asks for the acknowledgement
+	setID   uint32 // last NFTA_SET_ID handed out (the kernel requires one per new set)
+	w       []byte // the page being written (pages[len(pages)-1] while a message is open)
+	msgOff  int    // offset in w of the open message
+	scratch []byte
 }
+
+type msgRef struct{ page, off int }
 
 func newBatch(fam nft.Family, table string) *batch { return &batch{fam: fam, table: table} }
 
-func (b *batch) add(typ uint16, flags netlink.HeaderFlags, what string, build func(ae *netlink.AttributeEncoder)) error {
-	ae := netlink.NewAttributeEncoder()
-	ae.ByteOrder = binary.BigEndian // nf_tables attributes are in network byte order
-	build(ae)
-	data, err := ae.Encode()
-	if err != nil {
-		return fmt.Errorf("encoding %s: %w", what, err)
+// seq numbers messages uniquely within the process; the kernel quotes it in errors.
+var seq atomic.Uint32
+
+// begin opens a message: the netlink header (its length filled by finish) and nfgenmsg.
+func (b *batch) begin(typ uint16, flags uint16) {
+	if len(b.pages) == 0 || len(b.w) >= pageSize {
+		if len(b.pages) > 0 {
+			b.pages[len(b.pages)-1] = b.w
+		}
+		b.w = make([]byte, 0, pageSize+pageSize/4)
+		b.pages = append(b.pages, b.w)
 	}
-	msg := netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | typ),
-			Flags: netlink.Request | flags,
-		},
-		Data: append([]byte{byte(b.fam), unix.NFNETLINK_V0, 0, 0}, data...),
+	b.msgOff = len(b.w)
+	b.w = binary.NativeEndian.AppendUint32(b.w, 0) // nlmsg_len
+	b.w = binary.NativeEndian.AppendUint16(b.w, unix.NFNL_SUBSYS_NFTABLES<<8|typ)
+	b.w = binary.NativeEndian.AppendUint16(b.w, nlmRequest|flags)
+	b.w = binary.NativeEndian.AppendUint32(b.w, seq.Add(1))
+	b.w = binary.NativeEndian.AppendUint32(b.w, 0) // port: the kernel's
+	b.w = append(b.w, byte(b.fam), unix.NFNETLINK_V0, 0, 0)
+}
+
+// finish closes the open message.
+func (b *batch) finish() {
+	n := len(b.w) - b.msgOff
+	binary.NativeEndian.PutUint32(b.w[b.msgOff:], uint32(n))
+	b.pages[len(b.pages)-1] = b.w
+	b.last = msgRef{len(b.pages) - 1, b.msgOff}
+	b.msgs++
+	b.bytes += n
+}
+
+// abandon drops the open message (its encoding failed).
+func (b *batch) abandon() {
+	b.w = b.w[:b.msgOff]
+	b.pages[len(b.pages)-1] = b.w
+}
+
+// Attribute encoding, as netlink wants it: a 4-byte header in host byte order (length
+// without padding, type), the payload, zeros up to a multiple of 4. Integer payloads
+// of nf_tables are big endian.
+
+func (b *batch) attr(typ uint16, data []byte) {
+	b.w = binary.NativeEndian.AppendUint16(b.w, uint16(4+len(data)))
+	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
+	b.w = append(b.w, data...)
+	b.pad()
+}
+
+func (b *batch) pad() {
+	for len(b.w)%4 != 0 {
+		b.w = append(b.w, 0)
 	}
-	b.msgs = append(b.msgs, msg)
-	b.what = append(b.what, what)
-	b.bytes += len(msg.Data) + 16
-	return nil
+}
+
+func (b *batch) str(typ uint16, s string) {
+	b.w = binary.NativeEndian.AppendUint16(b.w, uint16(4+len(s)+1))
+	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
+	b.w = append(b.w, s...)
+	b.w = append(b.w, 0)
+	b.pad()
+}
+
+func (b *batch) u32(typ uint16, v uint32) {
+	b.w = binary.NativeEndian.AppendUint16(b.w, 8)
+	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
+	b.w = binary.BigEndian.AppendUint32(b.w, v)
+}
+
+func (b *batch) u64(typ uint16, v uint64) {
+	b.w = binary.NativeEndian.AppendUint16(b.w, 12)
+	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
+	b.w = binary.BigEndian.AppendUint64(b.w, v)
+}
+
+// open starts an attribute whose length close fills in: a nested one (flag set) or
+// one whose payload is appended directly.
+func (b *batch) open(typ uint16) int {
+	off := len(b.w)
+	b.w = binary.NativeEndian.AppendUint16(b.w, 0)
+	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
+	return off
+}
+
+func (b *batch) nest(typ uint16) int { return b.open(typ | unix.NLA_F_NESTED) }
+
+func (b *batch) close(off int) {
+	binary.NativeEndian.PutUint16(b.w[off:], uint16(len(b.w)-off))
+	b.pad()
 }
 
 func (b *batch) addTable() error {
-	return b.add(unix.NFT_MSG_NEWTABLE, netlink.Create, "table "+b.table, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_TABLE_NAME, b.table)
-		ae.Uint32(unix.NFTA_TABLE_FLAGS, 0)
-	})
+	b.begin(unix.NFT_MSG_NEWTABLE, nlmCreate)
+	b.str(unix.NFTA_TABLE_NAME, b.table)
+	b.u32(unix.NFTA_TABLE_FLAGS, 0)
+	b.finish()
+	return nil
 }
 
 func (b *batch) delTable() error {
-	return b.add(unix.NFT_MSG_DELTABLE, 0, "delete table "+b.table, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_TABLE_NAME, b.table)
-	})
+	b.begin(unix.NFT_MSG_DELTABLE, 0)
+	b.str(unix.NFTA_TABLE_NAME, b.table)
+	b.finish()
+	return nil
 }
 
 func (b *batch) addChain(c *nft.Chain) error {
-	return b.add(unix.NFT_MSG_NEWCHAIN, netlink.Create, "chain "+c.Name, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_CHAIN_TABLE, b.table)
-		ae.String(unix.NFTA_CHAIN_NAME, c.Name)
-		if h := c.Hook; h != nil {
-			ae.Nested(unix.NFTA_CHAIN_HOOK, func(nae *netlink.AttributeEncoder) error {
-				nae.Uint32(unix.NFTA_HOOK_HOOKNUM, uint32(h.Hook))
-				nae.Uint32(unix.NFTA_HOOK_PRIORITY, uint32(h.Priority))
-				return nil
-			})
-			ae.Uint32(unix.NFTA_CHAIN_POLICY, nfAccept)
-			ae.String(unix.NFTA_CHAIN_TYPE, string(h.Type))
-		}
-	})
+	b.begin(unix.NFT_MSG_NEWCHAIN, nlmCreate)
+	b.str(unix.NFTA_CHAIN_TABLE, b.table)
+	b.str(unix.NFTA_CHAIN_NAME, c.Name)
+	if h := c.Hook; h != nil {
+		n := b.nest(unix.NFTA_CHAIN_HOOK)
+		b.u32(unix.NFTA_HOOK_HOOKNUM, uint32(h.Hook))
+		b.u32(unix.NFTA_HOOK_PRIORITY, uint32(h.Priority))
+		b.close(n)
+		b.u32(unix.NFTA_CHAIN_POLICY, nfAccept)
+		b.str(unix.NFTA_CHAIN_TYPE, string(h.Type))
+	}
+	b.finish()
+	return nil
 }
 
 func (b *batch) flushChain(name string) error {
-	return b.add(unix.NFT_MSG_DELRULE, 0, "flush chain "+name, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_RULE_TABLE, b.table)
-		ae.String(unix.NFTA_RULE_CHAIN, name)
-	})
+	b.begin(unix.NFT_MSG_DELRULE, 0)
+	b.str(unix.NFTA_RULE_TABLE, b.table)
+	b.str(unix.NFTA_RULE_CHAIN, name)
+	b.finish()
+	return nil
 }
 
 func (b *batch) delChain(name string) error {
-	return b.add(unix.NFT_MSG_DELCHAIN, 0, "delete chain "+name, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_CHAIN_TABLE, b.table)
-		ae.String(unix.NFTA_CHAIN_NAME, name)
-	})
+	b.begin(unix.NFT_MSG_DELCHAIN, 0)
+	b.str(unix.NFTA_CHAIN_TABLE, b.table)
+	b.str(unix.NFTA_CHAIN_NAME, name)
+	b.finish()
+	return nil
 }
 
 func (b *batch) addRule(chain string, r nft.Rule) error {
@@ -104,114 +197,148 @@ func (b *batch) addRule(chain string, r nft.Rule) error {
 	if err != nil {
 		return fmt.Errorf("chain %s: %w", chain, err)
 	}
-	encoded := make([][]byte, len(es))
-	for i, e := range es {
-		if encoded[i], err = expr.Marshal(byte(b.fam), e); err != nil {
+	b.begin(unix.NFT_MSG_NEWRULE, nlmCreate|nlmAppend)
+	b.str(unix.NFTA_RULE_TABLE, b.table)
+	b.str(unix.NFTA_RULE_CHAIN, chain)
+	list := b.nest(unix.NFTA_RULE_EXPRESSIONS)
+	for _, e := range es {
+		data, err := expr.Marshal(byte(b.fam), e)
+		if err != nil {
+			b.abandon()
 			return fmt.Errorf("chain %s: encoding %T: %w", chain, e, err)
 		}
+		b.attr(unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, data)
 	}
-	what := "rule in chain " + chain
+	b.close(list)
 	if r.Comment != "" {
-		what += " (" + r.Comment + ")"
+		b.scratch = udataString(b.scratch[:0], udataComment, r.Comment)
+		b.attr(unix.NFTA_RULE_USERDATA, b.scratch)
 	}
-	return b.add(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, what, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_RULE_TABLE, b.table)
-		ae.String(unix.NFTA_RULE_CHAIN, chain)
-		ae.Nested(unix.NFTA_RULE_EXPRESSIONS, func(nae *netlink.AttributeEncoder) error {
-			for _, e := range encoded {
-				nae.Bytes(unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, e)
-			}
-			return nil
-		})
-		if r.Comment != "" {
-			ae.Bytes(unix.NFTA_RULE_USERDATA, udataString(nil, udataComment, r.Comment))
-		}
-	})
+	b.finish()
+	return nil
 }
 
 func (b *batch) addSet(s *nft.Set) error {
 	keyType, keyLen := concatType(s.Key)
 	b.setID++
-	id := b.setID
-	return b.add(unix.NFT_MSG_NEWSET, netlink.Create, "set "+s.Name, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_SET_TABLE, b.table)
-		ae.String(unix.NFTA_SET_NAME, s.Name)
-		var flags uint32
-		if s.IsMap() {
-			flags |= unix.NFT_SET_MAP
-		}
-		if s.Timeout > 0 {
-			flags |= unix.NFT_SET_TIMEOUT
-		}
-		if s.Dynamic {
-			flags |= unix.NFT_SET_EVAL
-		}
-		ae.Uint32(unix.NFTA_SET_FLAGS, flags)
-		ae.Uint32(unix.NFTA_SET_KEY_TYPE, keyType)
-		ae.Uint32(unix.NFTA_SET_KEY_LEN, keyLen)
-		switch {
-		case len(s.Data) == 1 && s.Data[0] == nft.TypeVerdict:
-			ae.Uint32(unix.NFTA_SET_DATA_TYPE, unix.NFT_DATA_VERDICT)
-			ae.Uint32(unix.NFTA_SET_DATA_LEN, 0)
-		case s.IsMap():
-			dt, dl := concatType(s.Data)
-			ae.Uint32(unix.NFTA_SET_DATA_TYPE, dt)
-			ae.Uint32(unix.NFTA_SET_DATA_LEN, dl)
-		}
-		ae.Uint32(unix.NFTA_SET_ID, id)
-		if s.Size > 0 {
-			ae.Nested(unix.NFTA_SET_DESC, func(nae *netlink.AttributeEncoder) error {
-				nae.Uint32(unix.NFTA_SET_DESC_SIZE, s.Size)
-				return nil
-			})
-		}
-		if s.Timeout > 0 {
-			ae.Uint64(unix.NFTA_SET_TIMEOUT, uint64(s.Timeout)*1000)
-		}
-		ae.Bytes(unix.NFTA_SET_USERDATA, setUserdata(b.fam, s))
-		if s.Counter {
-			ae.Nested(nftaSetExpr, counterExpr)
-		}
-	})
+	b.begin(unix.NFT_MSG_NEWSET, nlmCreate)
+	b.str(unix.NFTA_SET_TABLE, b.table)
+	b.str(unix.NFTA_SET_NAME, s.Name)
+	var flags uint32
+	if s.IsMap() {
+		flags |= unix.NFT_SET_MAP
+	}
+	if s.Timeout > 0 {
+		flags |= unix.NFT_SET_TIMEOUT
+	}
+	if s.Dynamic {
+		flags |= unix.NFT_SET_EVAL
+	}
+	b.u32(unix.NFTA_SET_FLAGS, flags)
+	b.u32(unix.NFTA_SET_KEY_TYPE, keyType)
+	b.u32(unix.NFTA_SET_KEY_LEN, keyLen)
+	switch {
+	case len(s.Data) == 1 && s.Data[0] == nft.TypeVerdict:
+		b.u32(unix.NFTA_SET_DATA_TYPE, unix.NFT_DATA_VERDICT)
+		b.u32(unix.NFTA_SET_DATA_LEN, 0)
+	case s.IsMap():
+		dt, dl := concatType(s.Data)
+		b.u32(unix.NFTA_SET_DATA_TYPE, dt)
+		b.u32(unix.NFTA_SET_DATA_LEN, dl)
+	}
+	b.u32(unix.NFTA_SET_ID, b.setID)
+	if s.Size > 0 {
+		n := b.nest(unix.NFTA_SET_DESC)
+		b.u32(unix.NFTA_SET_DESC_SIZE, s.Size)
+		b.close(n)
+	}
+	if s.Timeout > 0 {
+		b.u64(unix.NFTA_SET_TIMEOUT, uint64(s.Timeout)*1000)
+	}
+	b.attr(unix.NFTA_SET_USERDATA, setUserdata(b.fam, s))
+	if s.Counter {
+		b.counterExpr(nftaSetExpr)
+	}
+	b.finish()
+	return nil
 }
 
 func (b *batch) delSet(name string) error {
-	return b.add(unix.NFT_MSG_DELSET, 0, "delete set "+name, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_SET_TABLE, b.table)
-		ae.String(unix.NFTA_SET_NAME, name)
-	})
+	b.begin(unix.NFT_MSG_DELSET, 0)
+	b.str(unix.NFTA_SET_TABLE, b.table)
+	b.str(unix.NFTA_SET_NAME, name)
+	b.finish()
+	return nil
 }
 
 // elems adds (del == false) or deletes elements, in chunks.
-func (b *batch) elems(s *nft.Set, es []nft.Element, del bool) error {
-	typ, verb := uint16(unix.NFT_MSG_NEWSETELEM), "add"
-	flags := netlink.Create
+func (b *batch) elems(s *nft.Set, es []*nft.Element, del bool) error {
+	typ, flags := uint16(unix.NFT_MSG_NEWSETELEM), uint16(nlmCreate)
 	if del {
-		typ, verb, flags = unix.NFT_MSG_DELSETELEM, "delete", 0
+		typ, flags = unix.NFT_MSG_DELSETELEM, 0
 	}
 	for start := 0; start < len(es); start += elemChunk {
-		chunk := es[start:min(start+elemChunk, len(es))]
-		encoded := make([][]byte, len(chunk))
-		for i, e := range chunk {
-			var err error
-			if encoded[i], err = encodeElement(s, e, del); err != nil {
-				return fmt.Errorf("set %s: element %s: %w", s.Name, nft.RenderElementKey(s, e), err)
+		b.begin(typ, flags)
+		b.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+		b.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
+		list := b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+		for _, e := range es[start:min(start+elemChunk, len(es))] {
+			if err := b.element(s, e, del); err != nil {
+				b.abandon()
+				return fmt.Errorf("set %s: element %s: %w", s.Name, nft.RenderElementKey(s, *e), err)
 			}
 		}
-		what := fmt.Sprintf("%s %d elements of set %s", verb, len(chunk), s.Name)
-		if err := b.add(typ, flags, what, func(ae *netlink.AttributeEncoder) {
-			ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
-			ae.String(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
-			ae.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(nae *netlink.AttributeEncoder) error {
-				for _, e := range encoded {
-					nae.Bytes(unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, e)
-				}
-				return nil
-			})
-		}); err != nil {
-			return err
+		b.close(list)
+		b.finish()
+	}
+	return nil
+}
+
+// element encodes one list element: its key, and unless keyOnly its value, comment and
+// counter.
+func (b *batch) element(s *nft.Set, e *nft.Element, keyOnly bool) error {
+	var err error
+	el := b.nest(unix.NFTA_LIST_ELEM)
+	k := b.nest(unix.NFTA_SET_ELEM_KEY)
+	v := b.open(unix.NFTA_DATA_VALUE)
+	if b.w, err = appendValues(b.w, s.Key, e.Key); err != nil {
+		return err
+	}
+	b.close(v)
+	b.close(k)
+	if !keyOnly {
+		switch {
+		case e.Verdict != nil:
+			code, chain, err := verdictCode(*e.Verdict)
+			if err != nil {
+				return err
+			}
+			d := b.nest(unix.NFTA_SET_ELEM_DATA)
+			vd := b.nest(unix.NFTA_DATA_VERDICT)
+			b.u32(unix.NFTA_VERDICT_CODE, code)
+			if chain != "" {
+				b.str(unix.NFTA_VERDICT_CHAIN, chain)
+			}
+			b.close(vd)
+			b.close(d)
+		case s.IsMap():
+			d := b.nest(unix.NFTA_SET_ELEM_DATA)
+			v := b.open(unix.NFTA_DATA_VALUE)
+			if b.w, err = appendValues(b.w, s.Data, e.Data); err != nil {
+				return err
+			}
+			b.close(v)
+			b.close(d)
+		}
+		if e.Comment != "" {
+			b.scratch = udataString(b.scratch[:0], udataComment, e.Comment)
+			b.attr(unix.NFTA_SET_ELEM_USERDATA, b.scratch)
+		}
+		if s.Counter {
+			b.counterExpr(nftaSetElemExpr)
 		}
 	}
+	b.close(el)
 	return nil
 }
 
@@ -222,66 +349,34 @@ const (
 )
 
 // counterExpr encodes a zeroed counter expression, as nft attaches to counter sets.
-func counterExpr(ae *netlink.AttributeEncoder) error {
-	ae.String(unix.NFTA_EXPR_NAME, "counter")
-	ae.Nested(unix.NFTA_EXPR_DATA, func(*netlink.AttributeEncoder) error { return nil })
-	return nil
+func (b *batch) counterExpr(typ uint16) {
+	n := b.nest(typ)
+	b.str(unix.NFTA_EXPR_NAME, "counter")
+	b.close(b.nest(unix.NFTA_EXPR_DATA))
+	b.close(n)
 }
 
 // flushSet deletes every element of a set (dynamic sets' learned entries).
 func (b *batch) flushSet(name string) error {
-	return b.add(unix.NFT_MSG_DELSETELEM, 0, "flush set "+name, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
-		ae.String(unix.NFTA_SET_ELEM_LIST_SET, name)
-	})
+	b.begin(unix.NFT_MSG_DELSETELEM, 0)
+	b.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
+	b.str(unix.NFTA_SET_ELEM_LIST_SET, name)
+	b.finish()
+	return nil
 }
 
-func encodeElement(s *nft.Set, e nft.Element, keyOnly bool) ([]byte, error) {
-	key, err := encodeValues(s.Key, e.Key)
-	if err != nil {
-		return nil, err
-	}
-	ae := netlink.NewAttributeEncoder()
-	ae.ByteOrder = binary.BigEndian
-	ae.Nested(unix.NFTA_SET_ELEM_KEY, func(nae *netlink.AttributeEncoder) error {
-		nae.Bytes(unix.NFTA_DATA_VALUE, key)
-		return nil
-	})
-	if !keyOnly {
-		switch {
-		case e.Verdict != nil:
-			code, chain, err := verdictCode(*e.Verdict)
-			if err != nil {
-				return nil, err
+// each calls fn with the type (NFT_MSG_*) and payload (after nfgenmsg) of every message.
+func (b *batch) each(fn func(typ uint16, payload []byte) error) error {
+	for _, p := range b.pages {
+		for len(p) >= 20 {
+			n := int(binary.NativeEndian.Uint32(p))
+			if err := fn(binary.NativeEndian.Uint16(p[4:])&0xff, p[20:n]); err != nil {
+				return err
 			}
-			ae.Nested(unix.NFTA_SET_ELEM_DATA, func(nae *netlink.AttributeEncoder) error {
-				nae.Nested(unix.NFTA_DATA_VERDICT, func(vae *netlink.AttributeEncoder) error {
-					vae.Uint32(unix.NFTA_VERDICT_CODE, code)
-					if chain != "" {
-						vae.String(unix.NFTA_VERDICT_CHAIN, chain)
-					}
-					return nil
-				})
-				return nil
-			})
-		case s.IsMap():
-			data, err := encodeValues(s.Data, e.Data)
-			if err != nil {
-				return nil, err
-			}
-			ae.Nested(unix.NFTA_SET_ELEM_DATA, func(nae *netlink.AttributeEncoder) error {
-				nae.Bytes(unix.NFTA_DATA_VALUE, data)
-				return nil
-			})
-		}
-		if e.Comment != "" {
-			ae.Bytes(unix.NFTA_SET_ELEM_USERDATA, udataString(nil, udataComment, e.Comment))
-		}
-		if s.Counter {
-			ae.Nested(nftaSetElemExpr, counterExpr)
+			p = p[n:]
 		}
 	}
-	return ae.Encode()
+	return nil
 }
 
 // Verdict codes (linux/netfilter.h, nf_tables.h): negative values as two's complement.
@@ -314,28 +409,26 @@ func verdictCode(v nft.Verdict) (uint32, string, error) {
 // answers a failing message whether asked or not, and one ack per message would overflow
 // the socket's receive buffer for large batches (ENOBUFS).
 func (b *batch) send(c *netlink.Conn) error {
-	if len(b.msgs) == 0 {
+	if b.msgs == 0 {
 		return nil
 	}
-	msgs := make([]netlink.Message, 0, len(b.msgs)+2)
-	begin := netlink.Message{Header: netlink.Header{Type: unix.NFNL_MSG_BATCH_BEGIN, Flags: netlink.Request}, Data: []byte{0, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES}}
-	end := begin
-	end.Header.Type = unix.NFNL_MSG_BATCH_END
-	msgs = append(msgs, begin)
-	msgs = append(msgs, b.msgs...)
-	msgs[len(msgs)-1].Header.Flags |= netlink.Acknowledge
-	msgs = append(msgs, end)
+	// the last message asks for the acknowledgement
+	lastHdr := b.pages[b.last.page][b.last.off:]
+	binary.NativeEndian.PutUint16(lastHdr[6:], binary.NativeEndian.Uint16(lastHdr[6:])|nlmAck)
+	lastSeq := binary.NativeEndian.Uint32(lastHdr[8:])
+	iov := make([][]byte, 0, len(b.pages)+2)
+	iov = append(iov, batchMsg(unix.NFNL_MSG_BATCH_BEGIN))
+	iov = append(iov, b.pages...)
+	iov = append(iov, batchMsg(unix.NFNL_MSG_BATCH_END))
 	if err := sizeBuffers(c, b.bytes); err != nil {
 		return err
 	}
 	if err := noteOwnTransaction(c); err != nil { // so that a Monitor ignores its events
 		return err
 	}
-	sent, err := c.SendMessages(msgs)
-	if err != nil {
-		return fmt.Errorf("sending batch of %d messages (%d bytes): %w", len(msgs), b.bytes, err)
+	if err := sendIOV(c, iov); err != nil {
+		return fmt.Errorf("sending batch of %d messages (%d bytes): %w", b.msgs+2, b.bytes, err)
 	}
-	lastSeq := sent[len(sent)-2].Header.Sequence
 	if err := c.SetReadDeadline(time.Now().Add(ackTimeout)); err != nil {
 		return err
 	}
@@ -352,7 +445,7 @@ func (b *batch) send(c *netlink.Conn) error {
 		case errors.Is(err, os.ErrDeadlineExceeded) && len(errs) > 0:
 			return b.failure(errs) // all errors of a failed batch have arrived
 		case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, syscall.ENOBUFS), errors.Is(err, os.ErrPermission):
-			return fmt.Errorf("transaction of %d messages (%d bytes): %w", len(b.msgs), b.bytes, errors.Join(append(errs, err)...))
+			return fmt.Errorf("transaction of %d messages (%d bytes): %w", b.msgs, b.bytes, errors.Join(append(errs, err)...))
 		default:
 			// An error for some message: the batch failed. Collect the rest of the
 			// errors (they arrive together) without waiting for the full timeout.
@@ -366,11 +459,49 @@ func (b *batch) send(c *netlink.Conn) error {
 	}
 }
 
+// batchMsg is NFNL_MSG_BATCH_BEGIN or _END for the nf_tables subsystem.
+func batchMsg(typ uint16) []byte {
+	m := make([]byte, 0, 20)
+	m = binary.NativeEndian.AppendUint32(m, 20)
+	m = binary.NativeEndian.AppendUint16(m, typ)
+	m = binary.NativeEndian.AppendUint16(m, nlmRequest)
+	m = binary.NativeEndian.AppendUint32(m, seq.Add(1))
+	m = binary.NativeEndian.AppendUint32(m, 0)
+	return append(m, 0, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES)
+}
+
+// sendIOV sends the buffers as one datagram: the kernel reads a batch from one sendmsg.
+func sendIOV(c *netlink.Conn, iov [][]byte) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	total := 0
+	for _, v := range iov {
+		total += len(v)
+	}
+	var n int
+	var serr error
+	if err := raw.Write(func(fd uintptr) bool {
+		n, serr = unix.SendmsgBuffers(int(fd), iov, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+		return serr != unix.EAGAIN
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return serr
+	}
+	if n != total {
+		return fmt.Errorf("short send: %d of %d bytes", n, total)
+	}
+	return nil
+}
+
 func (b *batch) failure(errs []error) error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return &RejectedError{Messages: len(b.msgs), Err: errors.Join(errs...)}
+	return &RejectedError{Messages: b.msgs, Err: errors.Join(errs...)}
 }
 
 // RejectedError is the kernel's refusal of a transaction: it applied none of it, so the

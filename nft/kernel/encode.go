@@ -268,12 +268,6 @@ func concatType(ts []nft.Datatype) (id, length uint32) {
 	return id, length
 }
 
-// encodeValues encodes a key or value tuple; in a concatenation each field takes a
-// multiple of 4 bytes.
-func encodeValues(ts []nft.Datatype, vs []nft.Value) ([]byte, error) {
-	return appendValues(make([]byte, 0, 20*len(ts)), ts, vs)
-}
-
 // appendValues appends the encoding of vs to dst: each field in its own 32-bit aligned
 // register slot when there are several (a concatenation), as nft does.
 func appendValues(dst []byte, ts []nft.Datatype, vs []nft.Value) ([]byte, error) {

@@ -328,7 +328,11 @@ func EncodeState(rs *nft.Ruleset) (*TableState, error) {
 	for _, s := range rs.Sets {
 		errs = append(errs, b.addSet(s))
 		if !s.Dynamic {
-			errs = append(errs, b.elems(s, s.Elements, false))
+			es := make([]*nft.Element, len(s.Elements))
+			for i := range s.Elements {
+				es[i] = &s.Elements[i]
+			}
+			errs = append(errs, b.elems(s, es, false))
 		}
 	}
 	for _, c := range rs.Chains {
@@ -342,21 +346,21 @@ func EncodeState(rs *nft.Ruleset) (*TableState, error) {
 	}
 	st := newTableState(rs.Family, rs.Table)
 	st.Exists = true
-	for _, m := range b.msgs {
-		var err error
-		switch uint16(m.Header.Type) & 0xff {
+	err := b.each(func(typ uint16, payload []byte) error {
+		switch typ {
 		case unix.NFT_MSG_NEWCHAIN:
-			err = st.addChainMsg(m.Data[4:])
+			return st.addChainMsg(payload)
 		case unix.NFT_MSG_NEWRULE:
-			err = st.addRuleMsg(m.Data[4:])
+			return st.addRuleMsg(payload)
 		case unix.NFT_MSG_NEWSET:
-			err = st.addSetMsg(m.Data[4:])
+			return st.addSetMsg(payload)
 		case unix.NFT_MSG_NEWSETELEM:
-			err = st.addElemsMsg(m.Data[4:])
+			return st.addElemsMsg(payload)
 		}
-		if err != nil {
-			return nil, err
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return st, nil
 }
@@ -1266,7 +1270,7 @@ func renderBytes(types []nft.Datatype, b []byte) string {
 	return nft.RenderElementKey(&nft.Set{Key: types}, nft.Element{Key: vals})
 }
 
-// decodeValues reverses encodeValues.
+// decodeValues reverses appendValues.
 func decodeValues(types []nft.Datatype, b []byte) ([]nft.Value, bool) {
 	if len(types) == 0 {
 		return nil, false
