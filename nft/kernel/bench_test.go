@@ -3,7 +3,9 @@ package kernel_test
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
@@ -46,34 +48,67 @@ func BenchmarkColdApply(b *testing.B) {
 	}
 }
 
-// BenchmarkOneChange is the steady state: one endpoint added to one service with n
-// services present; compile + diff + kernel write, as the proxy does it (incremental
-// compiler, parts diffed by identity).
+// BenchmarkOneChange is the steady state: one change with n services present; compile +
+// diff + kernel write, as the proxy does it (incremental compiler, parts diffed by
+// identity). Three kinds of change cost the kernel differently:
+//
+//   - endpoint-replaced: one endpoint of a service swapped for another (a rolling
+//     update's steady pace): set elements only;
+//   - endpoint-added: the endpoint count of a service changes (10 <-> 11), so its
+//     service chain's rule (numgen random mod N) is replaced;
+//   - service-added: a new service: a chain, its rules, a jump in the service map.
+//
+// A new rule (its dnat, lookup and jump expressions) or a new jump element makes
+// nf_tables validate the whole table at commit, walking every chain reachable from the
+// base chains: that is the part that grows with n.
 func BenchmarkOneChange(b *testing.B) {
-	for _, n := range []int{1000, 10000, 30000} {
-		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			ns := testnetns.New(b)
-			a := kernel.New(kernel.WithNetNS(ns.FD))
-			cc := compile.NewCompiler(cfg(), compile.NewSlots())
-			snap := &model.Snapshot{Services: services(n, 10)}
-			rs, _ := cc.Compile(snap)
-			if _, err := a.Apply(rs); err != nil {
-				b.Fatal(err)
-			}
-			target := &snap.Services[n/2]
-			base := target.Endpoints
-			i := 0
-			for b.Loop() {
-				i++
-				target.Endpoints = append(base[:10:10], model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 250, byte(i / 256), byte(i)}), Port: 8080, Ready: true, Serving: true})
+	for _, kind := range []string{"endpoint-replaced", "endpoint-added", "service-added"} {
+		for _, n := range []int{1000, 10000, 30000} {
+			b.Run(fmt.Sprintf("%s/services=%d", kind, n), func(b *testing.B) {
+				ns := testnetns.New(b)
+				a := kernel.New(kernel.WithNetNS(ns.FD))
+				cc := compile.NewCompiler(cfg(), compile.NewSlots())
+				snap := &model.Snapshot{Services: services(n, 10)}
 				rs, _ := cc.Compile(snap)
-				st, err := a.Apply(rs)
-				if err != nil {
+				if _, err := a.Apply(rs); err != nil {
 					b.Fatal(err)
 				}
-				b.ReportMetric(float64(st.Kernel.Microseconds()), "kernel-µs")
-				b.ReportMetric(float64(st.Messages), "messages")
-			}
-		})
+				var total, worst time.Duration
+				msgs := 0
+				i := 0
+				for b.Loop() {
+					i++
+					target := &snap.Services[(n/2+i*7919)%n]
+					ep := model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 250, byte(i / 256), byte(i)}), Port: 8080, Ready: true, Serving: true}
+					switch kind {
+					case "endpoint-replaced":
+						eps := slices.Clone(target.Endpoints)
+						eps[0] = ep
+						target.Endpoints = eps
+					case "endpoint-added":
+						if len(target.Endpoints) > 10 {
+							target.Endpoints = slices.Clone(target.Endpoints[:10])
+						} else {
+							target.Endpoints = append(slices.Clone(target.Endpoints), ep)
+						}
+					case "service-added":
+						s := svc(fmt.Sprintf("new%06d", i), fmt.Sprintf("10.200.%d.%d", i/256%256, i%256), 0, 0, 0)
+						s.Endpoints = []model.Endpoint{ep}
+						snap.Services = append(snap.Services, s)
+					}
+					rs, _ := cc.Compile(snap)
+					st, err := a.Apply(rs)
+					if err != nil {
+						b.Fatal(err)
+					}
+					total += st.Kernel
+					worst = max(worst, st.Kernel)
+					msgs = st.Messages
+				}
+				b.ReportMetric(float64(total.Microseconds())/float64(i), "kernel-µs")
+				b.ReportMetric(float64(worst.Microseconds()), "max-kernel-µs")
+				b.ReportMetric(float64(msgs), "messages")
+			})
+		}
 	}
 }
