@@ -506,9 +506,15 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 			ch.Rules = append(ch.Rules, nft.Rule{Stmts: append(match, nft.Verdict{Kind: nft.Jump, Chain: chainMarkMasq})})
 		}
 	}
-	for _, e := range eps {
-		cp.add(setHairpin, nft.Element{Key: []nft.Value{nft.Addr(e.Addr), nft.Addr(e.Addr)}})
+	// one allocation for the hairpin elements and one for their values
+	hairpin := make([]nft.Element, len(eps))
+	hvals := make([]nft.Value, 2*len(eps))
+	for i, e := range eps {
+		v := hvals[2*i : 2*i+2 : 2*i+2]
+		v[0], v[1] = nft.Addr(e.Addr), nft.Addr(e.Addr)
+		hairpin[i] = nft.Element{Key: v}
 	}
+	cp.add(setHairpin, hairpin...)
 	cp.part.Chains = append(cp.part.Chains, ch)
 	proto := nft.MatchL4Proto{Proto: sp.Name.Protocol}
 	if sp.AffinityTimeout > 0 {
@@ -519,11 +525,11 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 	page := base / PageSlots
 	epMap := endpointMapName(page)
 	elems := make([]nft.Element, len(eps))
+	vals := make([]nft.Value, 3*len(eps))
 	for i, e := range eps {
-		elems[i] = nft.Element{
-			Key:  []nft.Value{nft.Num(base + uint32(i))},
-			Data: []nft.Value{nft.Addr(e.Addr), nft.Num(uint32(e.Port))},
-		}
+		v := vals[3*i : 3*i+3 : 3*i+3]
+		v[0], v[1], v[2] = nft.Num(base+uint32(i)), nft.Addr(e.Addr), nft.Num(uint32(e.Port))
+		elems[i] = nft.Element{Key: v[0:1:1], Data: v[1:3:3]}
 	}
 	cp.add(epMap, elems...)
 	cp.owners = append(cp.owners, owner)

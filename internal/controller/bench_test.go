@@ -2,7 +2,9 @@ package controller
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -11,8 +13,27 @@ import (
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/kernel"
 )
+
+// benchObjects returns n Services with a 10-endpoint EndpointSlice each.
+func benchObjects(n int) ([]*v1.Service, []*discovery.EndpointSlice) {
+	svcs := make([]*v1.Service, n)
+	slices := make([]*discovery.EndpointSlice, n)
+	for i := range svcs {
+		name := fmt.Sprintf("s%06d", i)
+		svcs[i] = service(name, fmt.Sprintf("10.%d.%d.%d", 96+i/65536, (i/256)%256, i%256))
+		var addrs []string
+		for j := range 10 {
+			k := i*10 + j
+			addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 128+k/65536, (k/256)%256, k%256))
+		}
+		slices[i] = slice(name, name+"-1", addrs...)
+	}
+	return svcs, slices
+}
 
 // BenchmarkSyncOneChange is the userspace side of a steady-state sync, from API objects:
 // n Services with a 10-endpoint EndpointSlice each, one slice replaced (as an informer
@@ -21,18 +42,7 @@ import (
 func BenchmarkSyncOneChange(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			svcs := make([]*v1.Service, n)
-			slices := make([]*discovery.EndpointSlice, n)
-			for i := range svcs {
-				name := fmt.Sprintf("s%06d", i)
-				svcs[i] = service(name, fmt.Sprintf("10.%d.%d.%d", 96+i/65536, (i/256)%256, i%256))
-				var addrs []string
-				for j := range 10 {
-					k := i*10 + j
-					addrs = append(addrs, fmt.Sprintf("10.%d.%d.%d", 128+k/65536, (k/256)%256, k%256))
-				}
-				slices[i] = slice(name, name+"-1", addrs...)
-			}
+			svcs, slices := benchObjects(n)
 			cfg := Config{NodeName: "node-1", MasqueradeBit: 14}
 			pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
 			prev, _, _, err := pl.compile(cfg, svcs, slices, nil)
@@ -53,6 +63,38 @@ func BenchmarkSyncOneChange(b *testing.B) {
 				healthcheck.FromSnapshot(snap)
 				prev = snap
 			}
+		})
+	}
+}
+
+// BenchmarkColdSync is the dataplane part of a cold start, in process: from the
+// informers' API objects (n Services with a 10-endpoint EndpointSlice each) to both
+// families' tables programmed in a throwaway network namespace: model, compile, encode
+// and the kernel's transaction. Needs root (NFTPROXY_KERNEL_TESTS=1).
+func BenchmarkColdSync(b *testing.B) {
+	for _, n := range []int{1000, 10000, 30000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			svcs, slices := benchObjects(n)
+			cfg := Config{NodeName: "node-1", MasqueradeBit: 14}
+			var kernelTime time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				ns := testnetns.New(b)
+				a := kernel.New(kernel.WithNetNS(ns.FD))
+				runtime.GC()
+				b.StartTimer()
+				pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
+				_, rulesets, _, err := pl.compile(cfg, svcs, slices, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				st, err := a.Apply(rulesets...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				kernelTime += st.Kernel
+			}
+			b.ReportMetric(float64(kernelTime.Milliseconds())/float64(b.N), "kernel-ms")
 		})
 	}
 }

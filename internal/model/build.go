@@ -234,8 +234,35 @@ func protocol(p v1.Protocol) (uint8, bool) {
 // endpoints collects the endpoints of one service port from all of the service's slices:
 // slice ports are matched by name (and protocol), duplicates count once.
 func (b *builder) endpoints(portName string, proto uint8, slices []*discovery.EndpointSlice) []Endpoint {
+	total := 0
+	for _, s := range slices {
+		total += len(s.Endpoints)
+	}
 	var out []Endpoint
-	seen := map[netip.AddrPort]bool{}
+	if total > 0 {
+		out = make([]Endpoint, 0, total)
+	}
+	// duplicates (the same endpoint in two slices, as during a slice's replacement) are
+	// found by a scan of out when it is small, by a map when it is large
+	var seen map[netip.AddrPort]bool
+	if total > 32 {
+		seen = make(map[netip.AddrPort]bool, total)
+	}
+	dup := func(ap netip.AddrPort) bool {
+		if seen != nil {
+			if seen[ap] {
+				return true
+			}
+			seen[ap] = true
+			return false
+		}
+		for i := range out {
+			if out[i].Addr == ap.Addr() && out[i].Port == ap.Port() {
+				return true
+			}
+		}
+		return false
+	}
 	for _, s := range slices {
 		port, ok := b.slicePort(s, portName, proto)
 		if !ok {
@@ -270,10 +297,9 @@ func (b *builder) endpoints(portName string, proto uint8, slices []*discovery.En
 						e.NodeHints = append(e.NodeHints, n.Name)
 					}
 				}
-				if seen[e.AddrPort()] {
+				if dup(e.AddrPort()) {
 					break
 				}
-				seen[e.AddrPort()] = true
 				out = append(out, e)
 				break // only the first address of an endpoint is used, as upstream does
 			}
