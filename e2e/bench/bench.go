@@ -106,6 +106,7 @@ type Run struct {
 	AddService     *Latency   `json:"add_service,omitempty"`
 	EndpointChange *Latency   `json:"endpoint_change,omitempty"`
 	Churn          *Churn     `json:"churn,omitempty"`
+	Memory         *Memory    `json:"memory,omitempty"`
 	DataPath       *DataPath  `json:"data_path,omitempty"`
 	Residue        string     `json:"cleanup_residue,omitempty"` // what --cleanup left (flushed by the suite)
 	CleanupSeconds float64    `json:"cleanup_seconds"`
@@ -155,6 +156,13 @@ type Churn struct {
 	RSSMiB         float64 `json:"rss_mib"`
 	SyncsInWindow  float64 `json:"syncs"`
 	SyncP50Seconds float64 `json:"sync_p50_s"`
+}
+
+// Memory is the proxy's resident memory read before it is stopped: after the cold start,
+// the one-change tests and (at the churn N) the churn.
+type Memory struct {
+	PeakRSSMiB float64 `json:"peak_rss_mib"` // VmHWM: the high-water mark since the process started
+	RSSMiB     float64 `json:"rss_mib"`      // VmRSS
 }
 
 // DataPath compares a ClusterIP with its only endpoint's pod IP.
@@ -400,6 +408,10 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 		}
 		if !proc.Running() {
 			errf("proxy exited during the measurements; log tail:\n%s", proc.Tail(20))
+		} else if hwm, rss, err := memKB(proc.PID()); err != nil {
+			errf("memory: %v", err)
+		} else {
+			r.Memory = &Memory{PeakRSSMiB: float64(hwm) / 1024, RSSMiB: float64(rss) / 1024}
 		}
 	}
 	s.logf("bench: %s N=%d measured in %v", p.Name, n, time.Since(t0).Round(time.Second))

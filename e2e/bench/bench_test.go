@@ -105,6 +105,9 @@ func TestSideBySideSmoke(t *testing.T) {
 			c.PacketSamples == 0 || c.PacketFailed != 0 || c.CPUSeconds <= 0 || c.PeakRSSMiB <= 0 || c.ProgCount <= 0 || c.ProgP50 <= 0 {
 			t.Errorf("%s: churn %+v", r.Proxy, c)
 		}
+		if m := r.Memory; m == nil || m.PeakRSSMiB < m.RSSMiB || m.RSSMiB <= 0 {
+			t.Errorf("%s: memory %+v", r.Proxy, m)
+		}
 		if d := r.DataPath; d == nil || d.ClusterIP.OK == 0 || d.PodIP.OK == 0 || d.ClusterIP.P50Millis <= 0 {
 			t.Errorf("%s: data path %+v", r.Proxy, d)
 		}

@@ -87,11 +87,11 @@ func ratios(runs []*Run) []Ratio {
 			return r.Churn.CPUSeconds, true
 		}, ""},
 		{"peak RSS (MiB)", func(r *Run) (float64, bool) {
-			if r.Churn == nil {
+			if r.Memory == nil {
 				return 0, false
 			}
-			return r.Churn.PeakRSSMiB, true
-		}, ""},
+			return r.Memory.PeakRSSMiB, true
+		}, "VmHWM before the proxy is stopped: after the cold start, the one-change tests and, at the churn N, the churn"},
 		{"ClusterIP connections/s", func(r *Run) (float64, bool) {
 			if r.DataPath == nil || r.DataPath.ClusterIP.OK == 0 {
 				return 0, false
@@ -262,6 +262,14 @@ func (r *Results) Markdown() string {
 		w("| %s | %s | %d in %.0f s (%d/s) | %s / %s (%.0f) | %s / %s (%d, %d failed) | %.0f | %.1f s (%.0f%% of a core) | %.0f MiB |\n",
 			run.Proxy, nLabel(run), c.Written, c.Seconds, c.Rate, secs(c.ProgP50), secs(c.ProgP99), c.ProgCount,
 			millis(c.PacketP50), millis(c.PacketP99), c.PacketSamples, c.PacketFailed, c.SyncsInWindow, c.CPUSeconds, c.CPUPercent, c.PeakRSSMiB)
+	}
+
+	w("\n## Memory\n\nResident memory of the proxy just before it is stopped (after the cold start, the one-change tests and, at the churn N, the churn): the peak since it started (`VmHWM`) and the current (`VmRSS`).\n\n")
+	w("| proxy | N | peak RSS | RSS |\n|---|---:|---:|---:|\n")
+	for _, run := range r.Runs {
+		if m := run.Memory; m != nil {
+			w("| %s | %s | %.0f MiB | %.0f MiB |\n", run.Proxy, nLabel(run), m.PeakRSSMiB, m.RSSMiB)
+		}
 	}
 
 	w("\n## Data path\n\nNew TCP connections to a one-endpoint service's ClusterIP and, for the physical limit, to the same endpoint's pod IP (loadclient in a pod).\n\n")
