@@ -152,9 +152,10 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 		log.Info("The API serves no ServiceCIDR objects; using --service-cluster-ip-range", "cidrs", cfg.ServiceCIDRs)
 	}
 	for _, inf := range infs {
-		// managed fields (server-side apply bookkeeping) are most of a small object's
-		// size and nothing here reads them: drop them before the cache keeps the object
-		_ = inf.SetTransform(dropManagedFields)
+		// managed fields (server-side apply bookkeeping), annotations and endpoints'
+		// target references are most of an object's size and nothing here reads them:
+		// drop them before the cache keeps the object
+		_ = inf.SetTransform(slim)
 		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { p.changed(obj) },
 			UpdateFunc: func(_, obj any) { p.changed(obj) },
@@ -164,10 +165,25 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	return p
 }
 
-// dropManagedFields is the informers' transform: it clears metadata.managedFields.
-func dropManagedFields(obj any) (any, error) {
+// slim is the informers' transform. It clears what the proxy never reads:
+// metadata.managedFields of every object; the annotations of Services and
+// EndpointSlices (kubectl's last-applied-configuration alone can be kilobytes); and per
+// endpoint, targetRef, hostname and deprecatedTopology (a targetRef is four strings per
+// pod: at 300,000 endpoints, tens of MiB). Labels stay: the slice's service name and the
+// node's zone are read from them.
+func slim(obj any) (any, error) {
 	if a, err := meta.Accessor(obj); err == nil {
 		a.SetManagedFields(nil)
+	}
+	switch o := obj.(type) {
+	case *v1.Service:
+		o.Annotations = nil
+	case *discovery.EndpointSlice:
+		o.Annotations = nil
+		for i := range o.Endpoints {
+			e := &o.Endpoints[i]
+			e.TargetRef, e.Hostname, e.DeprecatedTopology = nil, nil, nil
+		}
 	}
 	return obj, nil
 }

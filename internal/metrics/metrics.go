@@ -28,9 +28,8 @@ type Recorder interface {
 	SyncDone(full bool, took, kernel time.Duration)
 	// SyncFailed records a sync that failed after running for took.
 	SyncFailed(full bool, took time.Duration)
-	// Programmed records the network programming latency of one endpoint change: from
-	// its EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time to the end
-	// of the sync that programmed it.
+	// Programmed records the network programming latency of a sync: from the oldest
+	// change the informers delivered since the previous sync to the end of this one.
 	Programmed(latency time.Duration)
 	// ServicePorts records the number of service ports in the last synced snapshot.
 	ServicePorts(n int)
