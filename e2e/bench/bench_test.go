@@ -45,8 +45,12 @@ func TestSideBySide(t *testing.T) {
 		o.Proxies = strings.Split(p, ",")
 	}
 	out := os.Getenv("BENCH_OUT")
-	if out == "" {
+	switch {
+	case out == "":
 		out = filepath.Join(repoRoot(), "docs", "bench")
+	case !filepath.IsAbs(out):
+		// relative to the repository, not to the package directory go test runs in
+		out = filepath.Join(repoRoot(), out)
 	}
 	res := runSuite(t, o)
 	if err := res.Write(out); err != nil {
