@@ -196,9 +196,7 @@ func (a *Applier) Delete(fam nft.Family, tables ...string) error {
 	for _, t := range tables {
 		if slices.Contains(existing, t) {
 			b.table = t
-			if err := b.delTable(); err != nil {
-				return err
-			}
+			b.delTable()
 		}
 	}
 	conn, err := a.dial()
@@ -760,7 +758,7 @@ func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats
 			errs = append(errs, err)
 		}
 	}
-	try(b.addTable())
+	b.addTable()
 	gone := map[string]bool{}
 	for _, name := range pl.goneSets {
 		gone[name] = true
@@ -810,22 +808,22 @@ func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats
 		}
 	}
 	for _, name := range pl.flushSets {
-		try(b.flushSet(name))
+		b.flushSet(name)
 	}
 	// 2. flush rules of chains that change or go
 	for _, name := range pl.flushChains {
-		try(b.flushChain(name))
+		b.flushChain(name)
 	}
 	// 3. sets that go or are replaced, now that no rule refers to them
 	for _, name := range pl.goneSets {
-		try(b.delSet(name))
+		b.delSet(name)
 	}
 	// 4. new sets, new chains
 	for _, s := range pl.newSets {
-		try(b.addSet(s))
+		b.addSet(s)
 	}
 	for _, c := range pl.newChains {
-		try(b.addChain(c))
+		b.addChain(c)
 	}
 	// 5. elements (they may refer to the new chains), then rules (they refer to sets and
 	// chains)
@@ -843,7 +841,7 @@ func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats
 	// 6. chains that are gone
 	slices.Sort(pl.goneChains)
 	for _, name := range pl.goneChains {
-		try(b.delChain(name))
+		b.delChain(name)
 	}
 	st.Chains += len(pl.refill) + len(pl.goneChains)
 	return errors.Join(errs...)

@@ -145,22 +145,20 @@ func (b *batch) close(off int) {
 	b.pad()
 }
 
-func (b *batch) addTable() error {
+func (b *batch) addTable() {
 	b.begin(unix.NFT_MSG_NEWTABLE, nlmCreate)
 	b.str(unix.NFTA_TABLE_NAME, b.table)
 	b.u32(unix.NFTA_TABLE_FLAGS, 0)
 	b.finish()
-	return nil
 }
 
-func (b *batch) delTable() error {
+func (b *batch) delTable() {
 	b.begin(unix.NFT_MSG_DELTABLE, 0)
 	b.str(unix.NFTA_TABLE_NAME, b.table)
 	b.finish()
-	return nil
 }
 
-func (b *batch) addChain(c *nft.Chain) error {
+func (b *batch) addChain(c *nft.Chain) {
 	b.begin(unix.NFT_MSG_NEWCHAIN, nlmCreate)
 	b.str(unix.NFTA_CHAIN_TABLE, b.table)
 	b.str(unix.NFTA_CHAIN_NAME, c.Name)
@@ -173,23 +171,20 @@ func (b *batch) addChain(c *nft.Chain) error {
 		b.str(unix.NFTA_CHAIN_TYPE, string(h.Type))
 	}
 	b.finish()
-	return nil
 }
 
-func (b *batch) flushChain(name string) error {
+func (b *batch) flushChain(name string) {
 	b.begin(unix.NFT_MSG_DELRULE, 0)
 	b.str(unix.NFTA_RULE_TABLE, b.table)
 	b.str(unix.NFTA_RULE_CHAIN, name)
 	b.finish()
-	return nil
 }
 
-func (b *batch) delChain(name string) error {
+func (b *batch) delChain(name string) {
 	b.begin(unix.NFT_MSG_DELCHAIN, 0)
 	b.str(unix.NFTA_CHAIN_TABLE, b.table)
 	b.str(unix.NFTA_CHAIN_NAME, name)
 	b.finish()
-	return nil
 }
 
 func (b *batch) addRule(chain string, r nft.Rule) error {
@@ -218,7 +213,7 @@ func (b *batch) addRule(chain string, r nft.Rule) error {
 	return nil
 }
 
-func (b *batch) addSet(s *nft.Set) error {
+func (b *batch) addSet(s *nft.Set) {
 	keyType, keyLen := concatType(s.Key)
 	b.setID++
 	b.begin(unix.NFT_MSG_NEWSET, nlmCreate)
@@ -260,15 +255,13 @@ func (b *batch) addSet(s *nft.Set) error {
 		b.counterExpr(nftaSetExpr)
 	}
 	b.finish()
-	return nil
 }
 
-func (b *batch) delSet(name string) error {
+func (b *batch) delSet(name string) {
 	b.begin(unix.NFT_MSG_DELSET, 0)
 	b.str(unix.NFTA_SET_TABLE, b.table)
 	b.str(unix.NFTA_SET_NAME, name)
 	b.finish()
-	return nil
 }
 
 // elems adds (del == false) or deletes elements, in chunks.
@@ -357,12 +350,11 @@ func (b *batch) counterExpr(typ uint16) {
 }
 
 // flushSet deletes every element of a set (dynamic sets' learned entries).
-func (b *batch) flushSet(name string) error {
+func (b *batch) flushSet(name string) {
 	b.begin(unix.NFT_MSG_DELSETELEM, 0)
 	b.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
 	b.str(unix.NFTA_SET_ELEM_LIST_SET, name)
 	b.finish()
-	return nil
 }
 
 // each calls fn with the type (NFT_MSG_*) and payload (after nfgenmsg) of every message.

@@ -326,7 +326,7 @@ func EncodeState(rs *nft.Ruleset) (*TableState, error) {
 	b := newBatch(rs.Family, rs.Table)
 	var errs []error
 	for _, s := range rs.Sets {
-		errs = append(errs, b.addSet(s))
+		b.addSet(s)
 		if !s.Dynamic {
 			es := make([]*nft.Element, len(s.Elements))
 			for i := range s.Elements {
@@ -336,7 +336,7 @@ func EncodeState(rs *nft.Ruleset) (*TableState, error) {
 		}
 	}
 	for _, c := range rs.Chains {
-		errs = append(errs, b.addChain(c))
+		b.addChain(c)
 		for _, r := range c.Rules {
 			errs = append(errs, b.addRule(c.Name, r))
 		}
