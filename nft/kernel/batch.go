@@ -173,18 +173,21 @@ func (b *batch) addChain(c *nft.Chain) {
 	b.finish()
 }
 
-func (b *batch) flushChain(name string) {
-	b.begin(unix.NFT_MSG_DELRULE, 0)
-	b.str(unix.NFTA_RULE_TABLE, b.table)
-	b.str(unix.NFTA_RULE_CHAIN, name)
+// named is a message that only names an object of the table: the table attribute, then
+// the object's name (chain, set).
+func (b *batch) named(typ, tableAttr, nameAttr uint16, name string) {
+	b.begin(typ, 0)
+	b.str(tableAttr, b.table)
+	b.str(nameAttr, name)
 	b.finish()
 }
 
+func (b *batch) flushChain(name string) {
+	b.named(unix.NFT_MSG_DELRULE, unix.NFTA_RULE_TABLE, unix.NFTA_RULE_CHAIN, name)
+}
+
 func (b *batch) delChain(name string) {
-	b.begin(unix.NFT_MSG_DELCHAIN, 0)
-	b.str(unix.NFTA_CHAIN_TABLE, b.table)
-	b.str(unix.NFTA_CHAIN_NAME, name)
-	b.finish()
+	b.named(unix.NFT_MSG_DELCHAIN, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, name)
 }
 
 func (b *batch) addRule(chain string, r nft.Rule) error {
@@ -258,10 +261,7 @@ func (b *batch) addSet(s *nft.Set) {
 }
 
 func (b *batch) delSet(name string) {
-	b.begin(unix.NFT_MSG_DELSET, 0)
-	b.str(unix.NFTA_SET_TABLE, b.table)
-	b.str(unix.NFTA_SET_NAME, name)
-	b.finish()
+	b.named(unix.NFT_MSG_DELSET, unix.NFTA_SET_TABLE, unix.NFTA_SET_NAME, name)
 }
 
 // elems adds (del == false) or deletes elements, in chunks.
@@ -290,15 +290,10 @@ func (b *batch) elems(s *nft.Set, es []*nft.Element, del bool) error {
 // element encodes one list element: its key, and unless keyOnly its value, comment and
 // counter.
 func (b *batch) element(s *nft.Set, e *nft.Element, keyOnly bool) error {
-	var err error
 	el := b.nest(unix.NFTA_LIST_ELEM)
-	k := b.nest(unix.NFTA_SET_ELEM_KEY)
-	v := b.open(unix.NFTA_DATA_VALUE)
-	if b.w, err = appendValues(b.w, s.Key, e.Key); err != nil {
+	if err := b.data(unix.NFTA_SET_ELEM_KEY, s.Key, e.Key); err != nil {
 		return err
 	}
-	b.close(v)
-	b.close(k)
 	if !keyOnly {
 		switch {
 		case e.Verdict != nil:
@@ -315,13 +310,9 @@ func (b *batch) element(s *nft.Set, e *nft.Element, keyOnly bool) error {
 			b.close(vd)
 			b.close(d)
 		case s.IsMap():
-			d := b.nest(unix.NFTA_SET_ELEM_DATA)
-			v := b.open(unix.NFTA_DATA_VALUE)
-			if b.w, err = appendValues(b.w, s.Data, e.Data); err != nil {
+			if err := b.data(unix.NFTA_SET_ELEM_DATA, s.Data, e.Data); err != nil {
 				return err
 			}
-			b.close(v)
-			b.close(d)
 		}
 		if e.Comment != "" {
 			b.scratch = udataString(b.scratch[:0], udataComment, e.Comment)
@@ -332,6 +323,19 @@ func (b *batch) element(s *nft.Set, e *nft.Element, keyOnly bool) error {
 		}
 	}
 	b.close(el)
+	return nil
+}
+
+// data encodes a key or map value: attribute typ holding an NFTA_DATA_VALUE.
+func (b *batch) data(typ uint16, ts []nft.Datatype, vs []nft.Value) error {
+	n := b.nest(typ)
+	v := b.open(unix.NFTA_DATA_VALUE)
+	var err error
+	if b.w, err = appendValues(b.w, ts, vs); err != nil {
+		return err
+	}
+	b.close(v)
+	b.close(n)
 	return nil
 }
 
@@ -351,10 +355,7 @@ func (b *batch) counterExpr(typ uint16) {
 
 // flushSet deletes every element of a set (dynamic sets' learned entries).
 func (b *batch) flushSet(name string) {
-	b.begin(unix.NFT_MSG_DELSETELEM, 0)
-	b.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
-	b.str(unix.NFTA_SET_ELEM_LIST_SET, name)
-	b.finish()
+	b.named(unix.NFT_MSG_DELSETELEM, unix.NFTA_SET_ELEM_LIST_TABLE, unix.NFTA_SET_ELEM_LIST_SET, name)
 }
 
 // each calls fn with the type (NFT_MSG_*) and payload (after nfgenmsg) of every message.
