@@ -27,7 +27,12 @@ const elemChunk = 512
 // pageSize is the size at which a batch starts a new buffer. Messages are written
 // straight into these pages (no per-message or per-attribute allocation) and the pages
 // go to the kernel as the iovecs of one sendmsg, so a 50 MB transaction is never copied.
-const pageSize = 1 << 20
+// The first page starts small and grows by append: most syncs are a few hundred bytes,
+// and a megabyte of garbage per sync shows in a small node's RSS.
+const (
+	pageSize      = 1 << 20
+	firstPageSize = 4 << 10
+)
 
 // Netlink message header flags (linux/netlink.h).
 const (
@@ -61,10 +66,12 @@ var seq atomic.Uint32
 // begin opens a message: the netlink header (its length filled by finish) and nfgenmsg.
 func (b *batch) begin(typ uint16, flags uint16) {
 	if len(b.pages) == 0 || len(b.w) >= pageSize {
+		size := firstPageSize
 		if len(b.pages) > 0 {
 			b.pages[len(b.pages)-1] = b.w
+			size = pageSize + pageSize/4
 		}
-		b.w = make([]byte, 0, pageSize+pageSize/4)
+		b.w = make([]byte, 0, size)
 		b.pages = append(b.pages, b.w)
 	}
 	b.msgOff = len(b.w)
