@@ -35,10 +35,13 @@ func newHarness(t *testing.T) *harness {
 			return nil
 		}
 	}, time.Second, 30*time.Second, 5*time.Second, h.clk)
-	go h.r.Loop(h.stop)
 	t.Cleanup(func() { close(h.stop) })
 	return h
 }
+
+// loop starts the Runner. Failures and the panic handler are set up before it: the
+// first run starts at once and must see them.
+func (h *harness) loop() { go h.r.Loop(h.stop) }
 
 var errPanic = errors.New("panic please")
 
@@ -79,11 +82,13 @@ func (h *harness) advance(d time.Duration) {
 
 func TestFirstRunIsImmediate(t *testing.T) {
 	h := newHarness(t)
+	h.loop()
 	h.expectRun(false)
 }
 
 func TestRequestsAreBatchedByMinInterval(t *testing.T) {
 	h := newHarness(t)
+	h.loop()
 	h.expectRun(false)
 	h.r.Request()
 	h.r.Request()
@@ -98,6 +103,7 @@ func TestRequestsAreBatchedByMinInterval(t *testing.T) {
 
 func TestRequestAfterMinIntervalRunsAtOnce(t *testing.T) {
 	h := newHarness(t)
+	h.loop()
 	h.expectRun(false)
 	h.advance(3 * time.Second)
 	h.r.Request()
@@ -106,6 +112,7 @@ func TestRequestAfterMinIntervalRunsAtOnce(t *testing.T) {
 
 func TestPeriodicRunAtMaxInterval(t *testing.T) {
 	h := newHarness(t)
+	h.loop()
 	h.expectRun(false)
 	h.advance(29 * time.Second)
 	h.expectNoRun()
@@ -116,6 +123,7 @@ func TestPeriodicRunAtMaxInterval(t *testing.T) {
 func TestErrorRetriesAfterRetryInterval(t *testing.T) {
 	h := newHarness(t)
 	h.fail <- errors.New("kernel said no")
+	h.loop()
 	h.expectRun(false)
 	h.advance(4 * time.Second)
 	h.expectNoRun()
@@ -131,6 +139,7 @@ func TestPanicIsRecoveredAndRetried(t *testing.T) {
 	var recovered any
 	h.r.OnPanic(func(p any) { recovered = p })
 	h.fail <- errPanic
+	h.loop()
 	h.expectRun(false)
 	h.advance(5 * time.Second)
 	h.expectRun(true)
@@ -146,6 +155,7 @@ func TestRetriesBackOff(t *testing.T) {
 	for range 4 {
 		h.fail <- errors.New("kernel said no")
 	}
+	h.loop()
 	h.expectRun(false)
 	for _, wait := range []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second} {
 		h.advance(wait - time.Second)
