@@ -17,6 +17,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdv1 "k8s.io/client-go/tools/clientcmd/api/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftproxy/nftproxy/internal/config"
@@ -231,6 +233,10 @@ func TestManifests(t *testing.T) {
 	if _, err := config.ParseClusterCIDRs(f.Values.ClusterCIDR); err != nil || f.Values.ClusterCIDR == "" {
 		t.Errorf("ConfigMap: clusterCIDR %q", f.Values.ClusterCIDR)
 	}
+	if f.Values.ClusterCIDR != harnessPodNetwork {
+		t.Errorf("ConfigMap: clusterCIDR %q; the real-cluster e2e's pod network is %s", f.Values.ClusterCIDR, harnessPodNetwork)
+	}
+	checkKubeconfig(t, ds, cm, f.Values.Kubeconfig)
 	if !strings.HasPrefix(f.Values.MetricsBindAddress, "127.0.0.1:") {
 		t.Errorf("ConfigMap: metrics should stay on loopback, got %q", f.Values.MetricsBindAddress)
 	}
@@ -287,6 +293,135 @@ func TestManifests(t *testing.T) {
 	if len(binding.Subjects) != 1 || binding.Subjects[0].Kind != "ServiceAccount" ||
 		binding.Subjects[0].Name != sa.Name || binding.Subjects[0].Namespace != sa.Namespace {
 		t.Errorf("ClusterRoleBinding: subjects %+v", binding.Subjects)
+	}
+}
+
+// What the real-cluster e2e substitutes when it applies the manifests (contract B): the
+// API server placeholder and the image; it relies on the pod network below.
+const (
+	serverPlaceholder = "https://CONTROL_PLANE_ENDPOINT:6443"
+	imagePlaceholder  = "nftproxy:dev"
+	harnessPodNetwork = "10.244.0.0/16"
+	saDir             = "/var/run/secrets/kubernetes.io/serviceaccount"
+)
+
+// mountedKey returns the ConfigMap key that path names in the DaemonSet's container,
+// or "" when path is not in a volume of that ConfigMap.
+func mountedKey(ds *appsv1.DaemonSet, cm *corev1.ConfigMap, path string) string {
+	spec := ds.Spec.Template.Spec
+	for _, m := range spec.Containers[0].VolumeMounts {
+		key, ok := strings.CutPrefix(path, m.MountPath+"/")
+		if !ok {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name && v.ConfigMap != nil && v.ConfigMap.Name == cm.Name {
+				return key
+			}
+		}
+	}
+	return ""
+}
+
+// checkKubeconfig: the config file's clientConnection.kubeconfig is a kubeconfig in the
+// same ConfigMap that reaches the API at the placeholder address (not through the
+// kubernetes Service, which needs a service proxy) with the pod's service-account
+// credentials, as kubeadm's kube-proxy ConfigMap does.
+func checkKubeconfig(t *testing.T, ds *appsv1.DaemonSet, cm *corev1.ConfigMap, path string) {
+	t.Helper()
+	if path == "" {
+		t.Error("ConfigMap: the config file sets no clientConnection.kubeconfig; the API would be reached through the kubernetes Service's ClusterIP")
+		return
+	}
+	key := mountedKey(ds, cm, path)
+	if key == "" {
+		t.Errorf("ConfigMap: clientConnection.kubeconfig %s is not in a volume of ConfigMap %s", path, cm.Name)
+		return
+	}
+	text, ok := cm.Data[key]
+	if !ok {
+		t.Errorf("ConfigMap: clientConnection.kubeconfig %s but ConfigMap %s has no key %q", path, cm.Name, key)
+		return
+	}
+	var strict clientcmdv1.Config
+	if err := yaml.UnmarshalStrict([]byte(text), &strict); err != nil {
+		t.Errorf("ConfigMap: kubeconfig %s: %v", key, err)
+	}
+	kc, err := clientcmd.Load([]byte(text))
+	if err != nil {
+		t.Fatalf("ConfigMap: kubeconfig %s does not load: %v", key, err)
+	}
+	ctx := kc.Contexts[kc.CurrentContext]
+	if ctx == nil {
+		t.Fatalf("ConfigMap: kubeconfig %s: no current context %q", key, kc.CurrentContext)
+	}
+	cluster, user := kc.Clusters[ctx.Cluster], kc.AuthInfos[ctx.AuthInfo]
+	if cluster == nil || user == nil {
+		t.Fatalf("ConfigMap: kubeconfig %s: context %q names a missing cluster or user", key, kc.CurrentContext)
+	}
+	if cluster.Server != serverPlaceholder {
+		t.Errorf("ConfigMap: kubeconfig server %q, want the placeholder %s", cluster.Server, serverPlaceholder)
+	}
+	if cluster.CertificateAuthority != saDir+"/ca.crt" || len(cluster.CertificateAuthorityData) != 0 || cluster.InsecureSkipTLSVerify {
+		t.Errorf("ConfigMap: kubeconfig must verify the API with %s/ca.crt, has %q (insecure %v)", saDir, cluster.CertificateAuthority, cluster.InsecureSkipTLSVerify)
+	}
+	if user.TokenFile != saDir+"/token" || user.Token != "" || user.ClientCertificate != "" || len(user.ClientCertificateData) != 0 {
+		t.Errorf("ConfigMap: kubeconfig user must be the pod's token file %s/token and nothing else, has tokenFile %q", saDir, user.TokenFile)
+	}
+	if a := ds.Spec.Template.Spec.AutomountServiceAccountToken; a != nil && !*a {
+		t.Error("DaemonSet: automountServiceAccountToken false, but the kubeconfig uses the mounted token")
+	}
+	for _, m := range ds.Spec.Template.Spec.Containers[0].VolumeMounts {
+		if strings.HasPrefix(saDir+"/", m.MountPath+"/") || strings.HasPrefix(m.MountPath+"/", saDir+"/") {
+			t.Errorf("DaemonSet: volume %s at %s hides the service-account mount", m.Name, m.MountPath)
+		}
+	}
+
+	// As the harness applies it: the placeholder replaced, the credentials present.
+	dir := t.TempDir()
+	for _, f := range []string{"ca.crt", "token"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	real := strings.ReplaceAll(strings.ReplaceAll(text, serverPlaceholder, "https://192.0.2.10:6443"), saDir, dir)
+	kc, err = clientcmd.Load([]byte(real))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.NewDefaultClientConfig(*kc, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		t.Fatalf("ConfigMap: kubeconfig with the address filled in: %v", err)
+	}
+	if rc.Host != "https://192.0.2.10:6443" || rc.BearerTokenFile != filepath.Join(dir, "token") || rc.CAFile != filepath.Join(dir, "ca.crt") {
+		t.Errorf("ConfigMap: kubeconfig gives host %q, token file %q, CA %q", rc.Host, rc.BearerTokenFile, rc.CAFile)
+	}
+}
+
+// Contract B: the harness applies the files as shipped with two substitutions only, so
+// the placeholder address is written exactly once, and the image exactly once.
+func TestSubstitutionPoints(t *testing.T) {
+	files, err := filepath.Glob("*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, image := 0, 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		server += bytes.Count(data, []byte(serverPlaceholder))
+		image += bytes.Count(data, []byte("image: "+imagePlaceholder+"\n"))
+		if n := bytes.Count(data, []byte("CONTROL_PLANE_ENDPOINT")); n != bytes.Count(data, []byte(serverPlaceholder)) {
+			t.Errorf("%s: CONTROL_PLANE_ENDPOINT appears outside the full placeholder %s", f, serverPlaceholder)
+		}
+	}
+	if server != 1 {
+		t.Errorf("the placeholder %s appears %d times in manifests/*.yaml, want 1", serverPlaceholder, server)
+	}
+	if image != 1 {
+		t.Errorf("image: %s appears %d times, want 1", imagePlaceholder, image)
 	}
 }
 
