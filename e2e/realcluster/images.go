@@ -157,12 +157,25 @@ func stopgapImages(ctx context.Context) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stopgap agnhost image needs a static busybox (apt-get install busybox-static): %w", err)
 	}
-	tools := []string{"sh", "wget", "nc", "ping", "ip", "cat", "ls", "sleep", "echo", "grep", "sed", "awk", "test", "[", "ps", "hostname", "nslookup", "timeout", "date", "env", "printf", "true", "false", "mkdir", "rm", "touch", "head", "tail", "wc", "tr", "cut", "expr", "seq", "id", "uname", "kill", "netstat"}
+	tools := []string{"ping", "ip", "cat", "ls", "sleep", "echo", "grep", "sed", "awk", "test", "[", "ps", "hostname", "nslookup", "timeout", "date", "env", "printf", "true", "false", "mkdir", "rm", "touch", "head", "tail", "wc", "tr", "cut", "expr", "seq", "id", "uname", "kill", "netstat"}
 	agn := []file{{Src: bins[0], Dest: "/agnhost", Mode: 0o755}, {Src: busybox, Dest: "/bin/busybox", Mode: 0o755}}
 	for _, t := range tools {
 		agn = append(agn, file{Link: "/bin/busybox", Dest: "/bin/" + t})
 	}
-	agn = append(agn, file{Dest: "/tmp", Dir: true}, file{Dest: "/etc/hosts", Data: []byte("127.0.0.1 localhost\n")})
+	agn = append(agn, file{Dest: "/tmp", Dir: true}, file{Dest: "/etc/hosts", Data: []byte("127.0.0.1 localhost\n")},
+		file{Dest: "/etc/nsswitch.conf", Data: []byte("hosts: files dns\n")})
+	// busybox's own wget (static glibc) crashes; the host's curl, wget, nc (OpenBSD) and
+	// dig with their libraries instead, as the e2e tests call them.
+	// busybox's sh runs its own applets before PATH: dash is /bin/sh.
+	for _, tool := range []string{"/usr/bin/dash", "/usr/bin/curl", "/usr/bin/wget", "/usr/bin/nc.openbsd", "/usr/bin/dig"} {
+		fs, err := withLibraries(ctx, tool)
+		if err != nil {
+			return nil, fmt.Errorf("stopgap agnhost image: %w (apt-get install curl wget netcat-openbsd dnsutils)", err)
+		}
+		agn = append(agn, fs...)
+	}
+	agn = append(agn, file{Dest: "/usr/bin/nc", Link: "/usr/bin/nc.openbsd"}, file{Dest: "/bin/sh", Link: "/usr/bin/dash"})
+
 	kp := []file{{Src: bins[1], Dest: "/usr/local/bin/kube-proxy", Mode: 0o755}, {Dest: "/tmp", Dir: true}}
 	for _, tool := range []string{"/usr/sbin/nft", "/usr/sbin/conntrack"} {
 		fs, err := withLibraries(ctx, tool)
@@ -183,6 +196,15 @@ func stopgapImages(ctx context.Context) (map[string]string, error) {
 		PauseImage:     {[]file{{Src: bins[0], Dest: "/agnhost", Mode: 0o755}}, []string{"/agnhost", "pause"}},
 		AgnhostImage:   {agn, []string{"/agnhost"}},
 		KubeProxyImage: {kp, []string{"/usr/local/bin/kube-proxy"}},
+	}
+	// CoreDNS, if built by hand into the stopgap cache (go build github.com/coredns/coredns).
+	if bin := filepath.Join(cacheDir(), "realcluster-stopgap-coredns", "coredns"); fileExists(bin) {
+		ref := corednsPrefix + "v1.14.6"
+		imgs[ref] = filepath.Join(dir, "coredns.tar")
+		specs[ref] = struct {
+			files []file
+			entry []string
+		}{[]file{{Src: bin, Dest: "/coredns", Mode: 0o755}}, []string{"/coredns"}}
 	}
 	for ref, s := range specs {
 		if err := writeImage(imgs[ref], ref, s.files, s.entry); err != nil {
@@ -309,7 +331,7 @@ func writeImage(out, ref string, files []file, entrypoint []string) error {
 			"annotations": map[string]string{"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": ref},
 		}},
 	})
-	tmp := out + ".tmp"
+	tmp := out + ".tmp" + randHex(4) // parallel runs each write their own
 	f, err := os.Create(tmp)
 	if err != nil {
 		return err
@@ -351,4 +373,9 @@ func writeImage(out, ref string, files []file, entrypoint []string) error {
 func digest(b []byte) string {
 	s := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(s[:])
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

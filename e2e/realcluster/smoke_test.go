@@ -129,8 +129,8 @@ func TestRealClusterSmoke(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		spec := `\[sig-network\] Services should serve a basic endpoint from pods  \[Conformance\]`
-		res, err := c.RunE2E(ctx, e2eBin, filepath.Join(t.TempDir(), "e2e"), spec, "", 1)
+		spec := `\[sig-network\] Services should serve a basic endpoint from pods \[Conformance\]`
+		res, err := c.RunE2E(ctx, e2eBin, filepath.Join(c.WorkDir, "e2e"), spec, "", 1)
 		if err != nil {
 			t.Fatal(err)
 		}
