@@ -130,7 +130,7 @@ func TestRealClusterSmoke(t *testing.T) {
 			t.Fatal(err)
 		}
 		spec := `\[sig-network\] Services should serve a basic endpoint from pods \[Conformance\]`
-		res, err := c.RunE2E(ctx, e2eBin, filepath.Join(c.WorkDir, "e2e"), spec, "", 1)
+		res, err := c.RunE2E(ctx, e2eBin, filepath.Join(c.WorkDir, "e2e"), spec, "", 10*time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
