@@ -68,7 +68,10 @@ func TestConformance(t *testing.T) {
 	}
 	t.Logf("results in %s; table:\n%s", out, table)
 	if err != nil {
-		t.Fatalf("no nftproxy results: %v", err)
+		if strings.Contains(strings.Join(proxies, ","), proxyNftproxy) {
+			t.Fatalf("no nftproxy results: %v", err)
+		}
+		return
 	}
 	passed, failed := 0, 0
 	for _, r := range np {

@@ -155,24 +155,33 @@ func disruption(t *testing.T, proxy string) {
 	})
 	t.Run("node-reboot", func(t *testing.T) {
 		n := c.Nodes[1]
-		node2 := n.NS
+		before, err := proxyPodOn(ctx, c, dsName, "node-2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		restarts := int32(0)
+		if len(before.Status.ContainerStatuses) > 0 {
+			restarts = before.Status.ContainerStatuses[0].RestartCount
+		}
 		// Host-network client in node-2 (its ClusterIP path) and an external client in the
 		// control-plane namespace (node-2's node port): both need node-2's rules.
 		const count = 1800 // 90 s at 50 ms (timeouts of 250 ms make it longer while down)
+		pctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		results := map[string][]probeResult{}
-		var mu sync.Mutex
-		for name, p := range map[string][2]string{"clusterip-from-node-2": {node2, clusterIP}, "nodeport-of-node-2": {c.CPNS, nodePort}} {
+		defer wg.Wait()
+		defer cancel()
+		type probeOut struct {
+			res []probeResult
+			err error
+		}
+		results := map[string]*probeOut{}
+		for name, p := range map[string][2]string{"clusterip-from-node-2": {n.NS, clusterIP}, "nodeport-of-node-2": {c.CPNS, nodePort}} {
+			o := &probeOut{}
+			results[name] = o
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res, err := netnsProbe(ctx, echoBin, p[0], p[1], count)
-				if err != nil {
-					t.Error(err)
-				}
-				mu.Lock()
-				results[name] = res
-				mu.Unlock()
+				o.res, o.err = netnsProbe(pctx, echoBin, p[0], p[1], count)
 			}()
 		}
 		time.Sleep(2 * time.Second)
@@ -181,22 +190,32 @@ func disruption(t *testing.T, proxy string) {
 			t.Fatal(err)
 		}
 		t.Logf("%s: node-2 rebooted (processes killed, ruleset flushed, containerd and kubelet started) in %v", proxy, time.Since(t0).Round(time.Millisecond))
-		if err := c.WaitDaemonSet(ctx, "kube-system", dsName, 3*time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		pod, err := proxyPodOn(ctx, c, dsName, "node-2")
-		if err != nil {
-			t.Fatal(err)
-		}
-		started, err := firstLogTime(ctx, c, pod.Name)
-		if err != nil {
+		// The proxy's container on node-2 started again (a new attempt) and is ready.
+		var started time.Time
+		wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer wcancel()
+		if err := c.waitFor(wctx, dsName+" restarted on node-2", nil, func(ctx context.Context) error {
+			p, err := proxyPodOn(ctx, c, dsName, "node-2")
+			if err != nil {
+				return err
+			}
+			cs := p.Status.ContainerStatuses
+			if len(cs) == 0 || (p.UID == before.UID && cs[0].RestartCount <= restarts) || !cs[0].Ready {
+				return fmt.Errorf("not restarted and ready yet")
+			}
+			started, err = firstLogTime(ctx, c, p.Name)
+			return err
+		}); err != nil {
 			t.Fatal(err)
 		}
 		wg.Wait()
-		for name, res := range results {
-			var back time.Time
-			downSince := time.Time{}
-			for _, r := range res {
+		for name, o := range results {
+			if o.err != nil {
+				t.Errorf("%s: %v", name, o.err)
+				continue
+			}
+			var back, downSince time.Time
+			for _, r := range o.res {
 				if !r.OK && downSince.IsZero() && r.At.After(t0.Add(-time.Second)) {
 					downSince = r.At
 				}
@@ -206,7 +225,7 @@ func disruption(t *testing.T, proxy string) {
 				}
 			}
 			if back.IsZero() {
-				t.Errorf("%s: %s: services never answered again after the reboot (%d attempts)", proxy, name, len(res))
+				t.Errorf("%s: %s: services never answered again after the reboot (%d attempts)", proxy, name, len(o.res))
 				continue
 			}
 			t.Logf("%s: node-reboot: %s: down from %s, %s process started %s, answering again %s: %v after the proxy started, %v after the reboot",

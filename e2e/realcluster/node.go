@@ -269,6 +269,20 @@ func (n *Node) boot(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// The CRI plugin initialises after containerd says it booted; a kubelet started
+	// before that exits ("server is not initialized yet"). Its last step is logged.
+	if err := c.waitFor(cctx, n.Name+" CRI ready", []*Process{n.containerd}, func(context.Context) error {
+		b, err := os.ReadFile(n.containerd.Log)
+		if err != nil {
+			return err
+		}
+		if got := strings.Count(string(b), `msg="Start streaming server"`); got < n.boots {
+			return fmt.Errorf("CRI not initialised yet")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	if n.boots == 1 {
 		t0 := time.Now()
 		refs := make([]string, 0, len(c.images))
