@@ -233,6 +233,7 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		return dryRun(ctx, client, cfg)
 	}
 	log.Info("Starting nftproxy", "node", nodeName, "clusterCIDRs", o.ClusterCIDR, "apiServer", rc.Host)
+	controller.WarnKubeProxyLeftovers(log, applier)
 	ct, err := netlink.NewHandle(unix.NETLINK_NETFILTER) // stale UDP conntrack entries
 	if err != nil {
 		return fmt.Errorf("netlink handle for conntrack: %w", err)
