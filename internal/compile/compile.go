@@ -854,9 +854,12 @@ func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []net
 		}
 		ranges = append(ranges, r)
 	}
-	if len(lbIPs) == 0 || len(ranges) == 0 {
+	if len(lbIPs) == 0 || (len(ranges) == 0 && !sp.SourceRangesBroken) {
 		return // no ranges for this family: no restriction in it, as upstream
 	}
+	// ranges set but none of them usable in this family, and some entry unparsable: it
+	// may have been this family's, so the load balancer is closed (the chain below has
+	// no allowing rule), never open to everyone
 	name := ChainName("fw", sp.Name)
 	ch := &nft.Chain{Name: name}
 	allowNode := false

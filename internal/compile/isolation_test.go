@@ -262,3 +262,51 @@ func TestNodePortsNeverOnLoopback(t *testing.T) {
 		}
 	}
 }
+
+// loadBalancerSourceRanges that cannot be parsed never open a load balancer: a family
+// with no usable range drops everything; a family with usable ranges keeps them.
+func TestSourceRangesFailClosed(t *testing.T) {
+	lb := model.ServicePort{
+		Name: spn("lb", "https", tcp), ClusterIPs: ips("10.96.0.30", "fd00:96::30"), Port: 443,
+		LoadBalancerIPs: ips("198.51.100.30", "2001:db8:1::30"), Endpoints: eps(8443, "10.244.1.30", "fd00:244::30"),
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, SourceRangesBroken: true,
+	}
+	fw := ChainName("fw", lb.Name)
+	drop := nft.Verdict{Kind: nft.Drop}
+	for _, tc := range []struct {
+		fam  nft.Family
+		want [][]nft.Stmt
+	}{
+		// IPv4 has a usable range (and the node's address is in it)
+		{nft.IPv4, [][]nft.Stmt{
+			{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.MustParsePrefix("192.0.2.0/24")}, nft.Verdict{Kind: nft.Return}},
+			{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.MustParsePrefix("198.51.100.30/32")}, nft.Verdict{Kind: nft.Return}},
+			{drop},
+		}},
+		// IPv6 has none: closed
+		{nft.IPv6, [][]nft.Stmt{{drop}}},
+	} {
+		snap := snapshot(lb)
+		rs, _ := compileChecked(t, snap, configFor(tc.fam), NewSlots())
+		ch := chainNamed(rs, fw)
+		if ch == nil {
+			t.Errorf("%s: no firewall chain: the load balancer is open", tc.fam)
+			continue
+		}
+		got := make([][]nft.Stmt, len(ch.Rules))
+		for i, r := range ch.Rules {
+			got[i] = r.Stmts
+		}
+		if rulesString(tc.fam, got) != rulesString(tc.fam, tc.want) {
+			t.Errorf("%s: firewall\n got %s\nwant %s", tc.fam, rulesString(tc.fam, got), rulesString(tc.fam, tc.want))
+		}
+		if len(elements(t, rs, mapFirewallIPs)) != 1 {
+			t.Errorf("%s: firewall-ips %v, want the load-balancer IP", tc.fam, elements(t, rs, mapFirewallIPs))
+		}
+	}
+	// without a broken entry, a family without ranges stays open, as upstream
+	lb.SourceRangesBroken = false
+	if rs, _ := compileChecked(t, snapshot(lb), configFor(nft.IPv6), NewSlots()); chainNamed(rs, fw) != nil {
+		t.Errorf("IPv6 without ranges and nothing broken: firewall chain present")
+	}
+}
