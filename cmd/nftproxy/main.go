@@ -293,6 +293,7 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 	}
 	cidrs, _ := o.ClusterCIDRs()        // validated
 	serviceCIDRs, _ := o.ServiceCIDRs() // validated
+	served, own := o.ServedPorts()
 	return controller.Config{
 		NodeName:          nodeName,
 		ClusterCIDRs:      cidrs,
@@ -303,6 +304,14 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 		MinSyncPeriod:     o.MinSyncPeriod,
 		SyncPeriod:        o.SyncPeriod,
 		LocalAddrs:        localAddrs,
+		NoExternalIPs:     !o.ExternalIPsAllowed(),
+		ServedPorts:       served,
+		OwnAddrs:          own,
+		Limits: compile.Limits{
+			MaxFrontendsPerService:     o.MaxFrontendsPerService,
+			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,
+			MaxElements:                o.MaxTableElements,
+		},
 	}, nil
 }
 

@@ -65,6 +65,17 @@ type Config struct {
 	Metrics metrics.Recorder
 	// APIServer is the API server's address, for log lines.
 	APIServer string
+	// NoExternalIPs: the feature gate AllowServiceExternalIPs is false; no Service
+	// externalIPs are programmed.
+	NoExternalIPs bool
+	// ServedPorts are the TCP ports nftproxy serves on the node (health and metrics
+	// servers) and OwnAddrs their bind addresses: no externalIP or load-balancer IP on
+	// the node's addresses takes them (see compile.Config).
+	ServedPorts []uint16
+	OwnAddrs    []netip.Addr
+	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
+	// zero: no limits).
+	Limits compile.Limits
 }
 
 // HealthChecks is the health-check node port server (see internal/healthcheck).
@@ -479,6 +490,10 @@ func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.
 			MasqueradeBit:    cfg.MasqueradeBit,
 			NodePortAddrs:    npAddrs,
 			NodePortAllLocal: allLocal[fam],
+			NoExternalIPs:    cfg.NoExternalIPs,
+			ServedPorts:      cfg.ServedPorts,
+			OwnAddrs:         cfg.OwnAddrs,
+			Limits:           cfg.Limits,
 		}
 		for _, c := range cfg.ClusterCIDRs {
 			if c.Addr().Is6() == (fam == nft.IPv6) {
