@@ -258,7 +258,9 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 			return
 		case <-p.Synced():
 		}
-		mon := kernel.NewMonitor(controller.Tables(), p.DataplaneChanged)
+		// repairs back off while another process keeps changing the tables
+		repairs := controller.NewRepairer(p, controller.RepairBackoff{})
+		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed)
 		if err := mon.Start(ctx); err != nil {
 			log.Error(err, "Cannot watch nftables for changes by other processes; drift is only repaired by the hourly full sync")
 			return
