@@ -8,11 +8,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -25,7 +27,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
@@ -37,6 +41,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/internal/serve"
+	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
@@ -51,6 +56,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "verify" {
 		os.Exit(runVerify(os.Args[2:], os.Stdout, os.Stderr))
 	}
+	featureOverrides := quietClientGoFeatures() // before any client-go use
 	if os.Getenv("GOGC") == "" {
 		// A sync's transient garbage (netlink encoding) is about twice the live heap at
 		// scale; collecting at +50% instead of +100% cuts the peak by a fifth (10k
@@ -68,6 +74,9 @@ func main() {
 	}
 	for _, n := range o.Notes() {
 		log.Info("Configuration", "note", n)
+	}
+	for _, f := range featureOverrides {
+		log.Info("client-go feature gate set from the environment", "feature", f)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -110,6 +119,48 @@ func configure(fs *pflag.FlagSet, o *options.Options, args []string, stderr io.W
 	return 0, false
 }
 
+// quietClientGoFeatures replaces client-go's own feature gates, which log the default
+// state of each of its features (ten INFO lines at -v=1 and above) when first used, with
+// the same defaults and the same KUBE_FEATURE_<name>=true|false environment overrides,
+// silently (as kube-proxy, which hands them to its own feature gate). It returns the
+// overrides found, for one log line each.
+func quietClientGoFeatures() (overrides []string) {
+	specs := featureSpecs{}
+	_ = clientfeatures.AddFeaturesToExistingFeatureGates(specs) // featureSpecs.Add cannot fail
+	gates := clientGoGates{}
+	for f, spec := range specs {
+		gates[f] = spec.Default
+		v, ok := os.LookupEnv("KUBE_FEATURE_" + string(f))
+		if !ok {
+			continue
+		}
+		b, err := strconv.ParseBool(v)
+		switch {
+		case err != nil:
+			overrides = append(overrides, fmt.Sprintf("%s: %q is not true or false; default %v kept", f, v, spec.Default))
+		case spec.LockToDefault && b != spec.Default:
+			overrides = append(overrides, fmt.Sprintf("%s is locked to %v; %q ignored", f, spec.Default, v))
+		default:
+			gates[f] = b
+			overrides = append(overrides, fmt.Sprintf("%s=%v", f, b))
+		}
+	}
+	clientfeatures.ReplaceFeatureGates(gates)
+	slices.Sort(overrides)
+	return overrides
+}
+
+type featureSpecs map[clientfeatures.Feature]clientfeatures.FeatureSpec
+
+func (s featureSpecs) Add(m map[clientfeatures.Feature]clientfeatures.FeatureSpec) error {
+	maps.Copy(s, m)
+	return nil
+}
+
+type clientGoGates map[clientfeatures.Feature]bool
+
+func (g clientGoGates) Enabled(f clientfeatures.Feature) bool { return g[f] }
+
 // newLogger returns a zap logger behind logr writing to w: format "text" (console) or
 // "json" (kube's JSON layout: ts in epoch milliseconds, msg, v, err). -v works like
 // kube-proxy's: logr V(n) lines are shown when n <= verbosity. client-go's klog output
@@ -150,6 +201,7 @@ func newLogger(w io.Writer, format string, verbosity int) (logr.Logger, error) {
 }
 
 func run(ctx context.Context, o *options.Options, log logr.Logger) error {
+	started := time.Now()
 	applier := kernel.New()
 	if o.Cleanup {
 		for _, fam := range controller.Families {
@@ -168,14 +220,20 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	if len(cfg.ClusterCIDRs) == 0 && !o.MasqueradeAll {
 		log.Info("No --cluster-cidr: traffic from outside the cluster to cluster IPs will not be masqueraded")
 	}
-	client, err := newClient(o)
+	rc, err := clientConfig(o)
 	if err != nil {
 		return err
 	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	cfg.APIServer = rc.Host
 	if o.DryRun {
 		return dryRun(ctx, client, cfg)
 	}
-	log.Info("Starting nftproxy", "node", nodeName, "clusterCIDRs", o.ClusterCIDR)
+	log.Info("Starting nftproxy", "node", nodeName, "clusterCIDRs", o.ClusterCIDR, "apiServer", rc.Host)
+	controller.WarnKubeProxyLeftovers(log, applier)
 	ct, err := netlink.NewHandle(unix.NETLINK_NETFILTER) // stale UDP conntrack entries
 	if err != nil {
 		return fmt.Errorf("netlink handle for conntrack: %w", err)
@@ -200,7 +258,9 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 			return
 		case <-p.Synced():
 		}
-		mon := kernel.NewMonitor(controller.Tables(), p.DataplaneChanged)
+		// repairs back off while another process keeps changing the tables
+		repairs := controller.NewRepairer(p, controller.RepairBackoff{})
+		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed)
 		if err := mon.Start(ctx); err != nil {
 			log.Error(err, "Cannot watch nftables for changes by other processes; drift is only repaired by the hourly full sync")
 			return
@@ -212,11 +272,13 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		}
 	}()
 	hc.SetProxyHealth(func() bool { return serve.Healthy(p.Status(), o.SyncPeriod, time.Now()) })
-	health := &serve.Health{Status: p.Status, SyncPeriod: o.SyncPeriod, Node: serve.WatchNode(ctx, client, nodeName), Probes: rec}
-	if err := serve.Start(ctx, log, "healthz", o.HealthzBindAddress, health.Handler()); err != nil {
+	health := &serve.Health{Status: p.Status, SyncPeriod: o.SyncPeriod, Node: serve.WatchNode(ctx, log, client, nodeName), Probes: rec,
+		Started: started, StartupGrace: serve.StartupGrace}
+	// Both servers answer from now on, while p.Run waits for the API server.
+	if err := serve.Start(ctx, log, "healthz", o.HealthzBindAddress, health.Handler(), httplimit.Health); err != nil {
 		return err
 	}
-	if err := serve.Start(ctx, log, "metrics", o.MetricsBindAddress, serve.MetricsMux(rec.Handler(), o.EffectiveConfig())); err != nil {
+	if err := serve.Start(ctx, log, "metrics", o.MetricsBindAddress, serve.MetricsMux(rec.Handler(), o.EffectiveConfig()), httplimit.Metrics); err != nil {
 		return err
 	}
 	err = p.Run(ctx)
@@ -233,6 +295,7 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 	}
 	cidrs, _ := o.ClusterCIDRs()        // validated
 	serviceCIDRs, _ := o.ServiceCIDRs() // validated
+	served, own := o.ServedPorts()
 	return controller.Config{
 		NodeName:          nodeName,
 		ClusterCIDRs:      cidrs,
@@ -243,10 +306,29 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 		MinSyncPeriod:     o.MinSyncPeriod,
 		SyncPeriod:        o.SyncPeriod,
 		LocalAddrs:        localAddrs,
+		NoExternalIPs:     !o.ExternalIPsAllowed(),
+		ServedPorts:       served,
+		OwnAddrs:          own,
+		Limits: compile.Limits{
+			MaxFrontendsPerService:     o.MaxFrontendsPerService,
+			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,
+			MaxElements:                o.MaxTableElements,
+		},
 	}, nil
 }
 
 func newClient(o *options.Options) (kubernetes.Interface, error) {
+	rc, err := clientConfig(o)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(rc)
+}
+
+// clientConfig is the API client configuration: --kubeconfig (or the config file's
+// clientConnection.kubeconfig) and --master, else the in-cluster configuration, whose
+// address is KUBERNETES_SERVICE_HOST and _PORT.
+func clientConfig(o *options.Options) (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = o.Kubeconfig
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
@@ -257,16 +339,19 @@ func newClient(o *options.Options) (kubernetes.Interface, error) {
 	rc.QPS, rc.Burst = o.KubeAPIQPS, int(o.KubeAPIBurst)
 	rc.ContentType = o.KubeAPIContentType
 	rc.UserAgent = "nftproxy"
-	return kubernetes.NewForConfig(rc)
+	return rc, nil
 }
 
 // dryRun lists the API once and prints the rulesets that would be programmed.
 func dryRun(ctx context.Context, client kubernetes.Interface, cfg controller.Config) error {
-	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	var svcOpts, sliceOpts metav1.ListOptions
+	controller.ServiceListOptions(&svcOpts)
+	controller.SliceListOptions(&sliceOpts)
+	svcs, err := client.CoreV1().Services("").List(ctx, svcOpts)
 	if err != nil {
 		return fmt.Errorf("listing services: %w", err)
 	}
-	slices, err := client.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+	slices, err := client.DiscoveryV1().EndpointSlices("").List(ctx, sliceOpts)
 	if err != nil {
 		return fmt.Errorf("listing endpoint slices: %w", err)
 	}

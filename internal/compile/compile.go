@@ -55,6 +55,66 @@ type Config struct {
 	// is set, node ports answer on every local address instead ("fib daddr type local").
 	NodePortAddrs    []netip.Addr
 	NodePortAllLocal bool
+	// NoExternalIPs is the feature gate AllowServiceExternalIPs=false: no externalIP is
+	// programmed at all (load-balancer IPs still are), as kube-proxy.
+	NoExternalIPs bool
+	// ServedPorts are the TCP ports nftproxy itself serves on this node (the health and
+	// metrics servers): an externalIP or load-balancer IP that is one of the node's own
+	// addresses never takes them.
+	ServedPorts []uint16
+	// OwnAddrs are addresses of this node besides Node.IPs and NodePortAddrs that
+	// ServedPorts are protected on (the servers' bind addresses).
+	OwnAddrs []netip.Addr
+	// Limits bound what one Service, and the whole table, may cost.
+	Limits Limits
+}
+
+// Limits bound what one object may make every node program. A zero field is no limit.
+// A Service over a limit is set aside (not programmed, reported as a problem); all other
+// Services are programmed.
+type Limits struct {
+	// MaxFrontendsPerService caps a Service's frontends: its ports times its cluster,
+	// external and load-balancer IPs, all families counted.
+	MaxFrontendsPerService int
+	// MaxEndpointsPerServicePort caps the endpoints of any one port of a Service.
+	MaxEndpointsPerServicePort int
+	// MaxElements is the table's element budget, checked against an estimate (see
+	// ElementCost) before compiling: Services are admitted oldest first, and those
+	// that no longer fit are set aside.
+	MaxElements int
+}
+
+// Default limits (flags --max-frontends-per-service, --max-endpoints-per-service-port,
+// --max-table-elements). docs/security.md gives their reasons and costs.
+const (
+	DefaultMaxFrontendsPerService     = 1000
+	DefaultMaxEndpointsPerServicePort = 10000
+	DefaultMaxElements                = 2000000
+)
+
+// DefaultLimits returns the default limits.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxFrontendsPerService:     DefaultMaxFrontendsPerService,
+		MaxEndpointsPerServicePort: DefaultMaxEndpointsPerServicePort,
+		MaxElements:                DefaultMaxElements,
+	}
+}
+
+// ElementCost estimates the set elements a service port adds to the tables of both
+// families: per frontend a counter and a map element, per endpoint an endpoint-map and
+// a hairpin element, and two for a node port.
+func ElementCost(sp *model.ServicePort) int {
+	n := 2 * (len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs) + len(sp.Endpoints))
+	if sp.NodePort != 0 {
+		n += 2
+	}
+	return n
+}
+
+// frontends is the number of frontends a service port has (all families).
+func frontends(sp *model.ServicePort) int {
+	return len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs)
 }
 
 func (c Config) masqMark() uint32 { return 1 << c.MasqueradeBit }
@@ -80,6 +140,9 @@ type Compiler struct {
 	slots *Slots
 	node  model.Node
 	parts []*compiledPart // of the previous call, in service port order
+	// every service's cluster IPs (all families) at the previous call: endpoints at
+	// these addresses are skipped
+	clusterIPs map[netip.Addr]bool
 }
 
 // compiledPart is a service port's Part and what it was compiled from.
@@ -89,12 +152,19 @@ type compiledPart struct {
 	part   *nft.Part
 	owners []model.ServicePortName // slot ranges it uses
 	pages  []uint32                // endpoint map pages it adds elements to
+	// problems found compiling it (endpoints skipped), reported on every call
+	problems []model.Problem
 }
 
 // claims are the frontends and node port a service port won.
 type claims struct {
 	internal, external []netip.Addr
 	nodePort           uint16
+}
+
+// clone copies the claims out of the per-call buffers claimAll fills.
+func (a claims) clone() claims {
+	return claims{internal: slices.Clip(slices.Clone(a.internal)), external: slices.Clip(slices.Clone(a.external)), nodePort: a.nodePort}
 }
 
 func (a claims) equal(b claims) bool {
@@ -120,34 +190,77 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		nodePorts: map[nodePortKey]model.ServicePortName{},
 	}
 	c.init()
+	services := snap.Services
 	var dropped []model.ServicePortName // slot owners no longer used
-	pages := map[uint32]bool{}
-	parts := make([]*nft.Part, 0, len(snap.Services))
-	next := make([]*compiledPart, 0, len(snap.Services))
-	j := 0 // snap.Services and prev are both in name order: walk them side by side
-	for i := range snap.Services {
-		sp := &snap.Services[i]
-		var cp *compiledPart
+
+	// the previous part of each service port (both lists are in name order)
+	matched := make([]*compiledPart, len(services))
+	j := 0
+	for i := range services {
 		for ; j < len(prev); j++ {
-			if cmp := prev[j].in.Name.Compare(sp.Name); cmp >= 0 {
+			if cmp := prev[j].in.Name.Compare(services[i].Name); cmp >= 0 {
 				if cmp == 0 {
-					cp = prev[j]
+					matched[i] = prev[j]
 					j++
 				}
 				break
 			}
 			dropped = append(dropped, prev[j].owners...)
 		}
-		won, ok := c.claim(sp, cp)
-		if !ok {
+	}
+	for ; j < len(prev); j++ {
+		dropped = append(dropped, prev[j].owners...)
+	}
+
+	clusterIPs := make(map[netip.Addr]bool, len(services))
+	for i := range services {
+		for _, ip := range services[i].ClusterIPs {
+			clusterIPs[ip] = true
+		}
+	}
+	// endpoints at an address that became or stopped being a cluster IP are compiled again
+	var moved map[netip.Addr]bool
+	for ip := range clusterIPs {
+		if !cc.clusterIPs[ip] {
+			if moved == nil {
+				moved = map[netip.Addr]bool{}
+			}
+			moved[ip] = true
+		}
+	}
+	for ip := range cc.clusterIPs {
+		if !clusterIPs[ip] {
+			if moved == nil {
+				moved = map[netip.Addr]bool{}
+			}
+			moved[ip] = true
+		}
+	}
+	cc.clusterIPs = clusterIPs
+	c.clusterIPSet = clusterIPs
+
+	aside := c.setAside(services)
+	won, has := c.claimAll(services, aside)
+
+	pages := map[uint32]bool{}
+	parts := make([]*nft.Part, 0, len(services))
+	next := make([]*compiledPart, 0, len(services))
+	for i := range services {
+		sp := &services[i]
+		cp := matched[i]
+		if aside[i] || !has[i] {
 			if cp != nil {
 				dropped = append(dropped, cp.owners...)
 			}
-			continue // no address in this family
+			continue // set aside, or no address in this family
 		}
-		if cp == nil || !cp.claims.equal(won) || !cp.in.Equal(sp) {
+		w := won[i]
+		if cp != nil && cp.claims.equal(w) {
+			w = cp.claims
+		}
+		if cp == nil || !cp.claims.equal(w) || !cp.in.Equal(sp) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved)) {
 			old := cp
-			cp = c.servicePort(sp, won)
+			cp = c.servicePort(sp, w.clone())
 			if old != nil {
 				for _, o := range old.owners {
 					if !slices.Contains(cp.owners, o) {
@@ -156,14 +269,12 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 				}
 			}
 		}
+		c.problems = append(c.problems, cp.problems...)
 		next = append(next, cp)
 		for _, pg := range cp.pages {
 			pages[pg] = true
 		}
 		parts = append(parts, cp.part)
-	}
-	for ; j < len(prev); j++ {
-		dropped = append(dropped, prev[j].owners...)
 	}
 	cc.parts = next
 	cc.slots.drop(dropped)
@@ -180,6 +291,196 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	rs := c.finish(pages)
 	rs.Parts = parts
 	return rs, c.problems
+}
+
+// endpointsAt reports whether any endpoint has one of the addresses.
+func endpointsAt(eps []model.Endpoint, addrs map[netip.Addr]bool) bool {
+	for i := range eps {
+		if addrs[eps[i].Addr] {
+			return true
+		}
+	}
+	return false
+}
+
+// setAside marks the service ports of Services over a limit. Each Service is reported
+// once, by the compiler of its first cluster IP's family.
+func (c *compiler) setAside(services []model.ServicePort) []bool {
+	lim := c.cfg.Limits
+	aside := make([]bool, len(services))
+	if lim == (Limits{}) {
+		return aside
+	}
+	type group struct {
+		from, to int // services[from:to] are the Service's ports
+		cost     int
+	}
+	var groups []group
+	total := 0
+	for from := 0; from < len(services); {
+		first := &services[from]
+		to, fronts, cost, reason := from, 0, 0, ""
+		for ; to < len(services) && services[to].Name.Namespace == first.Name.Namespace && services[to].Name.Name == first.Name.Name; to++ {
+			sp := &services[to]
+			fronts += frontends(sp)
+			cost += ElementCost(sp)
+			if n := len(sp.Endpoints); lim.MaxEndpointsPerServicePort > 0 && n > lim.MaxEndpointsPerServicePort && reason == "" {
+				reason = fmt.Sprintf("port %q has %d endpoints, more than --max-endpoints-per-service-port=%d: the Service is not programmed",
+					sp.Name.Port, n, lim.MaxEndpointsPerServicePort)
+			}
+		}
+		if lim.MaxFrontendsPerService > 0 && fronts > lim.MaxFrontendsPerService {
+			reason = fmt.Sprintf("%d frontends (ports × cluster, external and load-balancer IPs), more than --max-frontends-per-service=%d: the Service is not programmed",
+				fronts, lim.MaxFrontendsPerService)
+		}
+		if reason != "" {
+			c.setAsideGroup(services, from, to, aside, reason)
+		} else {
+			groups = append(groups, group{from, to, cost})
+			total += cost
+		}
+		from = to
+	}
+	if lim.MaxElements <= 0 || total <= lim.MaxElements {
+		return aside
+	}
+	// over budget: admit the oldest Services first (then by name), the same choice on
+	// every node and after every restart
+	slices.SortStableFunc(groups, func(a, b group) int { return services[a.from].Created.Compare(services[b.from].Created) })
+	used := 0
+	for _, g := range groups {
+		if used+g.cost <= lim.MaxElements {
+			used += g.cost
+			continue
+		}
+		c.setAsideGroup(services, g.from, g.to, aside, fmt.Sprintf(
+			"the table's element budget (--max-table-elements=%d) is taken by older Services; this one needs about %d more: the Service is not programmed",
+			lim.MaxElements, g.cost))
+	}
+	return aside
+}
+
+func (c *compiler) setAsideGroup(services []model.ServicePort, from, to int, aside []bool, reason string) {
+	for k := from; k < to; k++ {
+		aside[k] = true
+	}
+	sp := &services[from]
+	if len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0].Is6() == c.v6 {
+		c.problems = append(c.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
+	}
+}
+
+// claimAll decides which frontends and node port each service port gets. Cluster IPs
+// are claimed first, by every service, and always win. External and load-balancer IPs
+// and node ports come next, oldest Service first (then by name): a conflict between
+// them goes to the older Service, the same answer on every node. An external or
+// load-balancer IP that is any service's cluster IP, lies in the service CIDRs, is a
+// special address (loopback, link-local, …), or is the node's own address on a port
+// nftproxy serves, is refused for that service alone. has[i] is false when services[i]
+// has no cluster IP in this family (it is then not programmed at all).
+func (c *compiler) claimAll(services []model.ServicePort, aside []bool) (won []claims, has []bool) {
+	won = make([]claims, len(services))
+	has = make([]bool, len(services))
+	// the claimed addresses of all service ports share two buffers (a part that is
+	// compiled again keeps a copy: see claims.clone)
+	var internal, external []netip.Addr
+	var order []int // service ports with external frontends or a node port
+	n := 0
+	for i := range services {
+		n += len(services[i].ClusterIPs)
+	}
+	internal = make([]netip.Addr, 0, n)
+	for i := range services {
+		sp := &services[i]
+		if aside[i] {
+			continue
+		}
+		start := len(internal)
+		for _, ip := range sp.ClusterIPs {
+			if ip.Is6() != c.v6 {
+				continue
+			}
+			has[i] = true
+			if c.claimFrontend(sp.Name, ip, sp.Port) {
+				internal = append(internal, ip)
+			}
+		}
+		if len(internal) > start {
+			won[i].internal = internal[start:len(internal):len(internal)]
+		}
+		if has[i] && (sp.NodePort != 0 || len(sp.LoadBalancerIPs) > 0 || (len(sp.ExternalIPs) > 0 && !c.cfg.NoExternalIPs)) {
+			order = append(order, i)
+		}
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return services[a].Created.Compare(services[b].Created) })
+	for _, i := range order {
+		sp := &services[i]
+		start := len(external)
+		for k, ips := range [2][]netip.Addr{sp.ExternalIPs, sp.LoadBalancerIPs} {
+			if k == 0 && c.cfg.NoExternalIPs {
+				continue
+			}
+			what := [2]string{"externalIP", "load-balancer IP"}[k]
+			for _, ip := range ips {
+				if ip.Is6() != c.v6 || c.refused(sp, what, ip) {
+					continue
+				}
+				if c.claimFrontend(sp.Name, ip, sp.Port) {
+					external = append(external, ip)
+				}
+			}
+		}
+		if len(external) > start {
+			won[i].external = external[start:len(external):len(external)]
+		}
+		if sp.NodePort != 0 && c.claimNodePort(sp.Name, sp.NodePort) {
+			won[i].nodePort = sp.NodePort
+		}
+	}
+	return won, has
+}
+
+// refused reports (and records a problem) when ip may not be an external frontend of sp.
+func (c *compiler) refused(sp *model.ServicePort, what string, ip netip.Addr) bool {
+	reason := ""
+	switch {
+	case model.SpecialAddr(ip) != "":
+		reason = fmt.Sprintf("%s %s is %s, refused", what, ip, model.SpecialAddr(ip))
+	case c.clusterIPSet[ip]:
+		reason = fmt.Sprintf("%s %s is a cluster IP, refused", what, ip)
+	default:
+		for _, cidr := range c.serviceCIDRs {
+			if cidr.Contains(ip) {
+				reason = fmt.Sprintf("%s %s is inside the service CIDR %s, refused", what, ip, cidr)
+				break
+			}
+		}
+	}
+	if reason == "" && sp.Name.Protocol == model.ProtoTCP && slices.Contains(c.cfg.ServedPorts, sp.Port) && c.ownAddr(ip) {
+		reason = fmt.Sprintf("port %q: %s %s is this node's address and TCP port %d is served by nftproxy itself, refused", sp.Name.Port, what, ip, sp.Port)
+	}
+	if reason == "" {
+		return false
+	}
+	c.problem(model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
+	return true
+}
+
+// ownAddr reports whether ip is one of this node's addresses that nftproxy knows.
+func (c *compiler) ownAddr(ip netip.Addr) bool {
+	return slices.Contains(c.node.IPs, ip) || slices.Contains(c.cfg.NodePortAddrs, ip) || slices.Contains(c.cfg.OwnAddrs, ip)
+}
+
+// problem records p once per call (one Service's ports share their addresses).
+func (c *compiler) problem(p model.Problem) {
+	if c.seen[p] {
+		return
+	}
+	if c.seen == nil {
+		c.seen = map[model.Problem]bool{}
+	}
+	c.seen[p] = true
+	c.problems = append(c.problems, p)
 }
 
 func sameNode(a, b model.Node) bool {
@@ -214,46 +515,9 @@ type compiler struct {
 	frontends map[frontendKey]model.ServicePortName
 	nodePorts map[nodePortKey]model.ServicePortName
 	problems  []model.Problem
-}
-
-// claim takes the frontends and node port of sp that no earlier service port has; ok is
-// false when sp has no cluster IP in this family (it is then not programmed at all).
-// When the result equals prev's claims, prev's are returned (no allocation).
-func (c *compiler) claim(sp *model.ServicePort, prev *compiledPart) (won claims, ok bool) {
-	has := false
-	for _, ip := range sp.ClusterIPs {
-		has = has || ip.Is6() == c.v6
-	}
-	if !has {
-		return won, false
-	}
-	var ib, eb [4]netip.Addr
-	internal, external := ib[:0], eb[:0]
-	for _, ip := range sp.ClusterIPs {
-		if ip.Is6() == c.v6 && c.claimFrontend(sp.Name, ip, sp.Port) {
-			internal = append(internal, ip)
-		}
-	}
-	for _, ips := range [2][]netip.Addr{sp.ExternalIPs, sp.LoadBalancerIPs} {
-		for _, ip := range ips {
-			if ip.Is6() == c.v6 && c.claimFrontend(sp.Name, ip, sp.Port) {
-				external = append(external, ip)
-			}
-		}
-	}
-	if sp.NodePort != 0 && c.claimNodePort(sp.Name, sp.NodePort) {
-		won.nodePort = sp.NodePort
-	}
-	if prev != nil && slices.Equal(prev.claims.internal, internal) && slices.Equal(prev.claims.external, external) && prev.claims.nodePort == won.nodePort {
-		return prev.claims, true
-	}
-	if len(internal) > 0 {
-		won.internal = slices.Clone(internal)
-	}
-	if len(external) > 0 {
-		won.external = slices.Clone(external)
-	}
-	return won, true
+	seen      map[model.Problem]bool
+	// every service's cluster IPs, all families
+	clusterIPSet map[netip.Addr]bool
 }
 
 // add appends elements of a shared set to the part.
@@ -272,7 +536,7 @@ func (c *compiler) claimFrontend(sp model.ServicePortName, addr netip.Addr, port
 	k := frontendKey{addr, sp.Protocol, port}
 	if owner, taken := c.frontends[k]; taken {
 		if owner != sp { // a service listing one address twice is not a conflict
-			c.conflict(sp, "%s %s:%d is already used by %s", model.ProtoString(sp.Protocol), addr, port, owner)
+			c.conflict(sp, "%s %s:%d is in use by another Service", model.ProtoString(sp.Protocol), addr, port)
 		}
 		return false
 	}
@@ -282,8 +546,8 @@ func (c *compiler) claimFrontend(sp model.ServicePortName, addr netip.Addr, port
 
 func (c *compiler) claimNodePort(sp model.ServicePortName, port uint16) bool {
 	k := nodePortKey{sp.Protocol, port}
-	if owner, taken := c.nodePorts[k]; taken {
-		c.conflict(sp, "node port %s %d is already used by %s", model.ProtoString(sp.Protocol), port, owner)
+	if _, taken := c.nodePorts[k]; taken {
+		c.conflict(sp, "node port %s %d is in use by another Service", model.ProtoString(sp.Protocol), port)
 		return false
 	}
 	c.nodePorts[k] = sp
@@ -318,7 +582,7 @@ func (c *compiler) init() {
 	c.nodePortCounters = &nft.Set{Name: SetNodePortCounters, Key: port, Counter: true, Comment: "packets and bytes sent to each node port"}
 	c.hairpin = &nft.Set{Name: setHairpin, Key: []nft.Datatype{a, a}, Comment: "endpoint . endpoint: hairpin traffic to masquerade"}
 	for _, ip := range c.cfg.NodePortAddrs {
-		if ip.Is6() == c.v6 {
+		if ip.Is6() == c.v6 && !ip.IsLoopback() {
 			c.nodePortIPs.Elements = append(c.nodePortIPs.Elements, nft.Element{Key: []nft.Value{nft.Addr(ip)}})
 		}
 	}
@@ -363,9 +627,15 @@ func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart 
 
 	var eps []model.Endpoint
 	for _, e := range sp.Endpoints {
-		if e.Addr.Is6() == c.v6 {
-			eps = append(eps, e)
+		if e.Addr.Is6() != c.v6 {
+			continue
 		}
+		if c.clusterIPSet[e.Addr] {
+			cp.problems = append(cp.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name,
+				Reason: fmt.Sprintf("port %q: endpoint address %s is a service's cluster IP, skipped", sp.Name.Port, e.Addr)})
+			continue
+		}
+		eps = append(eps, e)
 	}
 	cat := model.Categorize(sp, eps, c.node)
 	p := policy{
@@ -584,9 +854,12 @@ func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []net
 		}
 		ranges = append(ranges, r)
 	}
-	if len(lbIPs) == 0 || len(ranges) == 0 {
+	if len(lbIPs) == 0 || (len(ranges) == 0 && !sp.SourceRangesBroken) {
 		return // no ranges for this family: no restriction in it, as upstream
 	}
+	// ranges set but none of them usable in this family, and some entry unparsable: it
+	// may have been this family's, so the load balancer is closed (the chain below has
+	// no allowing rule), never open to everyone
 	name := ChainName("fw", sp.Name)
 	ch := &nft.Chain{Name: name}
 	allowNode := false
@@ -644,17 +917,25 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	jump := func(ch string) nft.Verdict { return nft.Verdict{Kind: nft.Jump, Chain: ch} }
 	ctNew := nft.MatchCtStateNew{}
 
-	nodePortMatch := nft.Stmt(nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setNodePortIPs})
+	// node ports never answer on loopback addresses (as kube-proxy): a local process
+	// reaching 127.0.0.1:<node port> would otherwise get an endpoint chosen by a
+	// Service's owner
+	nodePortMatch := []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setNodePortIPs}}
 	if c.cfg.NodePortAllLocal {
-		nodePortMatch = nft.MatchFibDaddrLocal{}
+		loopback := netip.MustParsePrefix("127.0.0.0/8")
+		if c.v6 {
+			loopback = netip.MustParsePrefix("::1/128")
+		}
+		nodePortMatch = []nft.Stmt{nft.MatchFibDaddrLocal{}, nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpNeq, Prefix: loopback}}
 	}
+	withNodePort := func(s ...nft.Stmt) nft.Rule { return rule(append(slices.Clip(nodePortMatch), s...)...) }
 	frontend := []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}
 	portKey := []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}
 
 	chains := []*nft.Chain{
 		{Name: chainServices, Rules: []nft.Rule{
 			rule(nft.VMap{Fields: frontend, Map: mapServiceIPs}),
-			rule(nodePortMatch, nft.VMap{Fields: portKey, Map: mapServiceNodePorts}),
+			withNodePort(nft.VMap{Fields: portKey, Map: mapServiceNodePorts}),
 		}},
 		{Name: chainMarkMasq, Rules: []nft.Rule{rule(nft.SetMarkBits{Bits: mark})}},
 		{Name: chainMasquerading, Rules: []nft.Rule{
@@ -665,7 +946,7 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 		}},
 		{Name: chainEndpointsCheck, Rules: []nft.Rule{
 			rule(nft.VMap{Fields: frontend, Map: mapNoEndpointServices}),
-			rule(nodePortMatch, nft.VMap{Fields: portKey, Map: mapNoEndpointNodePorts}),
+			withNodePort(nft.VMap{Fields: portKey, Map: mapNoEndpointNodePorts}),
 		}},
 		{Name: chainClusterIPsCheck, Rules: c.clusterIPsCheck()},
 		{Name: chainFirewallCheck, Rules: []nft.Rule{rule(nft.VMap{Fields: frontend, Map: mapFirewallIPs})}},
@@ -675,7 +956,7 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	// counters (kernel only; read for the per-service metrics).
 	counting := []nft.Rule{
 		rule(nft.Lookup{Fields: frontend, Set: SetServiceCounters}),
-		rule(nodePortMatch, nft.Lookup{Fields: portKey, Set: SetNodePortCounters}),
+		withNodePort(nft.Lookup{Fields: portKey, Set: SetNodePortCounters}),
 	}
 	base := func(name string, t nft.ChainType, h nft.HookPoint, prio int32, rules ...nft.Rule) *nft.Chain {
 		return &nft.Chain{Name: name, Hook: &nft.Hook{Type: t, Hook: h, Priority: prio}, Rules: rules}

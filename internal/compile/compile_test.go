@@ -129,10 +129,16 @@ func checkEndpointSlots(t *testing.T, rs *nft.Ruleset, snap *model.Snapshot, fam
 	t.Helper()
 	v6 := fam == nft.IPv6
 	used := map[string]int{} // endpoint map → keys accounted for
+	clusterIPs := map[netip.Addr]bool{}
+	for _, sp := range snap.Services {
+		for _, a := range sp.ClusterIPs {
+			clusterIPs[a] = true
+		}
+	}
 	for _, sp := range snap.Services {
 		var eps []model.Endpoint
 		for _, e := range sp.Endpoints {
-			if e.Addr.Is6() == v6 {
+			if e.Addr.Is6() == v6 && !clusterIPs[e.Addr] { // endpoints at a cluster IP are skipped
 				eps = append(eps, e)
 			}
 		}
@@ -373,6 +379,7 @@ var (
 	jumpMasq      = nft.Verdict{Kind: nft.Jump, Chain: markMasq}
 	masqOffClustr = nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("10.244.0.0/16")}
 	toEcho        = to("10.96.0.10") // the masquerade rule only applies to cluster-IP traffic
+	notLoopback4  = nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("127.0.0.0/8")}
 )
 
 func to(ip string) nft.MatchPrefix {
@@ -625,7 +632,7 @@ func TestCompile(t *testing.T) {
 					"10.96.0.2 . 6 . 80":   "goto svc-default/b/tcp/http",
 				},
 			},
-			problems: []string{`Service default/b: port "http": TCP 203.0.113.9:80 is already used by default/a:http`},
+			problems: []string{`Service default/b: port "http": TCP 203.0.113.9:80 is in use by another Service`},
 		},
 		{
 			name: "externalIP conflict: a loser without endpoints does not reject the winner's address",
@@ -640,7 +647,7 @@ func TestCompile(t *testing.T) {
 				},
 				mapNoEndpointServices: {"10.96.0.2 . 6 . 80": reject},
 			},
-			problems: []string{`Service default/b: port "http": TCP 203.0.113.9:80 is already used by default/a:http`},
+			problems: []string{`Service default/b: port "http": TCP 203.0.113.9:80 is in use by another Service`},
 		},
 		{
 			name: "externalIP conflict: a winner without endpoints keeps rejecting it",
@@ -652,7 +659,7 @@ func TestCompile(t *testing.T) {
 				mapServiceIPs:         {"10.96.0.2 . 6 . 80": "goto svc-default/b/tcp/http"},
 				mapNoEndpointServices: {"10.96.0.1 . 6 . 80": reject, "198.51.100.9 . 6 . 80": reject},
 			},
-			problems: []string{`Service default/b: port "http": TCP 198.51.100.9:80 is already used by default/a:http`},
+			problems: []string{`Service default/b: port "http": TCP 198.51.100.9:80 is in use by another Service`},
 		},
 		{
 			name: "same externalIP on another port or protocol is no conflict",
@@ -689,8 +696,8 @@ func TestCompile(t *testing.T) {
 				mapNoEndpointServices: {"10.96.0.3 . 6 . 80": reject},
 			},
 			problems: []string{
-				`Service default/b: port "http": node port TCP 30080 is already used by default/a:http`,
-				`Service default/c: port "http": node port TCP 30080 is already used by default/a:http`,
+				`Service default/b: port "http": node port TCP 30080 is in use by another Service`,
+				`Service default/c: port "http": node port TCP 30080 is in use by another Service`,
 			},
 		},
 		{
@@ -715,7 +722,7 @@ func TestCompile(t *testing.T) {
 				setClusterIPs: {"10.96.0.1": ""},
 				mapServiceIPs: {"10.96.0.1 . 6 . 80": "goto svc-default/a/tcp/http"},
 			},
-			problems: []string{`Service default/b: port "http": TCP 10.96.0.1:80 is already used by default/a:http`},
+			problems: []string{`Service default/b: port "http": TCP 10.96.0.1:80 is in use by another Service`},
 		},
 		{
 			name: "a service's own duplicate external addresses give one element each",
@@ -770,18 +777,18 @@ func TestCompile(t *testing.T) {
 			sets: map[string]map[string]string{setNodePortIPs: {"192.0.2.10": "", "192.0.2.11": ""}},
 		},
 		{
-			name: "node ports on every local address: fib instead of the nodeport-ips set",
+			name: "node ports on every local address: fib instead of the nodeport-ips set, never loopback",
 			cfg:  func(c *Config) { c.NodePortAddrs, c.NodePortAllLocal = nil, true },
 			snap: snapshot(echo(func(sp *model.ServicePort) { sp.NodePort = 30080 })),
 			sets: map[string]map[string]string{setNodePortIPs: empty},
 			chains: map[string][][]nft.Stmt{
 				chainServices: {
 					{nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: mapServiceIPs}},
-					{nft.MatchFibDaddrLocal{}, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: mapServiceNodePorts}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: mapServiceNodePorts}},
 				},
 				chainEndpointsCheck: {
 					{nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: mapNoEndpointServices}},
-					{nft.MatchFibDaddrLocal{}, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: mapNoEndpointNodePorts}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: mapNoEndpointNodePorts}},
 				},
 			},
 		},

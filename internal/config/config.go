@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -58,6 +59,55 @@ type Values struct {
 	DetectLocalMode    string        // detectLocalMode
 	Verbosity          int           // logging.verbosity
 	LoggingFormat      string        // logging.format
+	// FeatureGates are the file's featureGates; only AllowServiceExternalIPs has an
+	// effect (see ExternalIPsAllowed).
+	FeatureGates map[string]bool // featureGates
+}
+
+// GateAllowServiceExternalIPs is the feature gate that, set to false, makes kube-proxy
+// (and nftproxy) program no Service externalIPs at all.
+const GateAllowServiceExternalIPs = "AllowServiceExternalIPs"
+
+// ExternalIPsAllowed reports whether Service externalIPs are programmed under gates
+// (the gate defaults to true, as in kube-proxy v1.37).
+func ExternalIPsAllowed(gates map[string]bool) bool {
+	v, ok := gates[GateAllowServiceExternalIPs]
+	return !ok || v
+}
+
+// ParseFeatureGates parses the --feature-gates flag: comma-separated Name=true|false.
+func ParseFeatureGates(s string) (map[string]bool, error) {
+	out := map[string]bool{}
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%q is not Name=true|false", kv)
+		}
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return nil, fmt.Errorf("%q: %q is not a boolean", k, v)
+		}
+		out[k] = b
+	}
+	return out, nil
+}
+
+// GateNotes lists the gates in gates that have no effect in nftproxy, one note each,
+// sorted; where says where they were set.
+func GateNotes(where string, gates map[string]bool) []string {
+	var out []string
+	for k, v := range gates {
+		if k != GateAllowServiceExternalIPs {
+			out = append(out, fmt.Sprintf("%s: feature gate %s=%t has no effect in nftproxy", where, k, v))
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // File is a loaded configuration file.
@@ -84,6 +134,7 @@ var mapped = map[string]bool{
 	"nftables.syncPeriod": true, "nftables.minSyncPeriod": true,
 	"healthzBindAddress": true, "metricsBindAddress": true,
 	"detectLocalMode": true, "logging.verbosity": true, "logging.format": true,
+	"featureGates." + GateAllowServiceExternalIPs: true,
 }
 
 // Load reads and parses the configuration file at path.
@@ -300,6 +351,9 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 		Verbosity:          int(c.Logging.Verbosity),
 		LoggingFormat:      c.Logging.Format,
 	}
+	if len(c.FeatureGates) > 0 {
+		v.FeatureGates = maps.Clone(c.FeatureGates)
+	}
 	var errs []error
 	fail := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
@@ -422,6 +476,10 @@ func (v Values) Apply(c *v1alpha1.KubeProxyConfiguration) {
 	c.DetectLocalMode = v1alpha1.LocalMode(v.DetectLocalMode)
 	c.Logging.Verbosity = logsapi.VerbosityLevel(v.Verbosity)
 	c.Logging.Format = v.LoggingFormat
+	if c.FeatureGates == nil {
+		c.FeatureGates = map[string]bool{}
+	}
+	maps.Copy(c.FeatureGates, v.FeatureGates)
 }
 
 // Encode writes c as a YAML document.

@@ -63,6 +63,19 @@ type Config struct {
 	HealthChecks HealthChecks
 	// Metrics receives sync and change observations; nil: none.
 	Metrics metrics.Recorder
+	// APIServer is the API server's address, for log lines.
+	APIServer string
+	// NoExternalIPs: the feature gate AllowServiceExternalIPs is false; no Service
+	// externalIPs are programmed.
+	NoExternalIPs bool
+	// ServedPorts are the TCP ports nftproxy serves on the node (health and metrics
+	// servers) and OwnAddrs their bind addresses: no externalIP or load-balancer IP on
+	// the node's addresses takes them (see compile.Config).
+	ServedPorts []uint16
+	OwnAddrs    []netip.Addr
+	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
+	// zero: no limits).
+	Limits compile.Limits
 }
 
 // HealthChecks is the health-check node port server (see internal/healthcheck).
@@ -85,12 +98,19 @@ type Proxy struct {
 	runner    *runner.Runner
 	recorder  record.EventRecorder
 
-	factory     informers.SharedInformerFactory
-	nodeFactory informers.SharedInformerFactory
-	services    corelisters.ServiceLister
-	slices      discoverylisters.EndpointSliceLister
-	nodes       corelisters.NodeLister
-	cidrs       networkinglisters.ServiceCIDRLister // nil when the API has no ServiceCIDRs
+	factory      informers.SharedInformerFactory // Services
+	sliceFactory informers.SharedInformerFactory
+	cidrFactory  informers.SharedInformerFactory
+	nodeFactory  informers.SharedInformerFactory
+	informers    []namedInformer // those the first sync waits for
+	services     corelisters.ServiceLister
+	slices       discoverylisters.EndpointSliceLister
+	nodes        corelisters.NodeLister
+	// cidrs is nil when the API has no ServiceCIDRs; set before the first sync (Run)
+	cidrs   networkinglisters.ServiceCIDRLister
+	apiErrs *apiErrors
+	// first retry delay of ServiceCIDR discovery (doubling up to discoveryBackoffMax)
+	discoveryBackoff time.Duration
 
 	pipeline  *pipeline
 	prevSnap  *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
@@ -134,35 +154,48 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod, max(cfg.MinSyncPeriod, time.Second), nil)
 	p.runner.OnPanic(func(v any) { log.Error(fmt.Errorf("%v", v), "Sync panicked; will retry") })
 
-	p.factory = informers.NewSharedInformerFactory(client, 0)
+	p.apiErrs = &apiErrors{log: log, server: cfg.APIServer, now: time.Now}
+	p.discoveryBackoff = discoveryBackoffMin
+
+	// Services and EndpointSlices with kube-proxy's server-side filters (filter.go);
+	// ServiceCIDRs unfiltered, their informer started once discovery says they are
+	// served (apiwait.go); this node's Node only.
+	p.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(ServiceListOptions))
+	p.sliceFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(SliceListOptions))
+	p.cidrFactory = informers.NewSharedInformerFactory(client, 0)
 	p.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
 		}))
 	svcInf := p.factory.Core().V1().Services()
-	sliceInf := p.factory.Discovery().V1().EndpointSlices()
+	sliceInf := p.sliceFactory.Discovery().V1().EndpointSlices()
 	nodeInf := p.nodeFactory.Core().V1().Nodes()
 	p.services, p.slices, p.nodes = svcInf.Lister(), sliceInf.Lister(), nodeInf.Lister()
-	infs := []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer(), nodeInf.Informer()}
-	if servesServiceCIDRs(client) {
-		cidrInf := p.factory.Networking().V1().ServiceCIDRs()
-		p.cidrs = cidrInf.Lister()
-		infs = append(infs, cidrInf.Informer())
-	} else {
-		log.Info("The API serves no ServiceCIDR objects; using --service-cluster-ip-range", "cidrs", cfg.ServiceCIDRs)
-	}
-	for _, inf := range infs {
-		// managed fields (server-side apply bookkeeping), annotations and endpoints'
-		// target references are most of an object's size and nothing here reads them:
-		// drop them before the cache keeps the object
-		_ = inf.SetTransform(slim)
-		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { p.changed(obj) },
-			UpdateFunc: func(_, obj any) { p.changed(obj) },
-			DeleteFunc: func(obj any) { p.changed(obj) },
-		})
-	}
+	p.watch(svcInf.Informer())
+	p.watch(sliceInf.Informer())
+	p.watch(nodeInf.Informer())
+	p.informers = []namedInformer{{"Services", svcInf.Informer()}, {"EndpointSlices", sliceInf.Informer()}, {"Node " + cfg.NodeName, nodeInf.Informer()}}
 	return p
+}
+
+type namedInformer struct {
+	what     string
+	informer cache.SharedIndexInformer
+}
+
+// watch sets up an informer before it starts: the transform, the change handlers and the
+// rate-limited logging of API errors.
+func (p *Proxy) watch(inf cache.SharedIndexInformer) {
+	// managed fields (server-side apply bookkeeping), annotations and endpoints'
+	// target references are most of an object's size and nothing here reads them:
+	// drop them before the cache keeps the object
+	_ = inf.SetTransform(slim)
+	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.changed(obj) },
+		UpdateFunc: func(_, obj any) { p.changed(obj) },
+		DeleteFunc: func(obj any) { p.changed(obj) },
+	})
 }
 
 // slim is the informers' transform. It clears what the proxy never reads:
@@ -217,8 +250,9 @@ func (p *Proxy) Status() Status {
 	return p.status
 }
 
-// Run starts the informers, waits for their caches and syncs until ctx ends. The rules
-// stay in the kernel when it returns: a restarted proxy takes over without a gap.
+// Run starts the informers, waits for their caches (as long as it takes: an unreachable
+// API server is logged, never fatal) and syncs until ctx ends. The rules stay in the
+// kernel when it returns: a restarted proxy takes over without a gap.
 func (p *Proxy) Run(ctx context.Context) error {
 	// The correlator's caches (aggregation and spam filtering of repeated events) hold
 	// up to LRUCacheSize keys each, 4096 by default: a few MiB that fill up slowly with
@@ -230,18 +264,23 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "nftproxy", Host: p.cfg.NodeName})
 
 	p.factory.Start(ctx.Done())
+	p.sliceFactory.Start(ctx.Done())
 	p.nodeFactory.Start(ctx.Done())
-	p.log.Info("Waiting for informer caches")
-	for typ, ok := range p.factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("cache for %v did not sync", typ)
-		}
+	defer func() {
+		p.factory.Shutdown()
+		p.sliceFactory.Shutdown()
+		p.cidrFactory.Shutdown()
+		p.nodeFactory.Shutdown()
+	}()
+	cidrsReady := make(chan struct{})
+	go p.discoverServiceCIDRs(ctx, cidrsReady)
+	p.log.Info("Waiting for informer caches", "server", p.cfg.APIServer)
+	if !p.waitForCaches(ctx, cidrsReady) {
+		p.log.Info("Stopped before the first sync")
+		return nil
 	}
-	p.nodeFactory.WaitForCacheSync(ctx.Done())
 	p.log.Info("Informer caches synced; starting sync loop", "minSyncPeriod", p.cfg.MinSyncPeriod, "syncPeriod", p.cfg.SyncPeriod)
 	p.runner.Loop(ctx.Done())
-	p.factory.Shutdown()
-	p.nodeFactory.Shutdown()
 	return nil
 }
 
@@ -451,6 +490,10 @@ func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.
 			MasqueradeBit:    cfg.MasqueradeBit,
 			NodePortAddrs:    npAddrs,
 			NodePortAllLocal: allLocal[fam],
+			NoExternalIPs:    cfg.NoExternalIPs,
+			ServedPorts:      cfg.ServedPorts,
+			OwnAddrs:         cfg.OwnAddrs,
+			Limits:           cfg.Limits,
 		}
 		for _, c := range cfg.ClusterCIDRs {
 			if c.Addr().Is6() == (fam == nft.IPv6) {
@@ -470,21 +513,6 @@ func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.
 		out = append(out, rs)
 	}
 	return snap, out, problems, nil
-}
-
-// servesServiceCIDRs asks the API whether it has networking.k8s.io/v1 ServiceCIDRs (an
-// informer for a resource the API lacks would never sync).
-func servesServiceCIDRs(client kubernetes.Interface) bool {
-	list, err := client.Discovery().ServerResourcesForGroupVersion("networking.k8s.io/v1")
-	if err != nil {
-		return false
-	}
-	for _, r := range list.APIResources {
-		if r.Name == "servicecidrs" {
-			return true
-		}
-	}
-	return false
 }
 
 // serviceCIDRs collects the ranges of ServiceCIDR objects that are not being deleted.

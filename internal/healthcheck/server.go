@@ -17,9 +17,10 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
 )
 
 // ServiceName identifies a service: the health check is per service, not per port.
@@ -44,6 +45,10 @@ type Server struct {
 
 	proxyHealthy atomic.Pointer[func() bool]
 
+	// every listener's timeouts, and one connection budget for all of them together
+	limits httplimit.Limits
+	pool   *httplimit.Pool
+
 	mu       sync.Mutex
 	closed   bool
 	services map[ServiceName]*instance
@@ -52,7 +57,8 @@ type Server struct {
 // New returns a Server that opens its listeners with listen (net.Listen in production)
 // on bindIP ("" for every address of the node).
 func New(listen func(network, addr string) (net.Listener, error), bindIP string, log logr.Logger) *Server {
-	return &Server{listen: listen, bindIP: bindIP, log: log, services: map[ServiceName]*instance{}}
+	return &Server{listen: listen, bindIP: bindIP, log: log, services: map[ServiceName]*instance{},
+		limits: httplimit.HealthCheckNodePorts, pool: httplimit.NewPool(httplimit.HealthCheckNodePorts.MaxConns)}
 }
 
 // SetProxyHealth makes every health check answer 503 while healthy returns false, as
@@ -139,13 +145,11 @@ func (s *Server) open(name ServiceName, svc Service) (*instance, error) {
 	}
 	inst := &instance{name: name, port: svc.Port, done: make(chan struct{})}
 	inst.localEndpoints.Store(int64(svc.LocalEndpoints))
-	inst.srv = &http.Server{
-		Handler:           s.handler(inst),
-		ReadHeaderTimeout: 5 * time.Second,
-		IdleTimeout:       60 * time.Second,
-	}
+	// Load balancers' probes come from outside the cluster: timeouts and a connection
+	// budget shared by every service's listener bound what clients can hold open.
+	inst.srv = httplimit.Server(s.handler(inst), s.limits)
 	s.log.V(2).Info("Opening health check", "service", name, "address", ln.Addr())
-	go s.serve(inst, ln)
+	go s.serve(inst, s.pool.Listener(ln))
 	return inst, nil
 }
 

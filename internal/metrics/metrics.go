@@ -35,8 +35,15 @@ type Recorder interface {
 	ServicePorts(n int)
 	// Repaired counts a repair (a rewrite of the whole table) requested because
 	// another process changed nftproxy's tables, or, lost, because the kernel dropped
-	// change events that may have been about them.
+	// change events that may have been about them. While repairs back off, one repair
+	// covers many changes.
 	Repaired(lost bool)
+	// ForeignChange counts one transaction of another process that changed
+	// nftproxy's tables, or, lost, one loss of change events.
+	ForeignChange(lost bool)
+	// RepairBackoff records the current spacing of repairs while another process
+	// keeps changing the tables; 0 when there is no such fight.
+	RepairBackoff(d time.Duration)
 }
 
 // Nop is a Recorder that records nothing.
@@ -49,6 +56,8 @@ func (Nop) SyncFailed(bool, time.Duration)              {}
 func (Nop) Programmed(time.Duration)                    {}
 func (Nop) ServicePorts(int)                            {}
 func (Nop) Repaired(bool)                               {}
+func (Nop) ForeignChange(bool)                          {}
+func (Nop) RepairBackoff(time.Duration)                 {}
 
 // Label values of ip_family, as kube-proxy's (v1.IPFamily).
 const (
@@ -90,6 +99,8 @@ type Prometheus struct {
 	kernelDuration      prometheus.Histogram
 	servicePorts        prometheus.Gauge
 	repairs             *prometheus.CounterVec
+	foreignChanges      *prometheus.CounterVec
+	repairBackoff       prometheus.Gauge
 }
 
 var _ Recorder = (*Prometheus)(nil)
@@ -149,10 +160,14 @@ func New(o Options) *Prometheus {
 			Help: "Service ports in the last synced snapshot."}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nftproxy_dataplane_repairs_total",
 			Help: "Rewrites of the whole table requested because another process changed it (cause foreign_change) or change events were lost (events_lost)."}, []string{"cause"}),
+		foreignChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nftproxy_dataplane_foreign_changes_total",
+			Help: "Transactions of other processes that changed nftproxy's tables (cause foreign_change), and losses of change events (events_lost). While repairs back off, one repair covers many."}, []string{"cause"}),
+		repairBackoff: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftproxy_dataplane_repair_backoff_seconds",
+			Help: "Current spacing of repairs while another process keeps changing nftproxy's tables (a fight); 0 when repairs are immediate."}),
 	}
 	p.reg.MustRegister(p.syncDuration, p.syncFullDuration, p.syncPartialDuration, p.lastSync, p.lastQueued,
 		p.programming, p.endpointsPending, p.endpointsTotal, p.servicesPending, p.servicesTotal,
-		p.syncFailures, p.healthz, p.livez, p.kernelDuration, p.servicePorts, p.repairs)
+		p.syncFailures, p.healthz, p.livez, p.kernelDuration, p.servicePorts, p.repairs, p.foreignChanges, p.repairBackoff)
 	// Series that exist from the start, as kube-proxy's: a counter at 0 rather than
 	// absent, so rate() and alerts work before the first event.
 	for _, f := range p.families {
@@ -161,6 +176,7 @@ func New(o Options) *Prometheus {
 	}
 	for _, cause := range []string{repairForeign, repairLost} {
 		p.repairs.WithLabelValues(cause)
+		p.foreignChanges.WithLabelValues(cause)
 	}
 	if !o.NoRuntimeMetrics {
 		p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -266,14 +282,21 @@ const (
 	repairLost    = "events_lost"
 )
 
-// Repaired implements Recorder.
-func (p *Prometheus) Repaired(lost bool) {
-	cause := repairForeign
+func cause(lost bool) string {
 	if lost {
-		cause = repairLost
+		return repairLost
 	}
-	p.repairs.WithLabelValues(cause).Inc()
+	return repairForeign
 }
+
+// Repaired implements Recorder.
+func (p *Prometheus) Repaired(lost bool) { p.repairs.WithLabelValues(cause(lost)).Inc() }
+
+// ForeignChange implements Recorder.
+func (p *Prometheus) ForeignChange(lost bool) { p.foreignChanges.WithLabelValues(cause(lost)).Inc() }
+
+// RepairBackoff implements Recorder.
+func (p *Prometheus) RepairBackoff(d time.Duration) { p.repairBackoff.Set(d.Seconds()) }
 
 // Probe counts one answer of the health server: path "/healthz" or "/livez".
 func (p *Prometheus) Probe(path string, code int) {

@@ -63,6 +63,8 @@ func TestRecorderValuesAfterKnownSequence(t *testing.T) {
 		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"} 0`,
 		`nftproxy_dataplane_repairs_total{cause="foreign_change"} 0`,
 		`nftproxy_dataplane_repairs_total{cause="events_lost"} 0`,
+		`nftproxy_dataplane_foreign_changes_total{cause="foreign_change"} 0`,
+		`nftproxy_dataplane_repair_backoff_seconds 0`,
 	)
 	p.SyncStarted()
 	clk.set(1002)
@@ -83,6 +85,11 @@ func TestRecorderValuesAfterKnownSequence(t *testing.T) {
 	p.Repaired(false)
 	p.Repaired(false)
 	p.Repaired(true)
+	for range 5 {
+		p.ForeignChange(false)
+	}
+	p.ForeignChange(true)
+	p.RepairBackoff(4 * time.Second)
 
 	body := scrape(t, p.Handler())
 	for _, fam := range []string{"IPv4", "IPv6"} {
@@ -135,6 +142,10 @@ func TestRecorderValuesAfterKnownSequence(t *testing.T) {
 		`# TYPE nftproxy_dataplane_repairs_total counter`,
 		`nftproxy_dataplane_repairs_total{cause="foreign_change"} 2`,
 		`nftproxy_dataplane_repairs_total{cause="events_lost"} 1`,
+		`nftproxy_dataplane_foreign_changes_total{cause="foreign_change"} 5`,
+		`nftproxy_dataplane_foreign_changes_total{cause="events_lost"} 1`,
+		`# TYPE nftproxy_dataplane_repair_backoff_seconds gauge`,
+		`nftproxy_dataplane_repair_backoff_seconds 4`,
 	)
 	if strings.Contains(body, "go_goroutines") {
 		t.Error("runtime metrics present with NoRuntimeMetrics")
@@ -171,4 +182,6 @@ func TestNopIsARecorder(t *testing.T) {
 	r.Programmed(time.Second)
 	r.ServicePorts(1)
 	r.Repaired(true)
+	r.ForeignChange(true)
+	r.RepairBackoff(time.Second)
 }

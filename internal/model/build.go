@@ -134,6 +134,7 @@ func (b *builder) service(svc *v1.Service, slices []*discovery.EndpointSlice) []
 			Port:            uint16(p.Port),
 			ExternalIPs:     externalIPs,
 			LoadBalancerIPs: lbIPs,
+			Created:         svc.CreationTimestamp.Time,
 		}
 		if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 			if p.NodePort > 0 && p.NodePort <= 65535 {
@@ -180,9 +181,13 @@ func (b *builder) policies(svc *v1.Service, sp *ServicePort) {
 	}
 	if len(sp.LoadBalancerIPs) > 0 {
 		for _, r := range svc.Spec.LoadBalancerSourceRanges {
-			p, err := netip.ParsePrefix(strings.TrimSpace(r))
+			if strings.TrimSpace(r) == "" {
+				continue // as upstream: an empty entry means nothing
+			}
+			p, err := ParsePrefixSloppy(r)
 			if err != nil {
-				b.problem("Service", svc.Namespace, svc.Name, "loadBalancerSourceRanges entry %q is not a CIDR, ignored", r)
+				b.problem("Service", svc.Namespace, svc.Name, "loadBalancerSourceRanges entry %q is not a CIDR; a family without a usable entry is closed to everyone", r)
+				sp.SourceRangesBroken = true
 				continue
 			}
 			sp.SourceRanges = append(sp.SourceRanges, p.Masked())
@@ -274,6 +279,10 @@ func (b *builder) endpoints(portName string, proto uint8, slices []*discovery.En
 				addr, err := parseIP(a)
 				if err != nil || addr.Is4() != (s.AddressType == discovery.AddressTypeIPv4) {
 					b.problem("EndpointSlice", s.Namespace, s.Name, "endpoint address %q is not an %s address, skipped", a, s.AddressType)
+					continue
+				}
+				if why := SpecialAddr(addr); why != "" {
+					b.problem("EndpointSlice", s.Namespace, s.Name, "endpoint address %s is %s, skipped", addr, why)
 					continue
 				}
 				e := Endpoint{

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // Protocol numbers (IANA) for the transport protocols a Service may use.
@@ -99,6 +100,13 @@ type ServicePort struct {
 	// SourceRanges (loadBalancerSourceRanges) restrict who may use the load-balancer
 	// IPs; empty: everyone.
 	SourceRanges []netip.Prefix
+	// SourceRangesBroken: some loadBalancerSourceRanges entry could not be parsed. A
+	// family with no usable range is then closed (its load-balancer IPs drop
+	// everything) rather than open to everyone.
+	SourceRangesBroken bool
+	// Created is the Service's creationTimestamp: of two services claiming one external
+	// or load-balancer address, the older keeps it (the same answer on every node).
+	Created time.Time
 }
 
 // ExternallyAccessible reports whether the service port has external frontends.
@@ -172,6 +180,27 @@ func UsableEndpoints(eps []Endpoint) []Endpoint {
 	return terminating
 }
 
+// SpecialAddr says why addr can never be a service frontend or an endpoint: loopback,
+// link-local (169.254.0.0/16, fe80::/10), unspecified, multicast or the IPv4 broadcast
+// address. "" for an ordinary address. (The API refuses such endpoints and externalIPs
+// today; objects stored before it did still carry them.)
+func SpecialAddr(addr netip.Addr) string {
+	addr = addr.Unmap()
+	switch {
+	case addr.IsLoopback():
+		return "a loopback address"
+	case addr.IsLinkLocalUnicast():
+		return "a link-local address"
+	case addr.IsUnspecified():
+		return "the unspecified address"
+	case addr.IsMulticast():
+		return "a multicast address"
+	case addr == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "the broadcast address"
+	}
+	return ""
+}
+
 // AddrsOf returns the addresses of family v6 (true) or v4 (false).
 func AddrsOf(addrs []netip.Addr, v6 bool) []netip.Addr {
 	var out []netip.Addr
@@ -191,6 +220,7 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 		sp.HealthCheckNodePort == o.HealthCheckNodePort && sp.AffinityTimeout == o.AffinityTimeout &&
 		slices.Equal(sp.ClusterIPs, o.ClusterIPs) && slices.Equal(sp.ExternalIPs, o.ExternalIPs) &&
 		slices.Equal(sp.LoadBalancerIPs, o.LoadBalancerIPs) && slices.Equal(sp.SourceRanges, o.SourceRanges) &&
+		sp.SourceRangesBroken == o.SourceRangesBroken && sp.Created.Equal(o.Created) &&
 		(same(sp.Endpoints, o.Endpoints) || slices.EqualFunc(sp.Endpoints, o.Endpoints, Endpoint.Equal))
 }
 

@@ -7,6 +7,7 @@ package options
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/kube-proxy/config/v1alpha1"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
 )
 
@@ -44,6 +46,14 @@ type Options struct {
 	DetectLocalMode    string
 	ConfigFile         string
 	WriteConfigTo      string
+	// FeatureGates: --feature-gates (or the file's featureGates); only
+	// AllowServiceExternalIPs has an effect.
+	FeatureGates map[string]bool
+	// Limits on what one Service, and the whole table, may cost every node (nftproxy
+	// only; 0: no limit).
+	MaxFrontendsPerService     int
+	MaxEndpointsPerServicePort int
+	MaxTableElements           int
 
 	ignored []string     // kube-proxy flags that were set but have no effect
 	file    *config.File // the --config file, once Complete has loaded it
@@ -81,6 +91,10 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.Int32Var(&o.KubeAPIBurst, "kube-api-burst", 10, "Burst to use while talking with the Kubernetes API server.")
 	fs.StringVar(&o.KubeAPIContentType, "kube-api-content-type", "application/vnd.kubernetes.protobuf", "Content type of requests sent to the API server.")
 	fs.StringVar(&o.DetectLocalMode, "detect-local-mode", "ClusterCIDR", "Mode to use to detect local traffic. Only ClusterCIDR is supported.")
+	fs.Var(&gatesValue{o: o}, "feature-gates", "A set of key=value pairs that describe feature gates, as kube-proxy's. Only AllowServiceExternalIPs has an effect: false programs no Service externalIPs at all. Others are reported and ignored.")
+	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", compile.DefaultMaxFrontendsPerService, "The most frontends (ports × cluster, external and load-balancer IPs) one Service may have; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
+	fs.IntVar(&o.MaxEndpointsPerServicePort, "max-endpoints-per-service-port", compile.DefaultMaxEndpointsPerServicePort, "The most endpoints one port of a Service may have; a Service with a port over it is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
+	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, the newest ones are not programmed and get a Warning event. 0: no limit. (nftproxy only)")
 	addIgnored(fs, o)
 	return fs, o
 }
@@ -88,7 +102,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 // kube-proxy flags that nftproxy accepts without effect: name → is boolean.
 var ignoredFlags = map[string]bool{
 	"proxy-mode": false, "bind-address": false,
-	"bind-address-hard-fail": true, "feature-gates": false, "init-only": true,
+	"bind-address-hard-fail": true, "init-only": true,
 	"iptables-localhost-nodeports": true, "config-sync-period": false,
 	"ipvs-exclude-cidrs": false, "ipvs-min-sync-period": false, "ipvs-scheduler": false,
 	"ipvs-strict-arp": true, "ipvs-sync-period": false, "ipvs-tcp-timeout": false,
@@ -150,6 +164,54 @@ func (v *ignoredValue) Type() string {
 	return "string"
 }
 
+// gatesValue is the --feature-gates flag.
+type gatesValue struct {
+	o   *Options
+	val string
+}
+
+func (v *gatesValue) String() string { return v.val }
+func (v *gatesValue) Type() string   { return "mapStringBool" }
+func (v *gatesValue) Set(s string) error {
+	gates, err := config.ParseFeatureGates(s)
+	if err != nil {
+		return err
+	}
+	if v.o.FeatureGates == nil {
+		v.o.FeatureGates = map[string]bool{}
+	}
+	for k, b := range gates { // repeated flags add up
+		v.o.FeatureGates[k] = b
+	}
+	v.val = s
+	return nil
+}
+
+// ExternalIPsAllowed reports whether Service externalIPs are programmed: false when the
+// feature gate AllowServiceExternalIPs is false, as in kube-proxy.
+func (o *Options) ExternalIPsAllowed() bool { return config.ExternalIPsAllowed(o.FeatureGates) }
+
+// ServedPorts returns the TCP ports of nftproxy's own servers (health, metrics) and
+// their bind addresses when specific: no Service may take these ports on the node's
+// addresses (issue 13 item 1).
+func (o *Options) ServedPorts() ([]uint16, []netip.Addr) {
+	var ports []uint16
+	var addrs []netip.Addr
+	for _, b := range []string{o.HealthzBindAddress, o.MetricsBindAddress} {
+		ap, err := netip.ParseAddrPort(b)
+		if err != nil {
+			continue // disabled (""); anything else was refused by Validate
+		}
+		if !slices.Contains(ports, ap.Port()) {
+			ports = append(ports, ap.Port())
+		}
+		if a := ap.Addr().Unmap(); !a.IsUnspecified() && !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return ports, addrs
+}
+
 // Ignored returns the kube-proxy flags given that have no effect, for a warning.
 func (o *Options) Ignored() []string { return o.ignored }
 
@@ -187,6 +249,7 @@ var bindings = []binding{
 	{[]string{"detect-local-mode"}, func(o *Options, v config.Values) { o.DetectLocalMode = v.DetectLocalMode }, func(o *Options, v *config.Values) { v.DetectLocalMode = o.DetectLocalMode }},
 	{[]string{"v"}, func(o *Options, v config.Values) { o.Verbosity = v.Verbosity }, func(o *Options, v *config.Values) { v.Verbosity = o.Verbosity }},
 	{[]string{"logging-format"}, func(o *Options, v config.Values) { o.LoggingFormat = v.LoggingFormat }, func(o *Options, v *config.Values) { v.LoggingFormat = o.LoggingFormat }},
+	{[]string{"feature-gates"}, func(o *Options, v config.Values) { o.FeatureGates = maps.Clone(v.FeatureGates) }, func(o *Options, v *config.Values) { v.FeatureGates = maps.Clone(o.FeatureGates) }},
 }
 
 // Complete runs after fs.Parse: it loads --config, if given, into every setting whose
@@ -205,6 +268,12 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 			}
 		}
 		o.notes = append(o.notes, f.Notes...)
+	}
+	if fs.Changed("feature-gates") {
+		o.notes = append(o.notes, config.GateNotes("--feature-gates", o.FeatureGates)...)
+	}
+	if !o.ExternalIPsAllowed() {
+		o.notes = append(o.notes, "feature gate AllowServiceExternalIPs=false: no Service externalIPs are programmed")
 	}
 	o.HealthzBindAddress = config.AppendPortIfNeeded(o.HealthzBindAddress, config.HealthzPort)
 	o.MetricsBindAddress = config.AppendPortIfNeeded(o.MetricsBindAddress, config.MetricsPort)
@@ -308,6 +377,12 @@ func (o *Options) Validate() error {
 	}
 	if err := config.CheckDetectLocalMode(o.DetectLocalMode); err != nil {
 		return fmt.Errorf("--detect-local-mode: %w", err)
+	}
+	for flag, n := range map[string]int{"--max-frontends-per-service": o.MaxFrontendsPerService,
+		"--max-endpoints-per-service-port": o.MaxEndpointsPerServicePort, "--max-table-elements": o.MaxTableElements} {
+		if n < 0 {
+			return fmt.Errorf("%s: %d must not be negative (0: no limit)", flag, n)
+		}
 	}
 	if o.Verbosity < 0 {
 		return fmt.Errorf("-v: %d must not be negative", o.Verbosity)

@@ -1,6 +1,7 @@
 package options
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -238,8 +239,82 @@ func TestKubeProxyCommandLineAccepted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// --proxy-mode=nftables is what nftproxy does: not reported.
-	if o.Verbosity != 2 || len(o.Ignored()) != 4 || strings.Contains(strings.Join(o.Ignored(), " "), "proxy-mode") {
+	// --proxy-mode=nftables is what nftproxy does: not reported. --feature-gates is
+	// read: gates without effect are notes.
+	if o.Verbosity != 2 || len(o.Ignored()) != 3 || strings.Contains(strings.Join(o.Ignored(), " "), "proxy-mode") {
 		t.Errorf("verbosity %d, ignored %q", o.Verbosity, o.Ignored())
+	}
+	if notes := strings.Join(o.Notes(), "\n"); !strings.Contains(notes, "--feature-gates: feature gate A=true has no effect in nftproxy") {
+		t.Errorf("notes lack the gate without effect:\n%s", notes)
+	}
+}
+
+// --feature-gates=AllowServiceExternalIPs=false, from the flag or the file's
+// featureGates, turns externalIPs off (issue 13 item 2); the flag wins over the file.
+func TestFeatureGateAllowServiceExternalIPs(t *testing.T) {
+	o, err := parse(t, "--feature-gates=AllowServiceExternalIPs=false,Other=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ExternalIPsAllowed() {
+		t.Errorf("--feature-gates=AllowServiceExternalIPs=false: externalIPs still allowed")
+	}
+	if o, _ := parse(t); !o.ExternalIPsAllowed() {
+		t.Errorf("default: externalIPs not allowed")
+	}
+	if _, err := parse(t, "--feature-gates=AllowServiceExternalIPs=maybe"); err == nil {
+		t.Errorf("a gate that is not a boolean was accepted")
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nfeatureGates: {AllowServiceExternalIPs: false}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o, err = parse(t, "--config="+file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ExternalIPsAllowed() {
+		t.Errorf("config file featureGates AllowServiceExternalIPs=false: externalIPs still allowed")
+	}
+	if strings.Contains(strings.Join(o.Notes(), "\n"), "featureGates.AllowServiceExternalIPs") {
+		t.Errorf("the gate is reported as without effect: %q", o.Notes())
+	}
+	if c := o.EffectiveConfig(); c.FeatureGates["AllowServiceExternalIPs"] {
+		t.Errorf("effective config lost the gate: %v", c.FeatureGates)
+	}
+	if o, _ = parse(t, "--config="+file, "--feature-gates=AllowServiceExternalIPs=true"); !o.ExternalIPsAllowed() {
+		t.Errorf("the flag does not win over the file")
+	}
+}
+
+func TestLimitFlags(t *testing.T) {
+	o, err := parse(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.MaxFrontendsPerService != 1000 || o.MaxEndpointsPerServicePort != 10000 || o.MaxTableElements != 2000000 {
+		t.Errorf("defaults %d %d %d", o.MaxFrontendsPerService, o.MaxEndpointsPerServicePort, o.MaxTableElements)
+	}
+	if _, err := parse(t, "--max-table-elements=-1"); err == nil || !strings.Contains(err.Error(), "--max-table-elements") {
+		t.Errorf("negative limit: %v", err)
+	}
+	if o, err := parse(t, "--max-frontends-per-service=0"); err != nil || o.MaxFrontendsPerService != 0 {
+		t.Errorf("0 (no limit): %v", err)
+	}
+}
+
+func TestServedPorts(t *testing.T) {
+	o, err := parse(t, "--healthz-bind-address=0.0.0.0:10256", "--metrics-bind-address=192.0.2.10:9100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports, addrs := o.ServedPorts()
+	if fmt.Sprint(ports) != "[10256 9100]" || fmt.Sprint(addrs) != "[192.0.2.10]" {
+		t.Errorf("ServedPorts = %v %v, want [10256 9100] [192.0.2.10]", ports, addrs)
+	}
+	o, _ = parse(t, "--metrics-bind-address=")
+	if ports, _ := o.ServedPorts(); fmt.Sprint(ports) != "[10256]" {
+		t.Errorf("metrics disabled: ports %v, want [10256]", ports)
 	}
 }

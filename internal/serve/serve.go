@@ -16,6 +16,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
 )
 
 // StatusFunc returns the controller's current status.
@@ -55,15 +56,31 @@ type ProbeRecorder interface {
 	Probe(path string, code int)
 }
 
+// StartupGrace is how long /livez answers OK while nftproxy has not synced yet (the API
+// server unreachable, caches not filled). Two minutes covers an API server restart or a
+// control-plane upgrade, when restarting nftproxy would only add the kubelet's
+// crash-loop backoff to the wait; a wrong API address or missing credentials still show
+// as a restarting pod (about 2.5 min with the DaemonSet's probe: 3 failures 10 s apart).
+// The process itself never gives up waiting.
+const StartupGrace = 2 * time.Minute
+
 // Health answers /healthz and /livez with kube-proxy's semantics:
 //
 //   - /livez fails (503) when a change has been queued for 2× the sync period or
 //     longer without being programmed;
 //   - /healthz fails in that case too, and also when this node is not eligible for
 //     traffic (see NodeEligible), so that load balancers stop sending it traffic.
+//
+// Before the first sync /healthz fails (the node's rules are not known to be right) and
+// /livez answers OK until StartupGrace after Started, then fails so that the kubelet
+// restarts the pod.
 type Health struct {
 	Status     StatusFunc
 	SyncPeriod time.Duration
+	// Started is when the process started; StartupGrace bounds the wait for the first
+	// sync as /livez sees it (zero: unbounded).
+	Started      time.Time
+	StartupGrace time.Duration
 	// Node returns this node's Node object, nil while it is unknown. When Node itself
 	// is nil the node is not checked.
 	Node func() *v1.Node
@@ -89,6 +106,8 @@ type Report struct {
 	Syncs         int        `json:"syncs"`
 	Failures      int        `json:"failures"`
 	LastError     string     `json:"lastError,omitempty"`
+	// Starting: no sync yet (waiting for the API server).
+	Starting bool `json:"starting,omitempty"`
 	// Status is kube-proxy's per-family report ("IPv4", "IPv6": nftproxy programs both
 	// in one transaction, so both carry the same values): lastUpdated is the end of the
 	// last successful sync, healthy the staleness rule alone (without the node). Empty
@@ -128,6 +147,14 @@ func (h *Health) Check(withNode bool) Report {
 			v1.IPv6Protocol: {LastUpdated: st.LastSync, Healthy: r.Healthy},
 		}
 	}
+	if st.LastSync.IsZero() {
+		r.Starting = true
+		if withNode {
+			r.Healthy = false // not ready: nothing programmed yet
+		} else {
+			r.Healthy = h.StartupGrace <= 0 || now.Sub(h.Started) < h.StartupGrace
+		}
+	}
 	if withNode {
 		eligible := h.Node == nil || NodeEligible(h.Node())
 		r.NodeEligible = &eligible
@@ -164,8 +191,9 @@ func (h *Health) endpoint(path string, withNode bool) http.Handler {
 	})
 }
 
-// Start serves h on addr until ctx ends; an empty addr disables the server.
-func Start(ctx context.Context, log logr.Logger, name, addr string, h http.Handler) error {
+// Start serves h on addr until ctx ends, within limits (timeouts, header size, open
+// connections: httplimit.Health or httplimit.Metrics); an empty addr disables the server.
+func Start(ctx context.Context, log logr.Logger, name, addr string, h http.Handler, limits httplimit.Limits) error {
 	if addr == "" {
 		return nil
 	}
@@ -173,7 +201,8 @@ func Start(ctx context.Context, log logr.Logger, name, addr string, h http.Handl
 	if err != nil {
 		return fmt.Errorf("%s server on %s: %w", name, addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := httplimit.Server(h, limits)
+	ln = httplimit.Listen(ln, limits)
 	go func() {
 		<-ctx.Done()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -1,23 +1,29 @@
 package serve
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
 )
 
 type probes struct{ got []string }
@@ -162,7 +168,7 @@ func TestWatchNode(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client := fake.NewClientset()
-	node := WatchNode(ctx, client, "n1")
+	node := WatchNode(ctx, logr.Discard(), client, "n1")
 	if node() != nil {
 		t.Fatal("node known before it exists")
 	}
@@ -201,14 +207,14 @@ func TestStart(t *testing.T) {
 		defer mu.Unlock()
 		logged = append(logged, args)
 	}, funcr.Options{})
-	if err := Start(ctx, log, "off", "", nil); err != nil {
+	if err := Start(ctx, log, "off", "", nil, httplimit.Health); err != nil {
 		t.Fatalf("empty address must disable the server: %v", err)
 	}
-	if err := Start(ctx, log, "bad", "256.0.0.1:1", nil); err == nil {
+	if err := Start(ctx, log, "bad", "256.0.0.1:1", nil, httplimit.Health); err == nil {
 		t.Fatal("bad address accepted")
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "hi") })
-	if err := Start(ctx, log, "test", "127.0.0.1:0", h); err != nil {
+	if err := Start(ctx, log, "test", "127.0.0.1:0", h, httplimit.Limits{ReadHeaderTimeout: time.Second, IdleTimeout: 300 * time.Millisecond, MaxConns: 8}); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -227,6 +233,27 @@ func TestStart(t *testing.T) {
 	resp.Body.Close()
 	if string(body) != "hi" {
 		t.Errorf("body %q", body)
+	}
+	// Start applies the limits: an idle keep-alive connection is closed after the
+	// idle timeout.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.ReadResponse(r, nil); err != nil {
+		t.Fatal(err)
+	} else {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := r.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("idle keep-alive connection not closed by the server: %v", err)
 	}
 	cancel()
 	deadline := time.Now().Add(5 * time.Second)
@@ -276,5 +303,30 @@ func TestHealthLikeKubeProxy(t *testing.T) {
 	f.st = controller.Status{}
 	if code, body := f.get(t, "/livez"); code != 200 || body["status"] != nil {
 		t.Errorf("/livez before the first sync: %d %v", code, body)
+	}
+}
+
+// Before the first sync /healthz is not ready and /livez is OK for StartupGrace, then
+// fails so that the kubelet restarts the pod; the first sync makes both OK.
+func TestHealthWhileStarting(t *testing.T) {
+	f := newFixture()
+	f.h.Started, f.h.StartupGrace = f.now, StartupGrace
+	f.st = controller.Status{}
+	f.now = f.h.Started.Add(StartupGrace - time.Second)
+	if code, body := f.get(t, "/healthz"); code != 503 || body["starting"] != true {
+		t.Errorf("/healthz before the first sync: %d %v", code, body)
+	}
+	if code, body := f.get(t, "/livez"); code != 200 || body["starting"] != true {
+		t.Errorf("/livez within the startup grace: %d %v", code, body)
+	}
+	f.now = f.h.Started.Add(StartupGrace)
+	if code, _ := f.get(t, "/livez"); code != 503 {
+		t.Errorf("/livez after %v without a sync: %d, want 503", StartupGrace, code)
+	}
+	f.st = controller.Status{LastSync: f.now, Syncs: 1}
+	for _, path := range []string{"/healthz", "/livez"} {
+		if code, body := f.get(t, path); code != 200 || body["starting"] != nil {
+			t.Errorf("%s after the first sync: %d %v", path, code, body)
+		}
 	}
 }

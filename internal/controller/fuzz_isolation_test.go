@@ -1,0 +1,363 @@
+package controller_test
+
+// The isolation invariant (issue 13): whatever a second namespace adds or changes, the
+// first namespace's cluster IPs keep leading to exactly its endpoints. FuzzIsolation
+// takes the fuzz input format of fuzz_input_test.go as the tenant's objects, moves them
+// into the tenant's namespace (namespaced write is all a tenant has), and compares the
+// victim's compiled mapping with the one compiled without the tenant, at every sync and
+// through both the fresh and the incremental compiler.
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/nft"
+)
+
+const (
+	victimNS = "victim"
+	tenantNS = "tenant"
+)
+
+var victimCreated = metav1.NewTime(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC))
+
+// victim returns the first namespace's objects: a dual-stack web service with an
+// externalIP and a node port, whose cluster IPs are in the fuzz pools (so that the
+// tenant's objects collide with them; the pools' other cluster IPs, 10.96.0.2 and
+// fd00:96::2, stay free for the tenant), and a DNS service.
+func victim() ([]*v1.Service, []*discovery.EndpointSlice) {
+	meta := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Namespace: victimNS, Name: name, CreationTimestamp: victimCreated}
+	}
+	web := &v1.Service{ObjectMeta: meta("web"), Spec: v1.ServiceSpec{
+		Type: v1.ServiceTypeNodePort, ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1", "fd00:96::1"},
+		Ports: []v1.ServicePort{
+			{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, NodePort: 30080},
+			{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53},
+		},
+		ExternalIPs: []string{"203.0.113.7"},
+	}}
+	dns := &v1.Service{ObjectMeta: meta("dns"), Spec: v1.ServiceSpec{
+		ClusterIP: "10.96.0.53", ClusterIPs: []string{"10.96.0.53"},
+		Ports: []v1.ServicePort{{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53}, {Name: "dns-tcp", Protocol: v1.ProtocolTCP, Port: 53}},
+	}}
+	slice := func(name, svc string, typ discovery.AddressType, ports []discovery.EndpointPort, addrs ...string) *discovery.EndpointSlice {
+		s := &discovery.EndpointSlice{ObjectMeta: meta(name), AddressType: typ, Ports: ports}
+		s.Labels = map[string]string{discovery.LabelServiceName: svc}
+		for _, a := range addrs {
+			s.Endpoints = append(s.Endpoints, discovery.Endpoint{Addresses: []string{a}, NodeName: ptr("node-1")})
+		}
+		return s
+	}
+	port := func(name string, proto v1.Protocol, n int32) discovery.EndpointPort {
+		return discovery.EndpointPort{Name: ptr(name), Protocol: ptr(proto), Port: ptr(n)}
+	}
+	webPorts := []discovery.EndpointPort{port("http", v1.ProtocolTCP, 8080), port("dns", v1.ProtocolUDP, 5353)}
+	return []*v1.Service{web, dns}, []*discovery.EndpointSlice{
+		slice("web-v4", "web", discovery.AddressTypeIPv4, webPorts, "10.244.1.2", "10.244.2.2"),
+		slice("web-v6", "web", discovery.AddressTypeIPv6, webPorts, "fd00:244::2"),
+		slice("dns-v4", "dns", discovery.AddressTypeIPv4,
+			[]discovery.EndpointPort{port("dns", v1.ProtocolUDP, 53), port("dns-tcp", v1.ProtocolTCP, 53)}, "10.244.1.3"),
+	}
+}
+
+// isolationConfig is the node's configuration: fixed, since a tenant cannot change it.
+// The limits are small so that inputs reach them.
+func isolationConfig() controller.Config {
+	return controller.Config{
+		NodeName:          "node-1",
+		MasqueradeBit:     14,
+		ClusterCIDRs:      pfx("10.244.0.0/16", "fd00:244::/56"),
+		ServiceCIDRs:      pfx("10.96.0.0/16", "fd00:96::/112"),
+		NodePortAddresses: []string{"0.0.0.0/0", "::/0"},
+		LocalAddrs:        func() ([]netip.Addr, error) { return localAddrs, nil },
+		ServedPorts:       []uint16{10256, 10249},
+		Limits:            compile.Limits{MaxFrontendsPerService: 12, MaxEndpointsPerServicePort: 64, MaxElements: 2000},
+	}
+}
+
+func isolationNode() *v1.Node {
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}
+	n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "192.0.2.10"}, {Type: v1.NodeInternalIP, Address: "2001:db8::10"}}
+	return n
+}
+
+// tenantObjects moves a fuzz world's Services and slices into the tenant's namespace,
+// created after the victim's (the tenant arrives later; creation time is set by the
+// API server), and drops Services the API could not hold: one whose cluster IP is
+// already allocated to the victim.
+func tenantObjects(w world, victimIPs map[netip.Addr]bool) ([]*v1.Service, []*discovery.EndpointSlice) {
+	created := metav1.NewTime(victimCreated.Add(time.Hour))
+	var svcs []*v1.Service
+	seen := map[string]bool{}
+	for _, s := range w.svcs {
+		s = s.DeepCopy()
+		s.Namespace, s.CreationTimestamp = tenantNS, created
+		if seen[s.Name] {
+			continue // moved into one namespace, two objects would share a key
+		}
+		taken := false
+		for _, a := range append(slices.Clone(s.Spec.ClusterIPs), s.Spec.ClusterIP) {
+			if ip, err := netip.ParseAddr(a); err == nil && victimIPs[ip.Unmap()] {
+				taken = true
+			}
+		}
+		if taken {
+			continue
+		}
+		seen[s.Name] = true
+		svcs = append(svcs, s)
+	}
+	var out []*discovery.EndpointSlice
+	seenSlice := map[string]bool{}
+	for _, s := range w.slices {
+		s = s.DeepCopy()
+		s.Namespace, s.CreationTimestamp = tenantNS, created
+		if seenSlice[s.Name] {
+			continue
+		}
+		seenSlice[s.Name] = true
+		out = append(out, s)
+	}
+	return svcs, out
+}
+
+// victimMapping describes, for every victim cluster IP, every element of the ruleset
+// keyed by it and, for service-ips verdicts, the endpoints the target chain picks from.
+func victimMapping(rs *nft.Ruleset, victimIPs map[netip.Addr]bool) string {
+	chains := map[string]*nft.Chain{}
+	for _, c := range rs.Chains {
+		chains[c.Name] = c
+	}
+	sets := map[string]*nft.Set{}
+	for _, s := range rs.Sets {
+		sets[s.Name] = s
+	}
+	var lines []string
+	for _, s := range rs.Sets {
+		for _, e := range s.Elements {
+			if len(e.Key) == 0 || !victimIPs[e.Key[0].Addr] {
+				continue
+			}
+			line := s.Name + " " + describeElement(s, e)
+			if e.Verdict != nil && e.Verdict.Chain != "" {
+				line += " → " + chainEndpoints(chains, sets, e.Verdict.Chain)
+			}
+			lines = append(lines, line)
+		}
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+// chainEndpoints lists the endpoints a service chain DNATs to.
+func chainEndpoints(chains map[string]*nft.Chain, sets map[string]*nft.Set, name string) string {
+	ch := chains[name]
+	if ch == nil {
+		return "(missing chain " + name + ")"
+	}
+	var out []string
+	for _, r := range ch.Rules {
+		for _, st := range r.Stmts {
+			switch d := st.(type) {
+			case nft.DNATNumgenMap:
+				out = append(out, slotEndpoints(sets[d.Map], d))
+			case nft.DNATTo:
+				out = append(out, netip.AddrPortFrom(d.Addr, d.Port).String())
+			case nft.Verdict:
+				if (d.Kind == nft.Goto || d.Kind == nft.Jump) && d.Chain != "mark-for-masquerade" {
+					out = append(out, chainEndpoints(chains, sets, d.Chain))
+				}
+			}
+		}
+	}
+	return "[" + strings.Join(out, " ") + "]"
+}
+
+// ownPortsTaken lists service-ips elements that would answer on the node's addresses on
+// the ports nftproxy serves.
+func ownPortsTaken(rs *nft.Ruleset, cfg controller.Config, node *v1.Node) []string {
+	own := map[netip.Addr]bool{}
+	for _, a := range node.Status.Addresses {
+		own[netip.MustParseAddr(a.Address)] = true
+	}
+	var out []string
+	for _, s := range rs.Sets {
+		if s.Name != "service-ips" && s.Name != "no-endpoint-services" {
+			continue
+		}
+		for _, e := range s.Elements {
+			if len(e.Key) == 3 && own[e.Key[0].Addr] && e.Key[1].Num == uint32(model.ProtoTCP) && slices.Contains(cfg.ServedPorts, uint16(e.Key[2].Num)) {
+				out = append(out, s.Name+" "+describeElement(s, e))
+			}
+		}
+	}
+	return out
+}
+
+func FuzzIsolation(f *testing.F) {
+	for _, data := range seeds() {
+		f.Add(data)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, node := isolationConfig(), isolationNode()
+		vsvcs, vslices := victim()
+		victimIPs := map[netip.Addr]bool{}
+		for _, s := range vsvcs {
+			for _, a := range s.Spec.ClusterIPs {
+				victimIPs[netip.MustParseAddr(a)] = true
+			}
+		}
+		_, alone, _, err := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, vsvcs, vslices, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := make([]string, len(alone))
+		for i, rs := range alone {
+			want[i] = victimMapping(rs, victimIPs)
+			if !strings.Contains(want[i], "10.244.") && !strings.Contains(want[i], "fd00:244::") {
+				t.Fatalf("the victim alone has no endpoints in %s:\n%s", rs.Family, want[i])
+			}
+		}
+		slots := map[nft.Family]*compile.Slots{}
+		cache := model.NewCache()
+		compilers := map[nft.Family]*compile.Compiler{}
+		for step, w := range decode(data) {
+			tsvcs, tslices := tenantObjects(w, victimIPs)
+			svcs, eps := slices.Concat(vsvcs, tsvcs), slices.Concat(vslices, tslices)
+			snap, rulesets, _, err := controller.Compile(cfg, slots, svcs, eps, node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// the incremental path: the model cache and one compiler per family
+			isnap, _ := cache.Build(svcs, eps, node)
+			isnap.ServiceCIDRs = cfg.ServiceCIDRs
+			for i, rs := range rulesets {
+				what := fmt.Sprintf("sync %d, %s", step, rs.Family)
+				if got := victimMapping(rs, victimIPs); got != want[i] {
+					t.Fatalf("%s: the tenant moved the victim's traffic\n%s\n--- victim alone:\n%s\n--- with the tenant:\n%s",
+						what, describeTenant(tsvcs, tslices), want[i], got)
+				}
+				if taken := ownPortsTaken(rs, cfg, node); len(taken) > 0 {
+					t.Fatalf("%s: a service answers on the node's own served ports: %v\n%s", what, taken, describeTenant(tsvcs, tslices))
+				}
+				fam := rs.Family
+				if compilers[fam] == nil {
+					compilers[fam] = compile.NewCompiler(compileConfig(cfg, snap.Node, fam), compile.NewSlots())
+				}
+				inc, _ := compilers[fam].Compile(isnap)
+				if got := victimMapping(inc.Flatten(), victimIPs); got != want[i] {
+					t.Fatalf("%s (incremental): the tenant moved the victim's traffic\n%s\n--- victim alone:\n%s\n--- with the tenant:\n%s",
+						what, describeTenant(tsvcs, tslices), want[i], got)
+				}
+			}
+		}
+	})
+}
+
+func describeTenant(svcs []*v1.Service, eps []*discovery.EndpointSlice) string {
+	var b strings.Builder
+	for _, s := range svcs {
+		fmt.Fprintf(&b, "Service %s: type %s clusterIPs %q/%q ports %v externalIPs %q ingress %v\n",
+			s.Name, s.Spec.Type, s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.Ports, s.Spec.ExternalIPs, s.Status.LoadBalancer.Ingress)
+	}
+	for _, s := range eps {
+		var addrs []string
+		for _, e := range s.Endpoints {
+			addrs = append(addrs, e.Addresses...)
+		}
+		fmt.Fprintf(&b, "EndpointSlice %s: service %q type %s endpoints %q\n", s.Name, s.Labels[discovery.LabelServiceName], s.AddressType, addrs)
+	}
+	return b.String()
+}
+
+// isolationSeeds are tenant inputs that try each hostile move of issue 13 against the
+// victim (whatever namespace they name, they land in the tenant's).
+func isolationSeeds() map[string][]byte {
+	h := stdHeader()
+	lb := v1.ServiceTypeLoadBalancer
+	return map[string][]byte{
+		"externalip-on-victim-clusterip": seed(h,
+			addSvc(svc("x", "a", v1.ServiceTypeClusterIP, "10.96.0.2").port("http", v1.ProtocolTCP, 80, 0).port("https", v1.ProtocolTCP, 443, 0).external("10.96.0.1")),
+			addSlice(sl("x", "a", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 8080).ep(ready, "10.244.2.2"))),
+		"lb-ip-on-victim-clusterip": seed(h,
+			addSvc(svc("x", "a", lb, "fd00:96::2").port("dns", v1.ProtocolUDP, 53, 30053).port("https", v1.ProtocolTCP, 443, 0).ingress("VIP", "10.96.0.1", "fd00:96::1")),
+			addSlice(sl("x", "a", "s1", discovery.AddressTypeIPv4).port("dns", v1.ProtocolUDP, 53).ep(ready, "10.244.2.2"))),
+		"clusterip-taken-is-refused-by-the-api": seed(h,
+			addSvc(svc("x", "a", v1.ServiceTypeClusterIP, "10.96.0.1").port("http", v1.ProtocolTCP, 80, 0))),
+		"endpoints-at-victim-clusterip-and-loopback": seed(h,
+			addSvc(svc("x", "web", v1.ServiceTypeNodePort, "10.96.0.2").port("http", v1.ProtocolTCP, 80, 30080)),
+			addSlice(sl("x", "web", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 80).ep(ready, "10.96.0.1").ep(ready, "127.0.0.1").ep(ready, "0.0.0.0"))),
+		"too-many-endpoints-then-fewer": seed(h,
+			addSvc(svc("x", "a", v1.ServiceTypeClusterIP, "10.96.0.2").port("http", v1.ProtocolTCP, 80, 0)),
+			addSlice(sl("x", "a", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 8080).bulk(300, 1)),
+			syncNow(),
+			addSlice(sl("x", "a", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 8080).bulk(16, 1))),
+		"externalip-node-address": seed(h,
+			addSvc(svc("x", "a", v1.ServiceTypeClusterIP, "10.96.0.2").port("http", v1.ProtocolTCP, 80, 0).port("dns", v1.ProtocolUDP, 53, 0).external("192.0.2.10", "2001:db8::10")),
+			addSlice(sl("x", "a", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 8080).port("dns", v1.ProtocolUDP, 53).ep(ready, "10.244.2.2"))),
+		"victim-externalip-and-nodeport": seed(h,
+			addSvc(svc("x", "b", lb, "10.96.0.2", "fd00:96::2").port("http", v1.ProtocolTCP, 80, 30080).external("203.0.113.7").ingress("", "10.96.0.1 ", "::ffff:10.96.0.1")),
+			addSlice(sl("x", "b", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 8080).ep(ready, "10.244.1.2"))),
+	}
+}
+
+// TestFuzzIsolationCorpus keeps testdata/fuzz/FuzzIsolation in step with isolationSeeds
+// (rewrite with -update-fuzz-seeds).
+func TestFuzzIsolationCorpus(t *testing.T) {
+	dir := filepath.Join("testdata", "fuzz", "FuzzIsolation")
+	for name, data := range isolationSeeds() {
+		path := filepath.Join(dir, "seed-"+name)
+		want := corpusFile(data)
+		if *updateSeeds {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, want, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s is missing or stale (%v): run go test -run TestFuzzIsolationCorpus ./internal/controller/ -update-fuzz-seeds", path, err)
+		}
+	}
+}
+
+// The invariant's check can fail: a tenant Service holding the victim's cluster IP (the
+// API's allocator prevents it; tenantObjects drops such Services) wins it by name order,
+// and victimMapping sees the victim's traffic move.
+func TestIsolationCheckCatchesHijack(t *testing.T) {
+	cfg, node := isolationConfig(), isolationNode()
+	vsvcs, vslices := victim()
+	victimIPs := map[netip.Addr]bool{netip.MustParseAddr("10.96.0.1"): true}
+	_, alone, _, _ := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, vsvcs, vslices, node)
+	hijack := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: tenantNS, Name: "a", CreationTimestamp: victimCreated},
+		Spec: v1.ServiceSpec{ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1"}, Ports: []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80}}}}
+	hslice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: tenantNS, Name: "a-1", Labels: map[string]string{discovery.LabelServiceName: "a"}},
+		AddressType: discovery.AddressTypeIPv4, Ports: []discovery.EndpointPort{{Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr(int32(8080))}},
+		Endpoints: []discovery.Endpoint{{Addresses: []string{"10.244.66.6"}}}}
+	_, with, _, _ := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, append(vsvcs, hijack), append(vslices, hslice), node)
+	a, b := victimMapping(alone[0], victimIPs), victimMapping(with[0], victimIPs)
+	if a == b || !strings.Contains(b, "10.244.66.6") {
+		t.Errorf("victimMapping did not see the hijack:\n--- alone:\n%s\n--- with:\n%s", a, b)
+	}
+	if s, got := tenantObjects(world{svcs: []*v1.Service{hijack}}, victimIPs); len(s) != 0 || got != nil {
+		t.Errorf("tenantObjects kept a Service holding an allocated cluster IP")
+	}
+}
