@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -91,7 +90,7 @@ func disruption(t *testing.T, proxy string) {
 	// while action runs, and reports failed attempts of each.
 	disrupt := func(t *testing.T, name string, action func() error) {
 		const interval = 50 * time.Millisecond
-		count := 900 // 45 s at 50 ms plus answer times
+		count := 600 // 30 s at 50 ms plus answer times
 		pods := map[string]string{name + "-cip": clusterIP, name + "-np": nodePort}
 		for pod, addr := range pods {
 			if err := probePod(ctx, c, pod, addr, count, interval); err != nil {
@@ -105,7 +104,7 @@ func disruption(t *testing.T, proxy string) {
 		}
 		t.Logf("%s: %s done in %v", proxy, name, time.Since(t0).Round(time.Millisecond))
 		for pod, addr := range pods {
-			res, err := probeLogs(ctx, c, pod, 3*time.Minute)
+			res, err := probeLogs(ctx, c, pod, 5*time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -192,6 +191,7 @@ func disruption(t *testing.T, proxy string) {
 		t.Logf("%s: node-2 rebooted (processes killed, ruleset flushed, containerd and kubelet started) in %v", proxy, time.Since(t0).Round(time.Millisecond))
 		// The proxy's container on node-2 started again (a new attempt) and is ready.
 		var started time.Time
+		var after *corev1.Pod
 		wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
 		defer wcancel()
 		if err := c.waitFor(wctx, dsName+" restarted on node-2", nil, func(ctx context.Context) error {
@@ -203,7 +203,14 @@ func disruption(t *testing.T, proxy string) {
 			if len(cs) == 0 || (p.UID == before.UID && cs[0].RestartCount <= restarts) || !cs[0].Ready {
 				return fmt.Errorf("not restarted and ready yet")
 			}
-			started, err = firstLogTime(ctx, c, p.Name)
+			after = p
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.waitFor(wctx, dsName+" log on node-2", nil, func(ctx context.Context) error {
+			var err error
+			started, err = firstLogTime(ctx, c, after.Name)
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -376,25 +383,17 @@ func proxyPodOn(ctx context.Context, c *Cluster, ds, node string) (*corev1.Pod, 
 	return nil, fmt.Errorf("no running %s pod on %s", ds, node)
 }
 
-var klogTime = regexp.MustCompile(`^[IWEF](\d{2})(\d{2}) (\d{2}:\d{2}:\d{2}\.\d{6})`)
-
-// firstLogTime is the time of the pod's first klog line (its process start).
+// firstLogTime is the time the runtime recorded for the pod's first log line (`kubectl
+// logs --timestamps`): the proxy process's start, whatever its log format.
 func firstLogTime(ctx context.Context, c *Cluster, pod string) (time.Time, error) {
-	out, err := c.Kubectl(ctx, "logs", "-n", "kube-system", pod)
+	out, err := c.Kubectl(ctx, "logs", "--timestamps", "--limit-bytes=2048", "-n", "kube-system", pod)
 	if err != nil {
 		return time.Time{}, err
 	}
-	for _, line := range strings.Split(out, "\n") {
-		m := klogTime.FindStringSubmatch(line)
-		if m == nil {
-			continue
-		}
-		now := time.Now()
-		ts, err := time.ParseInLocation("2006 0102 15:04:05.000000", fmt.Sprintf("%d %s%s %s", now.Year(), m[1], m[2], m[3]), time.Local)
-		if err != nil {
-			return time.Time{}, err
-		}
-		return ts, nil
+	first, _, _ := strings.Cut(out, " ")
+	ts, err := time.Parse(time.RFC3339Nano, first)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s's log: %w:\n%s", pod, err, lastLines(out, 5))
 	}
-	return time.Time{}, fmt.Errorf("no klog line in %s's log:\n%s", pod, lastLines(out, 10))
+	return ts, nil
 }
