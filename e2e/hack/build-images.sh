@@ -59,6 +59,7 @@ umount_under() {
     umount "$m" || umount -l "$m"
   done
 }
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
   if [ -d "$work" ]; then
     umount_under "$work" || true
@@ -115,11 +116,11 @@ rootfs() {
   # Small: no package caches or lists, docs, man pages, locales, iconv modules (8 MB) or
   # leap-second time zones; no device nodes (the runtime mounts /dev), nothing of this
   # host (resolv.conf, hostname: the kubelet mounts its own).
-  rm -rf --one-file-system "$dir"/var/cache/apt/* "$dir"/var/lib/apt/lists/* \
-    "$dir"/usr/share/doc/* "$dir"/usr/share/man/* "$dir"/usr/share/info/* \
-    "$dir"/usr/share/locale/* "$dir"/var/cache/debconf/*-old "$dir"/var/lib/dpkg/*-old \
-    "$dir"/usr/lib/x86_64-linux-gnu/gconv "$dir"/usr/share/zoneinfo/right \
-    "$dir"/var/log/* "$dir"/tmp/* "$dir"/dev/*
+  rm -rf --one-file-system "${dir:?}"/var/cache/apt/* "${dir:?}"/var/lib/apt/lists/* \
+    "${dir:?}"/usr/share/doc/* "${dir:?}"/usr/share/man/* "${dir:?}"/usr/share/info/* \
+    "${dir:?}"/usr/share/locale/* "${dir:?}"/var/cache/debconf/*-old "${dir:?}"/var/lib/dpkg/*-old \
+    "${dir:?}"/usr/lib/x86_64-linux-gnu/gconv "${dir:?}"/usr/share/zoneinfo/right \
+    "${dir:?}"/var/log/* "${dir:?}"/tmp/* "${dir:?}"/dev/*
   : >"$dir/etc/resolv.conf"
   echo localhost >"$dir/etc/hostname"
   if [ "$name" = agnhost ]; then
