@@ -1,6 +1,8 @@
 package ociimage
 
 import (
+	"archive/tar"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -134,12 +136,24 @@ func TestContainerdImport(t *testing.T) {
 	}
 	pauseTar := filepath.Join(dir, "pause.tar")
 	must(t, WriteBinary(pauseTar, "registry.k8s.io/pause:3.10.2", pause, "/pause"))
+	// Every kind of layer: containerd's unpacker checks each applied layer against its
+	// diff_id, so a wrong one fails the import.
+	tree := filepath.Join(dir, "tree")
+	must(t, os.MkdirAll(filepath.Join(tree, "etc/nftproxy"), 0o755))
+	must(t, os.WriteFile(filepath.Join(tree, "etc/nftproxy/a.conf"), []byte("a\n"), 0o644))
+	must(t, os.Symlink("a.conf", filepath.Join(tree, "etc/nftproxy/b.conf")))
+	plainTar := filepath.Join(dir, "plain.tar")
+	writeTar(t, plainTar, false, map[string]string{"./opt/plain.txt": "plain"})
+	gzTar := filepath.Join(dir, "layer.tar.gz")
+	writeTar(t, gzTar, true, map[string]string{"./opt/gz.txt": "gz"})
 	devTar := filepath.Join(dir, "dev.tar")
 	must(t, Write(devTar, Image{
 		Ref:    "nftproxy:dev",
 		Config: Config{Entrypoint: []string{"/usr/local/bin/nftproxy"}, Cmd: []string{"--help"}},
 		Layers: []Layer{
-			Files(File{Path: "/etc/hostname", Data: []byte("x\n")}),
+			Dir(tree),
+			Tar(plainTar),
+			Tar(gzTar),
 			Files(File{Path: "/usr/local/bin/nftproxy", Src: pause, Mode: 0o755}),
 		},
 	}))
@@ -208,4 +222,57 @@ func TestContainerdImport(t *testing.T) {
 	if !strings.Contains(output(), "pause: terminated") {
 		t.Errorf("pause's output %q, want its exit message", output())
 	}
+}
+
+// TestContainerdRefusesWrongDiffID shows that the import above checks the layers: the same
+// kind of image with a diff_id that does not match its layer is refused at unpack.
+func TestContainerdRefusesWrongDiffID(t *testing.T) {
+	needRootAndTools(t, "containerd", "ctr")
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.tar")
+	must(t, Write(good, Image{Ref: "nftproxy:bad", Layers: []Layer{Files(File{Path: "/x", Data: []byte("x")})}}))
+	bad := filepath.Join(dir, "bad.tar")
+	rewriteConfig(t, good, bad, func(c *imageConfig) { c.RootFS.DiffIDs[0] = digestOf([]byte("something else")) })
+
+	c := startContainerd(t)
+	c.ctr("images", "import", good) // the unchanged image imports
+	c.ctr("images", "rm", "docker.io/library/nftproxy:bad")
+	out, err := c.ctrErr("images", "import", bad)
+	if err == nil {
+		t.Fatalf("containerd imported an image with a wrong diff_id:\n%s", out)
+	}
+	if !strings.Contains(out, "wrong diff id") {
+		t.Fatalf("import failed for another reason than the diff_id: %v\n%s", err, out)
+	}
+	t.Logf("refused as expected: %v\n%s", err, out)
+}
+
+// rewriteConfig copies the image tarball in to out with its config changed by edit, and
+// the manifest and index updated to the new digests.
+func rewriteConfig(t *testing.T, in, out string, edit func(*imageConfig)) {
+	t.Helper()
+	l := readLayout(t, in)
+	edit(&l.config)
+	cfg, err := json.Marshal(l.config)
+	must(t, err)
+	l.manifest.Config.Digest, l.manifest.Config.Size = digestOf(cfg), int64(len(cfg))
+	m, err := json.Marshal(l.manifest)
+	must(t, err)
+	l.index.Manifests[0].Digest, l.index.Manifests[0].Size = digestOf(m), int64(len(m))
+	idx, err := json.Marshal(l.index)
+	must(t, err)
+	files := map[string][]byte{"oci-layout": l.files["oci-layout"], "index.json": idx, blobName(digestOf(cfg)): cfg, blobName(digestOf(m)): m}
+	for _, d := range l.manifest.Layers {
+		files[blobName(d.Digest)] = l.files[blobName(d.Digest)]
+	}
+	f, err := os.Create(out)
+	must(t, err)
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	for name, b := range files {
+		must(t, tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(b))}))
+		_, err := tw.Write(b)
+		must(t, err)
+	}
+	must(t, tw.Close())
 }
