@@ -42,33 +42,36 @@ func (l layers) Set(v string) error {
 }
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+func run(args []string) error {
 	var (
 		img                      ociimage.Image
 		out                      string
 		files, links, dirs, envs list
 	)
-	flag.StringVar(&out, "o", "", "output tarball (required)")
-	flag.StringVar(&img.Ref, "ref", "", "image reference, e.g. registry.k8s.io/pause:3.10.2 (required)")
-	flag.Var(layers{"tar", &img.Layers}, "tar", "a layer from a tar or tar.gz file (repeatable)")
-	flag.Var(layers{"dir", &img.Layers}, "dir", "a layer from a directory tree (repeatable)")
-	flag.Var(&files, "file", "DEST=SRC: copy host file SRC to DEST in the top layer (repeatable)")
-	flag.Var(&links, "link", "DEST=TARGET: a symbolic link in the top layer (repeatable)")
-	flag.Var(&dirs, "mkdir", "DEST[:MODE]: a directory in the top layer, MODE in octal (repeatable)")
-	flag.Var((*list)(&img.Config.Entrypoint), "entrypoint", "entrypoint argument (repeatable)")
-	flag.Var((*list)(&img.Config.Cmd), "cmd", "cmd argument (repeatable)")
-	flag.Var(&envs, "env", "KEY=value (repeatable; default "+ociimage.DefaultPath+")")
-	flag.StringVar(&img.Config.User, "user", "0:0", "user")
-	flag.StringVar(&img.Config.WorkingDir, "workdir", "/", "working directory")
-	flag.Parse()
-	if out == "" || img.Ref == "" || flag.NArg() != 0 {
-		flag.Usage()
+	fs := flag.NewFlagSet("mkimage", flag.ContinueOnError)
+	fs.StringVar(&out, "o", "", "output tarball (required)")
+	fs.StringVar(&img.Ref, "ref", "", "image reference, e.g. registry.k8s.io/pause:3.10.2 (required)")
+	fs.Var(layers{"tar", &img.Layers}, "tar", "a layer from a tar or tar.gz file (repeatable)")
+	fs.Var(layers{"dir", &img.Layers}, "dir", "a layer from a directory tree (repeatable)")
+	fs.Var(&files, "file", "DEST=SRC: copy host file SRC to DEST in the top layer (repeatable)")
+	fs.Var(&links, "link", "DEST=TARGET: a symbolic link in the top layer (repeatable)")
+	fs.Var(&dirs, "mkdir", "DEST[:MODE]: a directory in the top layer, MODE in octal (repeatable)")
+	fs.Var((*list)(&img.Config.Entrypoint), "entrypoint", "entrypoint argument (repeatable)")
+	fs.Var((*list)(&img.Config.Cmd), "cmd", "cmd argument (repeatable)")
+	fs.Var(&envs, "env", "KEY=value (repeatable; default "+ociimage.DefaultPath+")")
+	fs.StringVar(&img.Config.User, "user", "0:0", "user")
+	fs.StringVar(&img.Config.WorkingDir, "workdir", "/", "working directory")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if out == "" || img.Ref == "" || fs.NArg() != 0 {
+		fs.Usage()
 		return errors.New("need -o and -ref, and no arguments")
 	}
 	if len(envs) > 0 {
