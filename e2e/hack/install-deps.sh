@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need on a Debian machine (run as root): nft,
-# iproute2, etcd, conntrack and iptables (kube-proxy in e2e/bench) from Debian,
+# iproute2, etcd, conntrack and iptables (kube-proxy in e2e/bench), containerd, runc,
+# CNI plugins and debootstrap (the real kubelet cluster) from Debian,
 # staticcheck from the Go module proxy. The kube-apiserver is built (and cached) by
 # build-k8s.sh when the e2e suite first needs it.
 set -euo pipefail
@@ -11,6 +12,12 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v conntrack >/dev/null || need+=(conntrack)
 command -v iptables >/dev/null || need+=(iptables)
 command -v unshare >/dev/null || need+=(util-linux)
+# The real kubelet cluster (e2e/realcluster) and the image builder (e2e/ociimage,
+# e2e/hack/build-images.sh): containerd and runc per node, CNI plugins, a Debian rootfs.
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -40,7 +40,7 @@ func keepAlive(t *testing.T, port uint16) (net.Conn, *bufio.Reader) {
 // and all the ports together hold at most the shared budget of connections.
 func TestHealthCheckNodePortLimits(t *testing.T) {
 	s, _ := newServer(t)
-	s.limits = httplimit.Limits{ReadHeaderTimeout: time.Second, IdleTimeout: 400 * time.Millisecond}
+	s.limits = httplimit.Limits{ReadHeaderTimeout: time.Second, IdleTimeout: 3 * time.Second} // long enough that a loaded machine cannot idle out c1 before the third client is checked
 	s.pool = httplimit.NewPool(2)
 	p1, p2 := freePort(t), freePort(t)
 	if err := s.Sync(map[ServiceName]Service{{"ns", "a"}: {Port: p1, LocalEndpoints: 1}, {"ns", "b"}: {Port: p2, LocalEndpoints: 1}}); err != nil {

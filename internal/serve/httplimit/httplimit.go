@@ -19,13 +19,13 @@ type Limits struct {
 	WriteTimeout      time.Duration // from the end of the headers to the end of the response
 	IdleTimeout       time.Duration // a keep-alive connection waiting for its next request
 	MaxHeaderBytes    int
-	MaxConns          int // connections open at once; further ones wait in the kernel's backlog
+	MaxConns          int // connections served at once; further ones wait (one per listener accepted, the rest in the kernel's backlog)
 }
 
 // The limits of nftproxy's servers. Probes (kubelet, load balancers, Prometheus) send a
 // small request and read a small answer in well under a second; the write timeout leaves
 // a metrics scrape of tens of thousands of series room. Connections beyond MaxConns are
-// not refused: they wait to be accepted until one closes, which the timeouts bound.
+// not refused: they wait to be served until one closes, which the timeouts bound.
 var (
 	// Health is the /healthz and /livez server's (0.0.0.0:10256 by default).
 	Health = Limits{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
@@ -82,16 +82,22 @@ type listener struct {
 	closeOnce sync.Once
 }
 
+// Accept takes a connection from the kernel first and a slot of the budget second. The
+// other order would let every idle listener of a shared pool hold a slot while it waits
+// for a connection that may never come: with as many listeners as slots, no listener
+// could serve at all. This way an accepted connection waits for a slot (its listener
+// accepts nothing else meanwhile), so at most one connection per listener is held
+// beyond the budget.
 func (l *listener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
 	select {
 	case l.sem <- struct{}{}:
 	case <-l.done:
+		c.Close()
 		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
 	}
 	return &conn{Conn: c, release: func() { <-l.sem }}, nil
 }
