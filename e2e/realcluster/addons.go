@@ -11,6 +11,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftproxy/nftproxy/e2e/ociimage"
 )
 
 // APIPlaceholder is the API address the shipped manifests carry (contract B).
@@ -132,13 +134,7 @@ func BuildNftproxyImage(ctx context.Context, dir, ref string) (tarball, bin stri
 	return tarball, bin, nil
 }
 
-// writeBinaryImage is contract A's ociimage.WriteBinary (stopgap until it lands).
+// writeBinaryImage writes an OCI image of one static binary (contract A).
 func writeBinaryImage(out, ref, src, dest string) error {
-	if !strings.Contains(strings.Split(ref, "/")[0], ".") {
-		if !strings.Contains(ref, "/") {
-			ref = "library/" + ref
-		}
-		ref = "docker.io/" + ref
-	}
-	return writeImage(out, ref, []file{{Src: src, Dest: dest, Mode: 0o755}}, []string{dest})
+	return ociimage.WriteBinary(out, ref, src, dest)
 }

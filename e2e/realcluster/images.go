@@ -1,21 +1,15 @@
 package realcluster
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
-	"time"
 )
 
 // Image references the cluster uses (contract A: e2e/hack/build-images.sh prints them).
@@ -106,11 +100,7 @@ func lastLines(s string, n int) string {
 // baseImages returns ref -> OCI tarball of the pause, agnhost, CoreDNS and kube-proxy
 // images, from e2e/hack/build-images.sh (contract A).
 func baseImages(ctx context.Context) (map[string]string, error) {
-	script := filepath.Join(e2eDir(), "hack", "build-images.sh")
-	if _, err := os.Stat(script); err != nil {
-		return stopgapImages(ctx)
-	}
-	out, err := scriptOutput(ctx, script)
+	out, err := scriptOutput(ctx, filepath.Join(e2eDir(), "hack", "build-images.sh"))
 	if err != nil {
 		return nil, err
 	}
@@ -140,242 +130,3 @@ func (c *Cluster) CoreDNSImage() string {
 	return ""
 }
 
-// stopgapImages builds the base images without e2e/hack/build-images.sh (until helper
-// "images" lands it): pause and agnhost from the agnhost binary, agnhost with a static
-// busybox for the shell tools the e2e tests exec, kube-proxy with the host's nft and
-// conntrack and their libraries. No CoreDNS.
-func stopgapImages(ctx context.Context) (map[string]string, error) {
-	dir := filepath.Join(cacheDir(), "realcluster-stopgap-images")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	bins, err := k8sBinaries(ctx, "agnhost", "kube-proxy")
-	if err != nil {
-		return nil, err
-	}
-	busybox, err := exec.LookPath("busybox")
-	if err != nil {
-		return nil, fmt.Errorf("stopgap agnhost image needs a static busybox (apt-get install busybox-static): %w", err)
-	}
-	tools := []string{"ping", "ip", "cat", "ls", "sleep", "echo", "grep", "sed", "awk", "test", "[", "ps", "hostname", "nslookup", "timeout", "date", "env", "printf", "true", "false", "mkdir", "rm", "touch", "head", "tail", "wc", "tr", "cut", "expr", "seq", "id", "uname", "kill", "netstat"}
-	agn := []file{{Src: bins[0], Dest: "/agnhost", Mode: 0o755}, {Src: busybox, Dest: "/bin/busybox", Mode: 0o755}}
-	for _, t := range tools {
-		agn = append(agn, file{Link: "/bin/busybox", Dest: "/bin/" + t})
-	}
-	agn = append(agn, file{Dest: "/tmp", Dir: true}, file{Dest: "/etc/hosts", Data: []byte("127.0.0.1 localhost\n")},
-		file{Dest: "/etc/nsswitch.conf", Data: []byte("hosts: files dns\n")})
-	// busybox's own wget (static glibc) crashes; the host's curl, wget, nc (OpenBSD) and
-	// dig with their libraries instead, as the e2e tests call them.
-	// busybox's sh runs its own applets before PATH: dash is /bin/sh.
-	for _, tool := range []string{"/usr/bin/dash", "/usr/bin/curl", "/usr/bin/wget", "/usr/bin/nc.openbsd", "/usr/bin/dig"} {
-		fs, err := withLibraries(ctx, tool)
-		if err != nil {
-			return nil, fmt.Errorf("stopgap agnhost image: %w (apt-get install curl wget netcat-openbsd dnsutils)", err)
-		}
-		agn = append(agn, fs...)
-	}
-	agn = append(agn, file{Dest: "/usr/bin/nc", Link: "/usr/bin/nc.openbsd"}, file{Dest: "/bin/sh", Link: "/usr/bin/dash"})
-
-	kp := []file{{Src: bins[1], Dest: "/usr/local/bin/kube-proxy", Mode: 0o755}, {Dest: "/tmp", Dir: true}}
-	for _, tool := range []string{"/usr/sbin/nft", "/usr/sbin/conntrack"} {
-		fs, err := withLibraries(ctx, tool)
-		if err != nil {
-			return nil, err
-		}
-		kp = append(kp, fs...)
-	}
-	imgs := map[string]string{
-		PauseImage:     filepath.Join(dir, "pause.tar"),
-		AgnhostImage:   filepath.Join(dir, "agnhost.tar"),
-		KubeProxyImage: filepath.Join(dir, "kube-proxy.tar"),
-	}
-	specs := map[string]struct {
-		files []file
-		entry []string
-	}{
-		PauseImage:     {[]file{{Src: bins[0], Dest: "/agnhost", Mode: 0o755}}, []string{"/agnhost", "pause"}},
-		AgnhostImage:   {agn, []string{"/agnhost"}},
-		KubeProxyImage: {kp, []string{"/usr/local/bin/kube-proxy"}},
-	}
-	// CoreDNS, if built by hand into the stopgap cache (go build github.com/coredns/coredns).
-	if bin := filepath.Join(cacheDir(), "realcluster-stopgap-coredns", "coredns"); fileExists(bin) {
-		ref := corednsPrefix + "v1.14.6"
-		imgs[ref] = filepath.Join(dir, "coredns.tar")
-		specs[ref] = struct {
-			files []file
-			entry []string
-		}{[]file{{Src: bin, Dest: "/coredns", Mode: 0o755}}, []string{"/coredns"}}
-	}
-	for ref, s := range specs {
-		if err := writeImage(imgs[ref], ref, s.files, s.entry); err != nil {
-			return nil, fmt.Errorf("image %s: %w", ref, err)
-		}
-	}
-	return imgs, nil
-}
-
-// withLibraries is a dynamically linked host binary plus the shared libraries ldd names.
-func withLibraries(ctx context.Context, bin string) ([]file, error) {
-	out, err := run(ctx, "ldd", bin)
-	if err != nil {
-		return nil, err
-	}
-	fs := []file{{Src: bin, Dest: bin, Mode: 0o755}}
-	for _, line := range strings.Split(out, "\n") {
-		for _, f := range strings.Fields(line) {
-			if strings.HasPrefix(f, "/") {
-				real, err := filepath.EvalSymlinks(f)
-				if err != nil {
-					return nil, err
-				}
-				fs = append(fs, file{Src: real, Dest: f, Mode: 0o755})
-			}
-		}
-	}
-	return fs, nil
-}
-
-// file is one entry of an image layer: a host file (Src), literal Data, a symlink to
-// Link, or a directory.
-type file struct {
-	Src, Dest, Link string
-	Data            []byte
-	Mode            int64
-	Dir             bool
-}
-
-// writeImage writes an OCI image-layout tarball with one uncompressed layer, tagged ref
-// as `ctr images import` reads it.
-func writeImage(out, ref string, files []file, entrypoint []string) error {
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	dirs := map[string]bool{}
-	sort.SliceStable(files, func(i, j int) bool { return files[i].Dest < files[j].Dest })
-	uniq := files[:0:0]
-	for i, f := range files {
-		if i == 0 || f.Dest != files[i-1].Dest {
-			uniq = append(uniq, f)
-		}
-	}
-	files = uniq
-	mtime := time.Unix(0, 0)
-	for _, f := range files {
-		name := strings.TrimPrefix(f.Dest, "/")
-		for d := filepath.Dir(name); d != "." && !dirs[d]; d = filepath.Dir(d) {
-			dirs[d] = true
-		}
-	}
-	var dl []string
-	for d := range dirs {
-		dl = append(dl, d)
-	}
-	sort.Strings(dl)
-	for _, d := range dl {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: mtime}); err != nil {
-			return err
-		}
-	}
-	for _, f := range files {
-		name := strings.TrimPrefix(f.Dest, "/")
-		switch {
-		case f.Dir:
-			if dirs[name] {
-				continue
-			}
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: 0o1777, ModTime: mtime}); err != nil {
-				return err
-			}
-		case f.Link != "":
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: f.Link, Mode: 0o777, ModTime: mtime}); err != nil {
-				return err
-			}
-		default:
-			data := f.Data
-			if f.Src != "" {
-				var err error
-				if data, err = os.ReadFile(f.Src); err != nil {
-					return err
-				}
-			}
-			mode := f.Mode
-			if mode == 0 {
-				mode = 0o644
-			}
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(data)), ModTime: mtime}); err != nil {
-				return err
-			}
-			if _, err := tw.Write(data); err != nil {
-				return err
-			}
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	layerDigest := digest(layer.Bytes())
-	config, _ := json.Marshal(map[string]any{
-		"architecture": "amd64", "os": "linux",
-		"config": map[string]any{"User": "0:0", "Entrypoint": entrypoint,
-			"Env": []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
-	})
-	manifest, _ := json.Marshal(map[string]any{
-		"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-		"config": map[string]any{"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest(config), "size": len(config)},
-		"layers": []any{map[string]any{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layerDigest, "size": layer.Len()}},
-	})
-	index, _ := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"manifests": []any{map[string]any{
-			"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest(manifest), "size": len(manifest),
-			"annotations": map[string]string{"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": ref},
-		}},
-	})
-	tmp := out + ".tmp" + randHex(4) // parallel runs each write their own
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	otw := tar.NewWriter(f)
-	add := func(name string, b []byte) error {
-		if err := otw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(b)), ModTime: mtime}); err != nil {
-			return err
-		}
-		_, err := otw.Write(b)
-		return err
-	}
-	blob := func(b []byte) string { return "blobs/sha256/" + strings.TrimPrefix(digest(b), "sha256:") }
-	for _, e := range []struct {
-		name string
-		b    []byte
-	}{
-		{"oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)},
-		{"index.json", index},
-		{blob(manifest), manifest},
-		{blob(config), config},
-		{blob(layer.Bytes()), layer.Bytes()},
-	} {
-		if err := add(e.name, e.b); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	if err := otw.Close(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, out)
-}
-
-func digest(b []byte) string {
-	s := sha256.Sum256(b)
-	return "sha256:" + hex.EncodeToString(s[:])
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
