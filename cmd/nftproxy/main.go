@@ -202,7 +202,7 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		}
 		// repairs back off while another process keeps changing the tables
 		repairs := controller.NewRepairer(p, controller.RepairBackoff{})
-		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed)
+		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed, kernel.MonitorOwnWrites(applier))
 		if err := mon.Start(ctx); err != nil {
 			log.Error(err, "Cannot watch nftables for changes by other processes; drift is only repaired by the hourly full sync")
 			return
