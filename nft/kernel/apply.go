@@ -7,6 +7,8 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -30,6 +32,10 @@ type Applier struct {
 	conn  *netlink.Conn // the write socket; nil until the first transaction or after a failure
 	port  uint32        // its port id
 	own   sockets       // every write socket's port and generations, for Monitors
+
+	published atomic.Pointer[applied] // the rulesets last written, for CountersByOwner
+	indexMu   sync.Mutex
+	index     map[tableKey]*ownerIndex // CountersByOwner's attribution, by table
 }
 
 type tableKey struct {
@@ -189,7 +195,19 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	for k, s := range next {
 		a.prev[k] = s
 	}
+	a.publish()
 	return st, nil
+}
+
+// publish makes the rulesets in a.prev visible to CountersByOwner.
+func (a *Applier) publish() {
+	p := applied{}
+	for k, s := range a.prev {
+		if s.rs != nil {
+			p[k] = s.rs
+		}
+	}
+	a.published.Store(&p)
 }
 
 // Delete removes the given tables if they exist, in one transaction.

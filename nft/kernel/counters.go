@@ -5,6 +5,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -61,4 +63,197 @@ func (a *Applier) RuleCounts(fam nft.Family, table, chain string) ([]Count, erro
 		}
 	}
 	return out, nil
+}
+
+// OwnerCount is the packet and byte count of the counter set elements one part added
+// (nft.Part.Owner: one service port), summed over the sets read.
+type OwnerCount struct {
+	Owner   string
+	Packets uint64
+	Bytes   uint64
+}
+
+// CountersByOwner reads the element counters of the given counter sets of a table in
+// one pass (one netlink dump per set, on one socket) and attributes each element to
+// the part that added it, by the element's key, as the Applier last wrote the table:
+// not by its comment, which the kernel cuts at 128 bytes. Elements the Applier did not
+// write (or no part added) are left out; unattributed says how many. It is safe to
+// call while another goroutine applies.
+func (a *Applier) CountersByOwner(fam nft.Family, table string, sets ...string) (counts []OwnerCount, unattributed int, err error) {
+	owners := a.owners(fam, table, sets)
+	conn, err := a.dial()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer conn.Close()
+	index := map[string]int{}
+	for _, set := range sets {
+		msgs, err := dump(conn, fam, unix.NFT_MSG_GETSETELEM, func(ae *netlink.AttributeEncoder) {
+			ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
+			ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
+		})
+		if err != nil {
+			return nil, 0, fmt.Errorf("reading the counters of %s %s %s: %w", fam, table, set, err)
+		}
+		byKey := owners[set]
+		for _, m := range msgs {
+			if err := eachCounter(m, func(key []byte, packets, bytes uint64) {
+				owner, ok := byKey[string(key)]
+				if !ok {
+					unattributed++
+					return
+				}
+				i, seen := index[owner]
+				if !seen {
+					i = len(counts)
+					index[owner] = i
+					counts = append(counts, OwnerCount{Owner: owner})
+				}
+				counts[i].Packets += packets
+				counts[i].Bytes += bytes
+			}); err != nil {
+				return nil, 0, fmt.Errorf("decoding the counters of %s %s %s: %w", fam, table, set, err)
+			}
+		}
+	}
+	return counts, unattributed, nil
+}
+
+// eachCounter calls fn with the key and counter of every element of a
+// NFT_MSG_NEWSETELEM payload that has one.
+func eachCounter(payload []byte, fn func(key []byte, packets, bytes uint64)) error {
+	ad, err := decoder(payload)
+	if err != nil {
+		return err
+	}
+	for ad.Next() {
+		if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+			continue
+		}
+		ad.Nested(func(elems *netlink.AttributeDecoder) error {
+			for elems.Next() {
+				var key []byte
+				var packets, bytes uint64
+				found := false
+				elems.Nested(func(e *netlink.AttributeDecoder) error {
+					for e.Next() {
+						switch e.Type() {
+						case unix.NFTA_SET_ELEM_KEY:
+							e.Nested(func(k *netlink.AttributeDecoder) error {
+								for k.Next() {
+									if k.Type() == unix.NFTA_DATA_VALUE {
+										key = k.Bytes()
+									}
+								}
+								return nil
+							})
+						case nftaSetElemExpr:
+							packets, bytes, found = counterOf(e.Bytes())
+						case nftaSetElemExpressions:
+							e.Nested(func(l *netlink.AttributeDecoder) error {
+								for l.Next() && !found {
+									packets, bytes, found = counterOf(l.Bytes())
+								}
+								return nil
+							})
+						}
+					}
+					return nil
+				})
+				if found && key != nil {
+					fn(key, packets, bytes)
+				}
+			}
+			return nil
+		})
+	}
+	return ad.Err()
+}
+
+// counterOf decodes one expression: its packets and bytes if it is a counter.
+func counterOf(b []byte) (packets, bytes uint64, ok bool) {
+	ad, err := decoder(b)
+	if err != nil {
+		return 0, 0, false
+	}
+	var data []byte
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_EXPR_NAME:
+			ok = ad.String() == "counter"
+		case unix.NFTA_EXPR_DATA:
+			data = ad.Bytes()
+		}
+	}
+	if !ok || data == nil {
+		return 0, 0, false
+	}
+	cd, err := decoder(data)
+	if err != nil {
+		return 0, 0, false
+	}
+	for cd.Next() {
+		switch cd.Type() {
+		case unix.NFTA_COUNTER_PACKETS:
+			packets = cd.Uint64()
+		case unix.NFTA_COUNTER_BYTES:
+			bytes = cd.Uint64()
+		}
+	}
+	return packets, bytes, cd.Err() == nil
+}
+
+// applied is what an Applier last wrote successfully, published for readers on other
+// goroutines (rulesets and parts are never modified once built).
+type applied map[tableKey]*nft.Ruleset
+
+// ownerIndex maps the keys of a table's counter sets to the owners of the parts that
+// added them, for one applied ruleset.
+type ownerIndex struct {
+	rs   *nft.Ruleset
+	sets map[string]map[string]string // set → encoded key → part owner
+}
+
+// owners returns the owner index of the given sets of a table as last applied,
+// rebuilt only when the ruleset changed since the last call.
+func (a *Applier) owners(fam nft.Family, table string, sets []string) map[string]map[string]string {
+	var rs *nft.Ruleset
+	if p := a.published.Load(); p != nil {
+		rs = (*p)[tableKey{fam, table}]
+	}
+	a.indexMu.Lock()
+	defer a.indexMu.Unlock()
+	if a.index == nil {
+		a.index = map[tableKey]*ownerIndex{}
+	}
+	k := tableKey{fam, table}
+	if ix := a.index[k]; ix != nil && ix.rs == rs && len(ix.sets) == len(sets) {
+		return ix.sets
+	}
+	ix := &ownerIndex{rs: rs, sets: map[string]map[string]string{}}
+	for _, set := range sets {
+		ix.sets[set] = map[string]string{}
+	}
+	if rs != nil {
+		defs := map[string]*nft.Set{}
+		for _, s := range rs.Sets {
+			defs[s.Name] = s
+		}
+		var kb [64]byte
+		for _, p := range rs.Parts {
+			for _, se := range p.Elements {
+				m, s := ix.sets[se.Set], defs[se.Set]
+				if m == nil || s == nil {
+					continue
+				}
+				for _, e := range se.Elements {
+					if key, err := appendValues(kb[:0], s.Key, e.Key); err == nil {
+						m[string(key)] = p.Owner
+					}
+				}
+			}
+		}
+	}
+	a.index[k] = ix
+	return ix.sets
 }
