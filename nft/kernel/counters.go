@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/google/nftables"
@@ -120,87 +121,89 @@ func (a *Applier) CountersByOwner(fam nft.Family, table string, sets ...string) 
 }
 
 // eachCounter calls fn with the key and counter of every element of a
-// NFT_MSG_NEWSETELEM payload that has one.
+// NFT_MSG_NEWSETELEM payload that has one. It walks the attributes in place: a
+// read of 20,000 elements allocates nothing per element.
 func eachCounter(payload []byte, fn func(key []byte, packets, bytes uint64)) error {
-	ad, err := decoder(payload)
-	if err != nil {
-		return err
-	}
-	for ad.Next() {
-		if ad.Type() != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
-			continue
-		}
-		ad.Nested(func(elems *netlink.AttributeDecoder) error {
-			for elems.Next() {
-				var key []byte
-				var packets, bytes uint64
-				found := false
-				elems.Nested(func(e *netlink.AttributeDecoder) error {
-					for e.Next() {
-						switch e.Type() {
-						case unix.NFTA_SET_ELEM_KEY:
-							e.Nested(func(k *netlink.AttributeDecoder) error {
-								for k.Next() {
-									if k.Type() == unix.NFTA_DATA_VALUE {
-										key = k.Bytes()
-									}
-								}
-								return nil
-							})
-						case nftaSetElemExpr:
-							packets, bytes, found = counterOf(e.Bytes())
-						case nftaSetElemExpressions:
-							e.Nested(func(l *netlink.AttributeDecoder) error {
-								for l.Next() && !found {
-									packets, bytes, found = counterOf(l.Bytes())
-								}
-								return nil
-							})
-						}
-					}
-					return nil
-				})
-				if found && key != nil {
-					fn(key, packets, bytes)
-				}
-			}
+	return walkAttrs(payload, func(typ uint16, list []byte) error {
+		if typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
 			return nil
+		}
+		return walkAttrs(list, func(_ uint16, elem []byte) error {
+			var key []byte
+			var packets, bytes uint64
+			found := false
+			err := walkAttrs(elem, func(typ uint16, b []byte) error {
+				switch typ {
+				case unix.NFTA_SET_ELEM_KEY:
+					return walkAttrs(b, func(typ uint16, v []byte) error {
+						if typ == unix.NFTA_DATA_VALUE {
+							key = v
+						}
+						return nil
+					})
+				case nftaSetElemExpr:
+					packets, bytes, found = counterOf(b)
+				case nftaSetElemExpressions:
+					return walkAttrs(b, func(_ uint16, e []byte) error {
+						if !found {
+							packets, bytes, found = counterOf(e)
+						}
+						return nil
+					})
+				}
+				return nil
+			})
+			if err == nil && found && key != nil {
+				fn(key, packets, bytes)
+			}
+			return err
 		})
-	}
-	return ad.Err()
+	})
 }
 
 // counterOf decodes one expression: its packets and bytes if it is a counter.
 func counterOf(b []byte) (packets, bytes uint64, ok bool) {
-	ad, err := decoder(b)
-	if err != nil {
-		return 0, 0, false
-	}
 	var data []byte
-	for ad.Next() {
-		switch ad.Type() {
+	if walkAttrs(b, func(typ uint16, v []byte) error {
+		switch typ {
 		case unix.NFTA_EXPR_NAME:
-			ok = ad.String() == "counter"
+			ok = cstring(v) == "counter"
 		case unix.NFTA_EXPR_DATA:
-			data = ad.Bytes()
+			data = v
 		}
-	}
-	if !ok || data == nil {
+		return nil
+	}) != nil || !ok || data == nil {
 		return 0, 0, false
 	}
-	cd, err := decoder(data)
-	if err != nil {
-		return 0, 0, false
-	}
-	for cd.Next() {
-		switch cd.Type() {
+	err := walkAttrs(data, func(typ uint16, v []byte) error {
+		if len(v) != 8 {
+			return nil
+		}
+		switch typ {
 		case unix.NFTA_COUNTER_PACKETS:
-			packets = cd.Uint64()
+			packets = binary.BigEndian.Uint64(v)
 		case unix.NFTA_COUNTER_BYTES:
-			bytes = cd.Uint64()
+			bytes = binary.BigEndian.Uint64(v)
 		}
+		return nil
+	})
+	return packets, bytes, err == nil
+}
+
+// walkAttrs calls fn with the type (flags cleared) and payload of each netlink
+// attribute in b.
+func walkAttrs(b []byte, fn func(typ uint16, data []byte) error) error {
+	for len(b) >= 4 {
+		l := int(binary.NativeEndian.Uint16(b[0:2]))
+		if l < 4 || l > len(b) {
+			return fmt.Errorf("malformed netlink attribute (length %d of %d bytes)", l, len(b))
+		}
+		if err := fn(binary.NativeEndian.Uint16(b[2:4])&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), b[4:l]); err != nil {
+			return err
+		}
+		b = b[min((l+3)&^3, len(b)):]
 	}
-	return packets, bytes, cd.Err() == nil
+	return nil
 }
 
 // applied is what an Applier last wrote successfully, published for readers on other
