@@ -186,9 +186,10 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	defer hc.Close()
 	cfg.HealthChecks = hc
 	rec := metrics.New(metrics.Options{
-		// per-service counters, attributed by element key; read at most once per
-		// interval (the coordinator wires --service-counters and
-		// --service-counters-interval into NoServiceCounters and ServiceCountersInterval)
+		// per-service counters, attributed by element key, read at most once per
+		// interval however often scraped (--service-counters=false and
+		// --service-counters-min-interval are to set NoServiceCounters and
+		// ServiceCountersInterval once internal/options has them)
 		ServiceCounters: metrics.KernelCounters(applier, controller.Families),
 		Log:             log,
 	})

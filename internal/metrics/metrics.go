@@ -83,8 +83,9 @@ type Options struct {
 	// NoServiceCounters is the operator's switch (--service-counters=false): no
 	// per-service counters are exported, and the kernel's counters are never read.
 	NoServiceCounters bool
-	// ServiceCountersInterval is how long one read of the kernel's counters serves
-	// scrapes (--service-counters-interval). Default DefaultServiceCountersInterval.
+	// ServiceCountersInterval is the least time one read of the kernel's counters
+	// serves scrapes for (--service-counters-min-interval). Whatever it is, a read
+	// serves scrapes for 20 times as long as it took. Default 0: only that bound.
 	ServiceCountersInterval time.Duration
 	// Log receives the counters' read errors (at V(2)). Default: discard.
 	Log logr.Logger

@@ -23,15 +23,19 @@ type ServicePortCount struct {
 // most one per interval, however many scrapes come.
 type CounterSource func() (ports []ServicePortCount, rejects uint64, err error)
 
-// DefaultServiceCountersInterval is how long one read of the kernel's counters serves
-// scrapes.
-const DefaultServiceCountersInterval = 10 * time.Second
+// readCostFactor bounds the CPU that reading the counters may take whatever the
+// scrape rate: after a read that took d, the next one waits at least readCostFactor×d,
+// so reads take at most 1/(readCostFactor+1) of a core (at 20,000 service ports a read
+// takes about 0.15 s, and serves scrapes for 3 s).
+const readCostFactor = 20
 
 // ServiceCounters exposes the kernel's per-service packet and byte counters (read from
-// nftproxy's counter sets: no per-packet work in userspace). At 20,000 services a read
-// costs about half a second of CPU, so the kernel is read at most once per interval:
-// scrapes within it get the same values, and concurrent scrapes wait for the one read
-// in progress instead of starting their own.
+// nftproxy's counter sets: no per-packet work in userspace). A read costs CPU in
+// proportion to the number of service ports, and scrapers are not to be trusted with
+// it: the kernel is read at most once per interval — the configured minimum, or 20
+// times as long as the last read took, whichever is longer — and scrapes within it get
+// the values of the last read; concurrent scrapes wait for the one read in progress
+// instead of starting their own.
 type ServiceCounters struct {
 	read     CounterSource
 	interval time.Duration
@@ -48,21 +52,18 @@ type ServiceCounters struct {
 
 // counterSample is one read of the kernel, as metrics.
 type counterSample struct {
-	at      time.Time
+	until   time.Time // it serves scrapes until then
 	metrics []prometheus.Metric
 }
 
 // NewServiceCounters returns a collector over read that reads the kernel at most once
-// per interval (0: DefaultServiceCountersInterval).
+// per interval (see ServiceCounters; 0: only the bound by the read's own cost).
 func NewServiceCounters(read CounterSource, interval time.Duration, log logr.Logger) *ServiceCounters {
-	if interval <= 0 {
-		interval = DefaultServiceCountersInterval
-	}
 	labels := []string{"namespace", "service", "port"}
 	return &ServiceCounters{
 		read: read, interval: interval, now: time.Now, log: log,
-		packets: prometheus.NewDesc("nftproxy_service_packets_total", "Packets sent to the service's addresses and node ports, counted by the kernel (read at most once per --service-counters-interval).", labels, nil),
-		bytes:   prometheus.NewDesc("nftproxy_service_bytes_total", "Bytes sent to the service's addresses and node ports, counted by the kernel (read at most once per --service-counters-interval).", labels, nil),
+		packets: prometheus.NewDesc("nftproxy_service_packets_total", "Packets sent to the service's addresses and node ports, counted by the kernel.", labels, nil),
+		bytes:   prometheus.NewDesc("nftproxy_service_bytes_total", "Bytes sent to the service's addresses and node ports, counted by the kernel.", labels, nil),
 		rejects: prometheus.NewDesc("nftproxy_no_endpoint_rejects_total", "Packets rejected because their service had no endpoints.", nil, nil),
 		readErr: prometheus.NewDesc("nftproxy_counter_read_errors", "1 when the last read of the kernel counters failed.", nil, nil),
 	}
@@ -87,7 +88,7 @@ func (c *ServiceCounters) Collect(ch chan<- prometheus.Metric) {
 // progress or makes one.
 func (c *ServiceCounters) sample() *counterSample {
 	c.mu.Lock()
-	if s := c.last; s != nil && c.now().Sub(s.at) < c.interval {
+	if s := c.last; s != nil && c.now().Before(s.until) {
 		c.mu.Unlock()
 		return s
 	}
@@ -115,7 +116,11 @@ func (c *ServiceCounters) sample() *counterSample {
 // have two ports of one name, when they are summed).
 func (c *ServiceCounters) readKernel() *counterSample {
 	s := &counterSample{}
-	defer func() { s.at = c.now() }()
+	start := c.now()
+	defer func() {
+		end := c.now()
+		s.until = end.Add(max(c.interval, readCostFactor*end.Sub(start)))
+	}()
 	ports, rejected, err := c.read()
 	if err != nil {
 		c.log.V(2).Info("Reading kernel counters failed", "err", err.Error())

@@ -46,7 +46,7 @@ func TestServiceCounters(t *testing.T) {
 # HELP nftproxy_no_endpoint_rejects_total Packets rejected because their service had no endpoints.
 # TYPE nftproxy_no_endpoint_rejects_total counter
 nftproxy_no_endpoint_rejects_total 5
-# HELP nftproxy_service_packets_total Packets sent to the service's addresses and node ports, counted by the kernel (read at most once per --service-counters-interval).
+# HELP nftproxy_service_packets_total Packets sent to the service's addresses and node ports, counted by the kernel.
 # TYPE nftproxy_service_packets_total counter
 nftproxy_service_packets_total{namespace="default",port="http",service="web"} 5
 nftproxy_service_packets_total{namespace="kube-system",port="",service="dns"} 7
@@ -173,5 +173,38 @@ func TestServicePortOfOwner(t *testing.T) {
 		if ok != tc.ok || got != tc.want {
 			t.Errorf("ServicePortOfOwner(%q) = %+v, %v; want %+v, %v", tc.owner, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// Without a configured interval, a read serves scrapes for 20 times as long as it
+// took: a scraper hammering /metrics gets the kernel read at most 1/21 of the time.
+func TestServiceCountersCostBound(t *testing.T) {
+	now := time.Unix(1000, 0)
+	reads := 0
+	c := NewServiceCounters(func() ([]ServicePortCount, uint64, error) {
+		reads++
+		now = now.Add(100 * time.Millisecond) // the read takes 100 ms
+		return nil, 0, nil
+	}, 0, logr.Discard())
+	c.now = func() time.Time { return now }
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	gather := func() {
+		if _, err := reg.Gather(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gather()
+	for range 19 { // 1.9 s of scrapes every 100 ms
+		now = now.Add(100 * time.Millisecond)
+		gather()
+	}
+	if reads != 1 {
+		t.Fatalf("%d reads within 2 s of a 100 ms read, want 1", reads)
+	}
+	now = now.Add(200 * time.Millisecond)
+	gather()
+	if reads != 2 {
+		t.Fatalf("%d reads 2.1 s after a 100 ms read, want 2", reads)
 	}
 }
