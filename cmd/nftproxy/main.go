@@ -243,8 +243,14 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	hc := healthcheck.New(net.Listen, "", log.WithName("healthcheck")) // healthCheckNodePorts
 	defer hc.Close()
 	cfg.HealthChecks = hc
-	rec := metrics.New(metrics.Options{})
-	rec.Registry().MustRegister(metrics.NewServiceCounters(serviceCounts(applier), log))
+	rec := metrics.New(metrics.Options{
+		// per-service counters, attributed by element key, read at most once per
+		// interval however often scraped (--service-counters=false and
+		// --service-counters-min-interval are to set NoServiceCounters and
+		// ServiceCountersInterval once internal/options has them)
+		ServiceCounters: metrics.KernelCounters(applier, controller.Families),
+		Log:             log,
+	})
 	cfg.Metrics = rec
 	p := controller.New(client, applier, cfg, log)
 	// Self-healing: another process changing our tables is noticed at once (not only
@@ -260,7 +266,7 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		}
 		// repairs back off while another process keeps changing the tables
 		repairs := controller.NewRepairer(p, controller.RepairBackoff{})
-		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed)
+		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed, kernel.MonitorOwnWrites(applier))
 		if err := mon.Start(ctx); err != nil {
 			log.Error(err, "Cannot watch nftables for changes by other processes; drift is only repaired by the hourly full sync")
 			return
@@ -392,25 +398,4 @@ func localAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
-}
-
-// serviceCounts reads the kernel's per-service counters of every family.
-func serviceCounts(a *kernel.Applier) func() (services, rejects []kernel.Count, err error) {
-	return func() (services, rejects []kernel.Count, err error) {
-		for _, fam := range controller.Families {
-			for _, set := range []string{compile.SetServiceCounters, compile.SetNodePortCounters} {
-				c, err := a.SetCounts(fam, compile.TableName, set)
-				if err != nil {
-					return nil, nil, err
-				}
-				services = append(services, c...)
-			}
-			r, err := a.RuleCounts(fam, compile.TableName, compile.ChainReject)
-			if err != nil {
-				return nil, nil, err
-			}
-			rejects = append(rejects, r...)
-		}
-		return services, rejects, nil
-	}
 }
