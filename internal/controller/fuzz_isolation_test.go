@@ -258,7 +258,9 @@ func FuzzIsolation(f *testing.F) {
 				}
 				fam := rs.Family
 				if compilers[fam] == nil {
-					compilers[fam] = compile.NewCompiler(compileConfig(cfg, snap.Node, fam), compile.NewSlots())
+					cc := compileConfig(cfg, snap.Node, fam)
+					cc.NoExternalIPs, cc.ServedPorts, cc.OwnAddrs, cc.Limits = cfg.NoExternalIPs, cfg.ServedPorts, cfg.OwnAddrs, cfg.Limits
+					compilers[fam] = compile.NewCompiler(cc, compile.NewSlots())
 				}
 				inc, _ := compilers[fam].Compile(isnap)
 				if got := victimMapping(inc.Flatten(), victimIPs); got != want[i] {
