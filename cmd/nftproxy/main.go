@@ -301,7 +301,12 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 	}
 	cidrs, _ := o.ClusterCIDRs()        // validated
 	serviceCIDRs, _ := o.ServiceCIDRs() // validated
-	served, own := o.ServedPorts()
+	served, own, anyAddr := o.ServedPorts()
+	if anyAddr { // a server on 0.0.0.0 answers on every address the node has now
+		if local, err := localAddrs(); err == nil {
+			own = append(own, local...)
+		}
+	}
 	return controller.Config{
 		NodeName:          nodeName,
 		ClusterCIDRs:      cidrs,

@@ -191,12 +191,10 @@ func (v *gatesValue) Set(s string) error {
 // feature gate AllowServiceExternalIPs is false, as in kube-proxy.
 func (o *Options) ExternalIPsAllowed() bool { return config.ExternalIPsAllowed(o.FeatureGates) }
 
-// ServedPorts returns the TCP ports of nftproxy's own servers (health, metrics) and
-// their bind addresses when specific: no Service may take these ports on the node's
-// addresses (issue 13 item 1).
-func (o *Options) ServedPorts() ([]uint16, []netip.Addr) {
-	var ports []uint16
-	var addrs []netip.Addr
+// ServedPorts returns the TCP ports of nftproxy's own servers (health, metrics), their
+// bind addresses when specific, and whether one binds every address (0.0.0.0 or ::): no
+// Service may take these ports on the node's addresses (issue 13 item 1).
+func (o *Options) ServedPorts() (ports []uint16, addrs []netip.Addr, anyAddr bool) {
 	for _, b := range []string{o.HealthzBindAddress, o.MetricsBindAddress} {
 		ap, err := netip.ParseAddrPort(b)
 		if err != nil {
@@ -205,11 +203,14 @@ func (o *Options) ServedPorts() ([]uint16, []netip.Addr) {
 		if !slices.Contains(ports, ap.Port()) {
 			ports = append(ports, ap.Port())
 		}
-		if a := ap.Addr().Unmap(); !a.IsUnspecified() && !slices.Contains(addrs, a) {
+		a := ap.Addr().Unmap()
+		if a.IsUnspecified() {
+			anyAddr = true
+		} else if !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)
 		}
 	}
-	return ports, addrs
+	return ports, addrs, anyAddr
 }
 
 // Ignored returns the kube-proxy flags given that have no effect, for a warning.
