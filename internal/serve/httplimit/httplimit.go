@@ -82,16 +82,20 @@ type listener struct {
 	closeOnce sync.Once
 }
 
+// Accept takes a slot of the budget after the kernel's accept, not before: a listener
+// waiting for its next client holds none, so any number of listeners can share a budget.
+// While the budget is full the accepted connection waits here, unread (one per
+// listener at most), until another closes.
 func (l *listener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
 	select {
 	case l.sem <- struct{}{}:
 	case <-l.done:
+		c.Close()
 		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
 	}
 	return &conn{Conn: c, release: func() { <-l.sem }}, nil
 }

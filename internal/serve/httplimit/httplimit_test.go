@@ -162,3 +162,32 @@ func TestDefaultsAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// A pool shared by more listeners than it has slots still serves every listener: a
+// listener waiting for a client holds no slot.
+func TestPoolSharedByMoreListenersThanSlots(t *testing.T) {
+	pool := NewPool(2)
+	var addrs []string
+	for range 5 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := Limits{ReadHeaderTimeout: time.Second, IdleTimeout: time.Minute}
+		srv := Server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }), l)
+		done := make(chan struct{})
+		go func() { _ = srv.Serve(pool.Listener(ln)); close(done) }()
+		t.Cleanup(func() { srv.Close(); <-done })
+		addrs = append(addrs, ln.Addr().String())
+	}
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for round := range 2 {
+		for _, a := range addrs {
+			resp, err := client.Get("http://" + a + "/")
+			if err != nil {
+				t.Fatalf("round %d, %s: %v", round, a, err)
+			}
+			resp.Body.Close()
+		}
+	}
+}
