@@ -245,11 +245,11 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	cfg.HealthChecks = hc
 	rec := metrics.New(metrics.Options{
 		// per-service counters, attributed by element key, read at most once per
-		// interval however often scraped (--service-counters=false and
-		// --service-counters-min-interval are to set NoServiceCounters and
-		// ServiceCountersInterval once internal/options has them)
-		ServiceCounters: metrics.KernelCounters(applier, controller.Families),
-		Log:             log,
+		// interval however often scraped
+		ServiceCounters:         metrics.KernelCounters(applier, controller.Families),
+		NoServiceCounters:       !o.ServiceCounters,
+		ServiceCountersInterval: o.ServiceCountersMinInterval,
+		Log:                     log,
 	})
 	cfg.Metrics = rec
 	p := controller.New(client, applier, cfg, log)

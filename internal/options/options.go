@@ -54,6 +54,10 @@ type Options struct {
 	MaxFrontendsPerService     int
 	MaxEndpointsPerServicePort int
 	MaxTableElements           int
+	// ServiceCounters: export per-service counters (nftproxy only);
+	// ServiceCountersMinInterval is the least time one kernel read of them serves.
+	ServiceCounters            bool
+	ServiceCountersMinInterval time.Duration
 
 	ignored []string     // kube-proxy flags that were set but have no effect
 	file    *config.File // the --config file, once Complete has loaded it
@@ -95,6 +99,8 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", compile.DefaultMaxFrontendsPerService, "The most frontends (ports × cluster, external and load-balancer IPs) one Service may have; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxEndpointsPerServicePort, "max-endpoints-per-service-port", compile.DefaultMaxEndpointsPerServicePort, "The most endpoints one port of a Service may have; a Service with a port over it is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, the newest ones are not programmed and get a Warning event. 0: no limit. (nftproxy only)")
+	fs.BoolVar(&o.ServiceCounters, "service-counters", true, "Export per-service packet and byte counters (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total). false: the kernel's counter sets are never read. (nftproxy only)")
+	fs.DurationVar(&o.ServiceCountersMinInterval, "service-counters-min-interval", 0, "Least time one read of the kernel's per-service counters serves scrapes for; a read always serves for 20 times as long as it took. (nftproxy only)")
 	addIgnored(fs, o)
 	return fs, o
 }
