@@ -50,13 +50,13 @@ import (
 const gcPercent = 50
 
 func main() {
+	featureOverrides := quietClientGoFeatures() // before any client-go use, subcommands too
 	if len(os.Args) > 1 && os.Args[1] == "explain" {
 		os.Exit(runExplain(os.Args[2:]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "verify" {
 		os.Exit(runVerify(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	featureOverrides := quietClientGoFeatures() // before any client-go use
 	if os.Getenv("GOGC") == "" {
 		// A sync's transient garbage (netlink encoding) is about twice the live heap at
 		// scale; collecting at +50% instead of +100% cuts the peak by a fifth (10k
