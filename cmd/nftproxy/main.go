@@ -26,7 +26,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -355,22 +354,11 @@ func clientConfig(o *options.Options) (*rest.Config, error) {
 
 // dryRun lists the API once and prints the rulesets that would be programmed.
 func dryRun(ctx context.Context, client kubernetes.Interface, cfg controller.Config) error {
-	var svcOpts, sliceOpts metav1.ListOptions
-	controller.ServiceListOptions(&svcOpts)
-	controller.SliceListOptions(&sliceOpts)
-	svcs, err := client.CoreV1().Services("").List(ctx, svcOpts)
+	state, err := listAPI(ctx, client, cfg.NodeName)
 	if err != nil {
-		return fmt.Errorf("listing services: %w", err)
+		return err
 	}
-	slices, err := client.DiscoveryV1().EndpointSlices("").List(ctx, sliceOpts)
-	if err != nil {
-		return fmt.Errorf("listing endpoint slices: %w", err)
-	}
-	node, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
-	if err != nil {
-		node = nil // unknown node: no node ports on primary IPs
-	}
-	_, rulesets, problems, err := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, ptrs(svcs.Items), ptrs(slices.Items), node)
+	_, rulesets, problems, err := state.compile(cfg)
 	if err != nil {
 		return err
 	}
@@ -381,14 +369,6 @@ func dryRun(ctx context.Context, client kubernetes.Interface, cfg controller.Con
 		fmt.Print(nft.Render(rs))
 	}
 	return nil
-}
-
-func ptrs[T any](items []T) []*T {
-	out := make([]*T, len(items))
-	for i := range items {
-		out[i] = &items[i]
-	}
-	return out
 }
 
 func localAddrs() ([]netip.Addr, error) {
