@@ -129,4 +129,3 @@ func (c *Cluster) CoreDNSImage() string {
 	}
 	return ""
 }
-
