@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -21,18 +20,14 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/zapr"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
@@ -68,11 +63,12 @@ func main() {
 	if code, exit := configure(fs, o, os.Args[1:], os.Stderr); exit {
 		os.Exit(code)
 	}
-	log, err := newLogger(os.Stderr, o.LoggingFormat, o.Verbosity)
+	log, err := newLogger(os.Stderr, o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nftproxy: logger:", err)
 		os.Exit(1)
 	}
+	defer flushLogs() // and before os.Exit below
 	logVersion(log, kernel.RunningRelease)
 	for _, n := range o.Notes() {
 		log.Info("Configuration", "note", n)
@@ -84,6 +80,7 @@ func main() {
 	defer stop()
 	if err := run(ctx, o, log); err != nil {
 		log.Error(err, "nftproxy failed")
+		flushLogs()
 		os.Exit(1)
 	}
 }
@@ -174,45 +171,6 @@ func (s featureSpecs) Add(m map[clientfeatures.Feature]clientfeatures.FeatureSpe
 type clientGoGates map[clientfeatures.Feature]bool
 
 func (g clientGoGates) Enabled(f clientfeatures.Feature) bool { return g[f] }
-
-// newLogger returns a zap logger behind logr writing to w: format "text" (console) or
-// "json" (kube's JSON layout: ts in epoch milliseconds, msg, v, err). -v works like
-// kube-proxy's: logr V(n) lines are shown when n <= verbosity. client-go's klog output
-// goes through the same logger at the same verbosity.
-func newLogger(w io.Writer, format string, verbosity int) (logr.Logger, error) {
-	verbosity = min(max(verbosity, 0), 127) // zap levels are int8
-	var enc zapcore.Encoder
-	opts := []zapr.Option{zapr.ErrorKey("err")}
-	switch format {
-	case "json":
-		opts = append(opts, zapr.LogInfoLevel("v"))
-		enc = zapcore.NewJSONEncoder(zapcore.EncoderConfig{
-			MessageKey: "msg", CallerKey: "caller", NameKey: "logger", TimeKey: "ts",
-			EncodeTime: func(t time.Time, e zapcore.PrimitiveArrayEncoder) {
-				e.AppendFloat64(float64(t.UnixNano()) / 1e6)
-			},
-			EncodeDuration: zapcore.StringDurationEncoder,
-			EncodeCaller:   zapcore.ShortCallerEncoder,
-		})
-	case "text", "":
-		cfg := zap.NewDevelopmentEncoderConfig()
-		cfg.EncodeLevel = func(l zapcore.Level, e zapcore.PrimitiveArrayEncoder) {
-			zapcore.CapitalLevelEncoder(max(l, zapcore.InfoLevel), e) // V(n) lines are INFO, as klog's
-		}
-		enc = zapcore.NewConsoleEncoder(cfg)
-	default:
-		return logr.Logger{}, fmt.Errorf("unknown log format %q", format)
-	}
-	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), zap.NewAtomicLevelAt(zapcore.Level(-verbosity))) // logr V(n) is zap level -n
-	log := zapr.NewLoggerWithOptions(zap.New(core, zap.AddCaller()), opts...)
-	var klogFlags flag.FlagSet
-	klog.InitFlags(&klogFlags)
-	if err := klogFlags.Set("v", strconv.Itoa(verbosity)); err != nil {
-		return logr.Logger{}, err
-	}
-	klog.SetLogger(log.WithName("client-go")) // route client-go's logs through zap
-	return log, nil
-}
 
 func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	started := time.Now()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
@@ -40,6 +41,7 @@ type Options struct {
 	DryRun             bool
 	Verbosity          int
 	LoggingFormat      string
+	VModule            logsapi.VModuleConfiguration // --vmodule: -v per source file (text format)
 	KubeAPIQPS         float32
 	KubeAPIBurst       int32
 	KubeAPIContentType string
@@ -90,7 +92,8 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.BoolVar(&o.Cleanup, "cleanup", false, "If true cleanup nftproxy's nftables tables and exit.")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "Print the ruleset that would be programmed, in nft syntax, and exit.")
 	fs.IntVarP(&o.Verbosity, "v", "v", 0, "Number for the log level verbosity: 2 logs one line per sync, 4 and more add client-go's details.")
-	fs.StringVar(&o.LoggingFormat, "logging-format", "text", `Sets the log format: "text" or "json".`)
+	fs.StringVar(&o.LoggingFormat, "logging-format", "text", `Sets the log format: "text" (klog's) or "json" (Kubernetes' JSON), as kube-proxy's.`)
+	fs.Var(logsapi.VModuleConfigurationPflag(&o.VModule), "vmodule", "Comma-separated pattern=N settings: -v=N for the source files matching the pattern (file name without .go, glob). Text format only.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 5, "QPS to use while talking with the Kubernetes API server.")
 	fs.Int32Var(&o.KubeAPIBurst, "kube-api-burst", 10, "Burst to use while talking with the Kubernetes API server.")
 	fs.StringVar(&o.KubeAPIContentType, "kube-api-content-type", "application/vnd.kubernetes.protobuf", "Content type of requests sent to the API server.")
@@ -119,7 +122,7 @@ var ignoredFlags = map[string]bool{
 	"oom-score-adj": false, "pod-bridge-interface": false, "pod-interface-name-prefix": false,
 	"profiling": true, "proxy-port-range": false, "show-hidden-metrics-for-version": false,
 	"log-flush-frequency": false, "log-json-split-stream": true, "log-json-info-buffer-size": false,
-	"log-text-split-stream": true, "log-text-info-buffer-size": false, "vmodule": false,
+	"log-text-split-stream": true, "log-text-info-buffer-size": false,
 	"healthz-port": false, "metrics-port": false, "udp-timeout": false, "windows-service": true,
 	"hostname-override-from-node": true,
 }
@@ -381,6 +384,9 @@ func (o *Options) Validate() error {
 	}
 	if err := config.CheckLoggingFormat(o.LoggingFormat); err != nil {
 		return fmt.Errorf("--logging-format: %w", err)
+	}
+	if len(o.VModule) > 0 && o.LoggingFormat == "json" {
+		return fmt.Errorf("--vmodule works with --logging-format=text only (as kube-proxy's)")
 	}
 	if err := config.CheckDetectLocalMode(o.DetectLocalMode); err != nil {
 		return fmt.Errorf("--detect-local-mode: %w", err)
