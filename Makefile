@@ -56,7 +56,7 @@ bench: deps
 # worker each (internal/controller/fuzz_test.go). `unit` already runs their seed corpus
 # (testdata/fuzz) as tests, and applies it to the kernel in throwaway namespaces.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := FuzzCompile FuzzCompileIncremental
+FUZZ_TARGETS := FuzzCompile FuzzCompileIncremental FuzzIsolation
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		echo "== $$t ($(FUZZTIME))"; \

@@ -215,22 +215,29 @@ func (e *env) waitListing(t *testing.T, want string, start time.Time, limit time
 	return -1, last
 }
 
-// repairLog finds, in nftproxy's log (text format, -v=2), the first detection of a
+// klogTime is klog's header: severity, then local time without a year.
+var klogTime = regexp.MustCompile(`^[IWEF](\d{4} \d{2}:\d{2}:\d{2}\.\d{6}) `)
+
+// repairLog finds, in nftproxy's log (klog text format, -v=2), the first detection of a
 // foreign change at or after since and the end of the next full sync.
 func repairLog(log string, since time.Time) (detected, synced time.Time) {
 	for _, line := range strings.Split(log, "\n") {
-		ts, _, ok := strings.Cut(line, "\t")
-		if !ok {
+		m := klogTime.FindStringSubmatch(line)
+		if m == nil {
 			continue
 		}
-		at, err := time.Parse("2006-01-02T15:04:05.000Z0700", ts)
-		if err != nil || at.Before(since.Truncate(time.Millisecond)) {
+		at, err := time.ParseInLocation("0102 15:04:05.000000", m[1], time.Local)
+		if err != nil {
+			continue
+		}
+		at = at.AddDate(since.Year(), 0, 0)
+		if at.Before(since.Truncate(time.Microsecond)) {
 			continue
 		}
 		switch {
 		case detected.IsZero() && strings.Contains(line, "repairing"):
 			detected = at
-		case !detected.IsZero() && strings.Contains(line, "\tSynced\t") && strings.Contains(line, `"full": true`):
+		case !detected.IsZero() && strings.Contains(line, `] "Synced" `) && strings.Contains(line, " full=true "):
 			return detected, at
 		}
 	}

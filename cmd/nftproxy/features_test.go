@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 
@@ -16,10 +15,7 @@ func TestClientGoFeatureGatesAreQuiet(t *testing.T) {
 	t.Setenv("KUBE_FEATURE_WatchListClient", "false")
 	t.Setenv("KUBE_FEATURE_InOrderInformers", "maybe")
 	overrides := quietClientGoFeatures()
-	var buf bytes.Buffer
-	if _, err := newLogger(&buf, "text", 4); err != nil {
-		t.Fatal(err)
-	}
+	_, buf := testLogger(t, "-v=4")
 	// First uses: building a client and asking the gates.
 	if _, err := kubernetes.NewForConfig(&rest.Config{Host: "https://192.0.2.1:6443"}); err != nil {
 		t.Fatal(err)

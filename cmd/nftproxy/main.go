@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -16,23 +15,19 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/zapr"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"k8s.io/klog/v2"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
@@ -42,6 +37,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/internal/serve"
 	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
+	"github.com/nftproxy/nftproxy/internal/version"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
@@ -50,13 +46,13 @@ import (
 const gcPercent = 50
 
 func main() {
+	featureOverrides := quietClientGoFeatures() // before any client-go use, subcommands too
 	if len(os.Args) > 1 && os.Args[1] == "explain" {
 		os.Exit(runExplain(os.Args[2:]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "verify" {
 		os.Exit(runVerify(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	featureOverrides := quietClientGoFeatures() // before any client-go use
 	if os.Getenv("GOGC") == "" {
 		// A sync's transient garbage (netlink encoding) is about twice the live heap at
 		// scale; collecting at +50% instead of +100% cuts the peak by a fifth (10k
@@ -67,11 +63,13 @@ func main() {
 	if code, exit := configure(fs, o, os.Args[1:], os.Stderr); exit {
 		os.Exit(code)
 	}
-	log, err := newLogger(os.Stderr, o.LoggingFormat, o.Verbosity)
+	log, err := newLogger(os.Stderr, o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nftproxy: logger:", err)
 		os.Exit(1)
 	}
+	defer flushLogs() // and before os.Exit below
+	logVersion(log, kernel.RunningRelease)
 	for _, n := range o.Notes() {
 		log.Info("Configuration", "note", n)
 	}
@@ -82,6 +80,7 @@ func main() {
 	defer stop()
 	if err := run(ctx, o, log); err != nil {
 		log.Error(err, "nftproxy failed")
+		flushLogs()
 		os.Exit(1)
 	}
 }
@@ -90,10 +89,22 @@ func main() {
 // --help and --write-config-to. exit tells main to exit with code right away.
 func configure(fs *pflag.FlagSet, o *options.Options, args []string, stderr io.Writer) (code int, exit bool) {
 	fs.SetOutput(stderr)
+	showVersion := addVersionFlag(fs)
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") { // before flags that only a subcommand knows
+		fmt.Fprintln(stderr, "nftproxy:", checkArgs(args[:1]))
+		return 2, true
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0, true
 		}
+		fmt.Fprintln(stderr, "nftproxy:", err)
+		return 2, true
+	}
+	if printVersion(showVersion, stdout) {
+		return 0, true
+	}
+	if err := checkArgs(fs.Args()); err != nil {
 		fmt.Fprintln(stderr, "nftproxy:", err)
 		return 2, true
 	}
@@ -161,45 +172,6 @@ type clientGoGates map[clientfeatures.Feature]bool
 
 func (g clientGoGates) Enabled(f clientfeatures.Feature) bool { return g[f] }
 
-// newLogger returns a zap logger behind logr writing to w: format "text" (console) or
-// "json" (kube's JSON layout: ts in epoch milliseconds, msg, v, err). -v works like
-// kube-proxy's: logr V(n) lines are shown when n <= verbosity. client-go's klog output
-// goes through the same logger at the same verbosity.
-func newLogger(w io.Writer, format string, verbosity int) (logr.Logger, error) {
-	verbosity = min(max(verbosity, 0), 127) // zap levels are int8
-	var enc zapcore.Encoder
-	opts := []zapr.Option{zapr.ErrorKey("err")}
-	switch format {
-	case "json":
-		opts = append(opts, zapr.LogInfoLevel("v"))
-		enc = zapcore.NewJSONEncoder(zapcore.EncoderConfig{
-			MessageKey: "msg", CallerKey: "caller", NameKey: "logger", TimeKey: "ts",
-			EncodeTime: func(t time.Time, e zapcore.PrimitiveArrayEncoder) {
-				e.AppendFloat64(float64(t.UnixNano()) / 1e6)
-			},
-			EncodeDuration: zapcore.StringDurationEncoder,
-			EncodeCaller:   zapcore.ShortCallerEncoder,
-		})
-	case "text", "":
-		cfg := zap.NewDevelopmentEncoderConfig()
-		cfg.EncodeLevel = func(l zapcore.Level, e zapcore.PrimitiveArrayEncoder) {
-			zapcore.CapitalLevelEncoder(max(l, zapcore.InfoLevel), e) // V(n) lines are INFO, as klog's
-		}
-		enc = zapcore.NewConsoleEncoder(cfg)
-	default:
-		return logr.Logger{}, fmt.Errorf("unknown log format %q", format)
-	}
-	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), zap.NewAtomicLevelAt(zapcore.Level(-verbosity))) // logr V(n) is zap level -n
-	log := zapr.NewLoggerWithOptions(zap.New(core, zap.AddCaller()), opts...)
-	var klogFlags flag.FlagSet
-	klog.InitFlags(&klogFlags)
-	if err := klogFlags.Set("v", strconv.Itoa(verbosity)); err != nil {
-		return logr.Logger{}, err
-	}
-	klog.SetLogger(log.WithName("client-go")) // route client-go's logs through zap
-	return log, nil
-}
-
 func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	started := time.Now()
 	applier := kernel.New()
@@ -232,6 +204,9 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	if o.DryRun {
 		return dryRun(ctx, client, cfg)
 	}
+	if err := checkKernel(log, kernel.RunningRelease); err != nil {
+		return err
+	}
 	log.Info("Starting nftproxy", "node", nodeName, "clusterCIDRs", o.ClusterCIDR, "apiServer", rc.Host)
 	controller.WarnKubeProxyLeftovers(log, applier)
 	ct, err := netlink.NewHandle(unix.NETLINK_NETFILTER) // stale UDP conntrack entries
@@ -243,8 +218,15 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	hc := healthcheck.New(net.Listen, "", log.WithName("healthcheck")) // healthCheckNodePorts
 	defer hc.Close()
 	cfg.HealthChecks = hc
-	rec := metrics.New(metrics.Options{})
-	rec.Registry().MustRegister(metrics.NewServiceCounters(serviceCounts(applier), log))
+	rec := metrics.New(metrics.Options{
+		// per-service counters, attributed by element key, read at most once per
+		// interval however often scraped
+		ServiceCounters:         metrics.KernelCounters(applier, controller.Families),
+		NoServiceCounters:       !o.ServiceCounters,
+		ServiceCountersInterval: o.ServiceCountersMinInterval,
+		Log:                     log,
+	})
+	rec.Registry().MustRegister(version.NewCollector())
 	cfg.Metrics = rec
 	p := controller.New(client, applier, cfg, log)
 	// Self-healing: another process changing our tables is noticed at once (not only
@@ -260,7 +242,7 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		}
 		// repairs back off while another process keeps changing the tables
 		repairs := controller.NewRepairer(p, controller.RepairBackoff{})
-		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed)
+		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed, kernel.MonitorOwnWrites(applier))
 		if err := mon.Start(ctx); err != nil {
 			log.Error(err, "Cannot watch nftables for changes by other processes; drift is only repaired by the hourly full sync")
 			return
@@ -295,7 +277,12 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 	}
 	cidrs, _ := o.ClusterCIDRs()        // validated
 	serviceCIDRs, _ := o.ServiceCIDRs() // validated
-	served, own := o.ServedPorts()
+	served, own, anyAddr := o.ServedPorts()
+	if anyAddr { // a server on 0.0.0.0 answers on every address the node has now
+		if local, err := localAddrs(); err == nil {
+			own = append(own, local...)
+		}
+	}
 	return controller.Config{
 		NodeName:          nodeName,
 		ClusterCIDRs:      cidrs,
@@ -344,22 +331,11 @@ func clientConfig(o *options.Options) (*rest.Config, error) {
 
 // dryRun lists the API once and prints the rulesets that would be programmed.
 func dryRun(ctx context.Context, client kubernetes.Interface, cfg controller.Config) error {
-	var svcOpts, sliceOpts metav1.ListOptions
-	controller.ServiceListOptions(&svcOpts)
-	controller.SliceListOptions(&sliceOpts)
-	svcs, err := client.CoreV1().Services("").List(ctx, svcOpts)
+	state, err := listAPI(ctx, client, cfg.NodeName)
 	if err != nil {
-		return fmt.Errorf("listing services: %w", err)
+		return err
 	}
-	slices, err := client.DiscoveryV1().EndpointSlices("").List(ctx, sliceOpts)
-	if err != nil {
-		return fmt.Errorf("listing endpoint slices: %w", err)
-	}
-	node, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
-	if err != nil {
-		node = nil // unknown node: no node ports on primary IPs
-	}
-	_, rulesets, problems, err := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, ptrs(svcs.Items), ptrs(slices.Items), node)
+	_, rulesets, problems, err := state.compile(cfg)
 	if err != nil {
 		return err
 	}
@@ -370,14 +346,6 @@ func dryRun(ctx context.Context, client kubernetes.Interface, cfg controller.Con
 		fmt.Print(nft.Render(rs))
 	}
 	return nil
-}
-
-func ptrs[T any](items []T) []*T {
-	out := make([]*T, len(items))
-	for i := range items {
-		out[i] = &items[i]
-	}
-	return out
 }
 
 func localAddrs() ([]netip.Addr, error) {
@@ -392,25 +360,4 @@ func localAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
-}
-
-// serviceCounts reads the kernel's per-service counters of every family.
-func serviceCounts(a *kernel.Applier) func() (services, rejects []kernel.Count, err error) {
-	return func() (services, rejects []kernel.Count, err error) {
-		for _, fam := range controller.Families {
-			for _, set := range []string{compile.SetServiceCounters, compile.SetNodePortCounters} {
-				c, err := a.SetCounts(fam, compile.TableName, set)
-				if err != nil {
-					return nil, nil, err
-				}
-				services = append(services, c...)
-			}
-			r, err := a.RuleCounts(fam, compile.TableName, compile.ChainReject)
-			if err != nil {
-				return nil, nil, err
-			}
-			rejects = append(rejects, r...)
-		}
-		return services, rejects, nil
-	}
 }

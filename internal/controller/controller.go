@@ -128,6 +128,8 @@ type Proxy struct {
 
 	synced     chan struct{} // closed after the first successful sync
 	syncedOnce sync.Once
+	// "First sync started" was logged (sync goroutine only)
+	firstSyncStarted bool
 }
 
 // Status is the proxy's sync state, for health checks. (Metrics go to Config.Metrics.)
@@ -243,6 +245,15 @@ func (p *Proxy) changed(obj any) {
 // Synced is closed once the first sync has programmed the kernel.
 func (p *Proxy) Synced() <-chan struct{} { return p.synced }
 
+func (p *Proxy) hasSynced() bool {
+	select {
+	case <-p.synced:
+		return true
+	default:
+		return false
+	}
+}
+
 // Status returns a copy of the sync state.
 func (p *Proxy) Status() Status {
 	p.mu.Lock()
@@ -275,13 +286,32 @@ func (p *Proxy) Run(ctx context.Context) error {
 	cidrsReady := make(chan struct{})
 	go p.discoverServiceCIDRs(ctx, cidrsReady)
 	p.log.Info("Waiting for informer caches", "server", p.cfg.APIServer)
+	waitStart := time.Now()
 	if !p.waitForCaches(ctx, cidrsReady) {
 		p.log.Info("Stopped before the first sync")
 		return nil
 	}
-	p.log.Info("Informer caches synced; starting sync loop", "minSyncPeriod", p.cfg.MinSyncPeriod, "syncPeriod", p.cfg.SyncPeriod)
+	p.log.Info("Informer caches synced; starting sync loop", append(p.listed(),
+		"took", time.Since(waitStart).Round(time.Millisecond), "minSyncPeriod", p.cfg.MinSyncPeriod, "syncPeriod", p.cfg.SyncPeriod)...)
 	p.runner.Loop(ctx.Done())
 	return nil
+}
+
+// listed counts what the informers listed, for the log line at -v=0 that ends the wait
+// for the API server (a large cluster's first list can take a while).
+func (p *Proxy) listed() []any {
+	svcs, _ := p.services.List(labels.Everything())
+	eps, _ := p.slices.List(labels.Everything())
+	endpoints := 0
+	for _, s := range eps {
+		endpoints += len(s.Endpoints)
+	}
+	kv := []any{"services", len(svcs), "endpointSlices", len(eps), "endpoints", endpoints}
+	if p.cidrs != nil {
+		cidrs, _ := p.cidrs.List(labels.Everything())
+		kv = append(kv, "serviceCIDRs", len(cidrs))
+	}
+	return kv
 }
 
 // eventCacheSize bounds the event correlator's caches (see Run).
@@ -297,6 +327,11 @@ const FullSyncPeriod = time.Hour
 // a repair request at once.
 func (p *Proxy) sync(periodic bool) error {
 	start := time.Now()
+	first := !p.hasSynced()
+	if first && !p.firstSyncStarted {
+		p.firstSyncStarted = true
+		p.log.Info("First sync started") // shown at -v=0: on a large cluster it takes a while
+	}
 	p.cfg.Metrics.SyncStarted()
 	p.mu.Lock()
 	pendingSince := p.status.OldestPending
@@ -327,8 +362,13 @@ func (p *Proxy) sync(periodic bool) error {
 		if err == nil {
 			p.syncedOnce.Do(func() { close(p.synced) })
 			p.applied = rulesets
-			p.log.V(2).Info("Synced", "services", len(snap.Services), "full", st.Full, "messages", st.Messages,
-				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start))
+			kv := []any{"services", len(snap.Services), "full", st.Full, "messages", st.Messages,
+				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start)}
+			if first {
+				p.log.Info("First sync done", kv...)
+			} else {
+				p.log.V(2).Info("Synced", kv...)
+			}
 			if st.Full {
 				p.lastFull = time.Now()
 			}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
@@ -40,6 +41,7 @@ type Options struct {
 	DryRun             bool
 	Verbosity          int
 	LoggingFormat      string
+	VModule            logsapi.VModuleConfiguration // --vmodule: -v per source file (text format)
 	KubeAPIQPS         float32
 	KubeAPIBurst       int32
 	KubeAPIContentType string
@@ -54,6 +56,10 @@ type Options struct {
 	MaxFrontendsPerService     int
 	MaxEndpointsPerServicePort int
 	MaxTableElements           int
+	// ServiceCounters: export per-service counters (nftproxy only);
+	// ServiceCountersMinInterval is the least time one kernel read of them serves.
+	ServiceCounters            bool
+	ServiceCountersMinInterval time.Duration
 
 	ignored []string     // kube-proxy flags that were set but have no effect
 	file    *config.File // the --config file, once Complete has loaded it
@@ -86,7 +92,8 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.BoolVar(&o.Cleanup, "cleanup", false, "If true cleanup nftproxy's nftables tables and exit.")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "Print the ruleset that would be programmed, in nft syntax, and exit.")
 	fs.IntVarP(&o.Verbosity, "v", "v", 0, "Number for the log level verbosity: 2 logs one line per sync, 4 and more add client-go's details.")
-	fs.StringVar(&o.LoggingFormat, "logging-format", "text", `Sets the log format: "text" or "json".`)
+	fs.StringVar(&o.LoggingFormat, "logging-format", "text", `Sets the log format: "text" (klog's) or "json" (Kubernetes' JSON), as kube-proxy's.`)
+	fs.Var(logsapi.VModuleConfigurationPflag(&o.VModule), "vmodule", "Comma-separated pattern=N settings: -v=N for the source files matching the pattern (file name without .go, glob). Text format only.")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 5, "QPS to use while talking with the Kubernetes API server.")
 	fs.Int32Var(&o.KubeAPIBurst, "kube-api-burst", 10, "Burst to use while talking with the Kubernetes API server.")
 	fs.StringVar(&o.KubeAPIContentType, "kube-api-content-type", "application/vnd.kubernetes.protobuf", "Content type of requests sent to the API server.")
@@ -95,6 +102,8 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", compile.DefaultMaxFrontendsPerService, "The most frontends (ports × cluster, external and load-balancer IPs) one Service may have; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxEndpointsPerServicePort, "max-endpoints-per-service-port", compile.DefaultMaxEndpointsPerServicePort, "The most endpoints one port of a Service may have; a Service with a port over it is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, the newest ones are not programmed and get a Warning event. 0: no limit. (nftproxy only)")
+	fs.BoolVar(&o.ServiceCounters, "service-counters", true, "Export per-service packet and byte counters (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total). false: the kernel's counter sets are never read. (nftproxy only)")
+	fs.DurationVar(&o.ServiceCountersMinInterval, "service-counters-min-interval", 0, "Least time one read of the kernel's per-service counters serves scrapes for; a read always serves for 20 times as long as it took. (nftproxy only)")
 	addIgnored(fs, o)
 	return fs, o
 }
@@ -113,7 +122,7 @@ var ignoredFlags = map[string]bool{
 	"oom-score-adj": false, "pod-bridge-interface": false, "pod-interface-name-prefix": false,
 	"profiling": true, "proxy-port-range": false, "show-hidden-metrics-for-version": false,
 	"log-flush-frequency": false, "log-json-split-stream": true, "log-json-info-buffer-size": false,
-	"log-text-split-stream": true, "log-text-info-buffer-size": false, "vmodule": false,
+	"log-text-split-stream": true, "log-text-info-buffer-size": false,
 	"healthz-port": false, "metrics-port": false, "udp-timeout": false, "windows-service": true,
 	"hostname-override-from-node": true,
 }
@@ -191,12 +200,10 @@ func (v *gatesValue) Set(s string) error {
 // feature gate AllowServiceExternalIPs is false, as in kube-proxy.
 func (o *Options) ExternalIPsAllowed() bool { return config.ExternalIPsAllowed(o.FeatureGates) }
 
-// ServedPorts returns the TCP ports of nftproxy's own servers (health, metrics) and
-// their bind addresses when specific: no Service may take these ports on the node's
-// addresses (issue 13 item 1).
-func (o *Options) ServedPorts() ([]uint16, []netip.Addr) {
-	var ports []uint16
-	var addrs []netip.Addr
+// ServedPorts returns the TCP ports of nftproxy's own servers (health, metrics), their
+// bind addresses when specific, and whether one binds every address (0.0.0.0 or ::): no
+// Service may take these ports on the node's addresses (issue 13 item 1).
+func (o *Options) ServedPorts() (ports []uint16, addrs []netip.Addr, anyAddr bool) {
 	for _, b := range []string{o.HealthzBindAddress, o.MetricsBindAddress} {
 		ap, err := netip.ParseAddrPort(b)
 		if err != nil {
@@ -205,11 +212,14 @@ func (o *Options) ServedPorts() ([]uint16, []netip.Addr) {
 		if !slices.Contains(ports, ap.Port()) {
 			ports = append(ports, ap.Port())
 		}
-		if a := ap.Addr().Unmap(); !a.IsUnspecified() && !slices.Contains(addrs, a) {
+		a := ap.Addr().Unmap()
+		if a.IsUnspecified() {
+			anyAddr = true
+		} else if !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)
 		}
 	}
-	return ports, addrs
+	return ports, addrs, anyAddr
 }
 
 // Ignored returns the kube-proxy flags given that have no effect, for a warning.
@@ -374,6 +384,9 @@ func (o *Options) Validate() error {
 	}
 	if err := config.CheckLoggingFormat(o.LoggingFormat); err != nil {
 		return fmt.Errorf("--logging-format: %w", err)
+	}
+	if len(o.VModule) > 0 && o.LoggingFormat == "json" {
+		return fmt.Errorf("--vmodule works with --logging-format=text only (as kube-proxy's)")
 	}
 	if err := config.CheckDetectLocalMode(o.DetectLocalMode); err != nil {
 		return fmt.Errorf("--detect-local-mode: %w", err)
