@@ -54,6 +54,11 @@ type Options struct {
 	MaxFrontendsPerService     int
 	MaxEndpointsPerServicePort int
 	MaxTableElements           int
+	// Conntrack: the --conntrack-* flags (or the file's conntrack.*), kube-proxy's
+	// sysctls.
+	Conntrack config.Conntrack
+
+	healthzPort, metricsPort int32 // kube-proxy's deprecated --healthz-port, --metrics-port
 
 	ignored []string     // kube-proxy flags that were set but have no effect
 	file    *config.File // the --config file, once Complete has loaded it
@@ -95,6 +100,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", compile.DefaultMaxFrontendsPerService, "The most frontends (ports × cluster, external and load-balancer IPs) one Service may have; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxEndpointsPerServicePort, "max-endpoints-per-service-port", compile.DefaultMaxEndpointsPerServicePort, "The most endpoints one port of a Service may have; a Service with a port over it is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, the newest ones are not programmed and get a Warning event. 0: no limit. (nftproxy only)")
+	addConntrackFlags(fs, o)
 	addIgnored(fs, o)
 	return fs, o
 }
@@ -107,14 +113,11 @@ var ignoredFlags = map[string]bool{
 	"ipvs-exclude-cidrs": false, "ipvs-min-sync-period": false, "ipvs-scheduler": false,
 	"ipvs-strict-arp": true, "ipvs-sync-period": false, "ipvs-tcp-timeout": false,
 	"ipvs-tcpfin-timeout": false, "ipvs-udp-timeout": false,
-	"conntrack-max-per-core": false, "conntrack-min": false, "conntrack-tcp-be-liberal": true,
-	"conntrack-tcp-timeout-close-wait": false, "conntrack-tcp-timeout-established": false,
-	"conntrack-udp-timeout": false, "conntrack-udp-timeout-stream": false,
 	"oom-score-adj": false, "pod-bridge-interface": false, "pod-interface-name-prefix": false,
 	"profiling": true, "proxy-port-range": false, "show-hidden-metrics-for-version": false,
 	"log-flush-frequency": false, "log-json-split-stream": true, "log-json-info-buffer-size": false,
 	"log-text-split-stream": true, "log-text-info-buffer-size": false, "vmodule": false,
-	"healthz-port": false, "metrics-port": false, "udp-timeout": false, "windows-service": true,
+	"udp-timeout": false, "windows-service": true,
 	"hostname-override-from-node": true,
 }
 
@@ -267,6 +270,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 				b.apply(o, f.Values)
 			}
 		}
+		o.applyConntrackFile(fs, f.Values.Conntrack)
 		o.notes = append(o.notes, f.Notes...)
 	}
 	if fs.Changed("feature-gates") {
@@ -275,6 +279,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 	if !o.ExternalIPsAllowed() {
 		o.notes = append(o.notes, "feature gate AllowServiceExternalIPs=false: no Service externalIPs are programmed")
 	}
+	o.applyDeprecatedPorts(fs)
 	o.HealthzBindAddress = config.AppendPortIfNeeded(o.HealthzBindAddress, config.HealthzPort)
 	o.MetricsBindAddress = config.AppendPortIfNeeded(o.MetricsBindAddress, config.MetricsPort)
 	_, notes := config.NormalizeNodePortAddresses(o.NodePortAddresses)
@@ -383,6 +388,9 @@ func (o *Options) Validate() error {
 		if n < 0 {
 			return fmt.Errorf("%s: %d must not be negative (0: no limit)", flag, n)
 		}
+	}
+	if err := o.validateConntrack(); err != nil {
+		return err
 	}
 	if o.Verbosity < 0 {
 		return fmt.Errorf("-v: %d must not be negative", o.Verbosity)
