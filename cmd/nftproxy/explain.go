@@ -12,10 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/options"
@@ -150,41 +148,19 @@ func explainConfig(o *options.Options) (controller.Config, error) {
 
 // fromAPI lists the API once and compiles the rulesets, like --dry-run.
 func fromAPI(ctx context.Context, client kubernetes.Interface, cfg controller.Config) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	state, err := listAPI(ctx, client, cfg.NodeName)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("listing services: %w", err)
+		return nil, nil, nil, err
 	}
-	eps, err := client.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("listing endpoint slices: %w", err)
-	}
-	node, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "nftproxy explain: node %q: %v; explaining without node addresses (see --hostname-override)\n", cfg.NodeName, err)
-		node = nil
+	if state.node == nil {
+		fmt.Fprintf(os.Stderr, "nftproxy explain: no node %q; explaining without node addresses (see --hostname-override)\n", cfg.NodeName)
 	}
 	// The machine running explain need not be the node: --nodeport-addresses ranges
 	// select among the node's addresses from its Node object.
-	nodeSnap, _ := model.Build(nil, nil, node)
+	nodeSnap, _ := model.Build(nil, nil, state.node)
 	nodeIPs := nodeSnap.Node.IPs
 	cfg.LocalAddrs = func() ([]netip.Addr, error) { return nodeIPs, nil }
-	if list, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{}); err == nil {
-		for _, c := range list.Items {
-			cfg.ServiceCIDRs = append(cfg.ServiceCIDRs, parseCIDRs(c.DeletionTimestamp, c.Spec.CIDRs)...)
-		}
-	}
-	snap, rulesets, problems, err := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, ptrs(svcs.Items), ptrs(eps.Items), node)
-	return snap, rulesets, problems, err
-}
-
-func parseCIDRs(deleted *metav1.Time, cidrs []string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, c := range cidrs {
-		if p, err := netip.ParsePrefix(c); err == nil && deleted == nil {
-			out = append(out, p.Masked())
-		}
-	}
-	return out
+	return state.compile(cfg)
 }
 
 // packetFor builds the traced packet; the scene it returns says how the source was chosen.

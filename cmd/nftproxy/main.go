@@ -27,7 +27,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -53,13 +52,13 @@ import (
 const gcPercent = 50
 
 func main() {
+	featureOverrides := quietClientGoFeatures() // before any client-go use, subcommands too
 	if len(os.Args) > 1 && os.Args[1] == "explain" {
 		os.Exit(runExplain(os.Args[2:]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "verify" {
 		os.Exit(runVerify(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	featureOverrides := quietClientGoFeatures() // before any client-go use
 	if os.Getenv("GOGC") == "" {
 		// A sync's transient garbage (netlink encoding) is about twice the live heap at
 		// scale; collecting at +50% instead of +100% cuts the peak by a fifth (10k
@@ -265,9 +264,15 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	hc := healthcheck.New(net.Listen, "", log.WithName("healthcheck")) // healthCheckNodePorts
 	defer hc.Close()
 	cfg.HealthChecks = hc
-	rec := metrics.New(metrics.Options{})
+	rec := metrics.New(metrics.Options{
+		// per-service counters, attributed by element key, read at most once per
+		// interval however often scraped
+		ServiceCounters:         metrics.KernelCounters(applier, controller.Families),
+		NoServiceCounters:       !o.ServiceCounters,
+		ServiceCountersInterval: o.ServiceCountersMinInterval,
+		Log:                     log,
+	})
 	rec.Registry().MustRegister(version.NewCollector())
-	rec.Registry().MustRegister(metrics.NewServiceCounters(serviceCounts(applier), log))
 	cfg.Metrics = rec
 	p := controller.New(client, applier, cfg, log)
 	// Self-healing: another process changing our tables is noticed at once (not only
@@ -283,7 +288,7 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		}
 		// repairs back off while another process keeps changing the tables
 		repairs := controller.NewRepairer(p, controller.RepairBackoff{})
-		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed)
+		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed, kernel.MonitorOwnWrites(applier))
 		if err := mon.Start(ctx); err != nil {
 			log.Error(err, "Cannot watch nftables for changes by other processes; drift is only repaired by the hourly full sync")
 			return
@@ -318,7 +323,12 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 	}
 	cidrs, _ := o.ClusterCIDRs()        // validated
 	serviceCIDRs, _ := o.ServiceCIDRs() // validated
-	served, own := o.ServedPorts()
+	served, own, anyAddr := o.ServedPorts()
+	if anyAddr { // a server on 0.0.0.0 answers on every address the node has now
+		if local, err := localAddrs(); err == nil {
+			own = append(own, local...)
+		}
+	}
 	return controller.Config{
 		NodeName:          nodeName,
 		ClusterCIDRs:      cidrs,
@@ -367,22 +377,11 @@ func clientConfig(o *options.Options) (*rest.Config, error) {
 
 // dryRun lists the API once and prints the rulesets that would be programmed.
 func dryRun(ctx context.Context, client kubernetes.Interface, cfg controller.Config) error {
-	var svcOpts, sliceOpts metav1.ListOptions
-	controller.ServiceListOptions(&svcOpts)
-	controller.SliceListOptions(&sliceOpts)
-	svcs, err := client.CoreV1().Services("").List(ctx, svcOpts)
+	state, err := listAPI(ctx, client, cfg.NodeName)
 	if err != nil {
-		return fmt.Errorf("listing services: %w", err)
+		return err
 	}
-	slices, err := client.DiscoveryV1().EndpointSlices("").List(ctx, sliceOpts)
-	if err != nil {
-		return fmt.Errorf("listing endpoint slices: %w", err)
-	}
-	node, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
-	if err != nil {
-		node = nil // unknown node: no node ports on primary IPs
-	}
-	_, rulesets, problems, err := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, ptrs(svcs.Items), ptrs(slices.Items), node)
+	_, rulesets, problems, err := state.compile(cfg)
 	if err != nil {
 		return err
 	}
@@ -393,14 +392,6 @@ func dryRun(ctx context.Context, client kubernetes.Interface, cfg controller.Con
 		fmt.Print(nft.Render(rs))
 	}
 	return nil
-}
-
-func ptrs[T any](items []T) []*T {
-	out := make([]*T, len(items))
-	for i := range items {
-		out[i] = &items[i]
-	}
-	return out
 }
 
 func localAddrs() ([]netip.Addr, error) {
@@ -415,25 +406,4 @@ func localAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
-}
-
-// serviceCounts reads the kernel's per-service counters of every family.
-func serviceCounts(a *kernel.Applier) func() (services, rejects []kernel.Count, err error) {
-	return func() (services, rejects []kernel.Count, err error) {
-		for _, fam := range controller.Families {
-			for _, set := range []string{compile.SetServiceCounters, compile.SetNodePortCounters} {
-				c, err := a.SetCounts(fam, compile.TableName, set)
-				if err != nil {
-					return nil, nil, err
-				}
-				services = append(services, c...)
-			}
-			r, err := a.RuleCounts(fam, compile.TableName, compile.ChainReject)
-			if err != nil {
-				return nil, nil, err
-			}
-			rejects = append(rejects, r...)
-		}
-		return services, rejects, nil
-	}
 }

@@ -9,11 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/nft"
@@ -114,33 +111,11 @@ type verifyResult struct {
 // in which services came and went (compile.Slots), which a fresh compile cannot know.
 func verifyOnce(ctx context.Context, client kubernetes.Interface, cfg controller.Config, v verifier) (verifyResult, error) {
 	var res verifyResult
-	svcs, err := client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	state, err := listAPI(ctx, client, cfg.NodeName)
 	if err != nil {
-		return res, fmt.Errorf("listing services: %w", err)
+		return res, err
 	}
-	slices, err := client.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return res, fmt.Errorf("listing endpoint slices: %w", err)
-	}
-	node, err := client.CoreV1().Nodes().Get(ctx, cfg.NodeName, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		node = nil // as the proxy: no Node yet, no node ports on primary IPs
-	case err != nil:
-		return res, fmt.Errorf("reading node %q: %w", cfg.NodeName, err)
-	}
-	// As the proxy: ServiceCIDR objects when the API serves them, else the flag.
-	cidrs, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
-	switch {
-	case err == nil:
-		cfg.ServiceCIDRs = nil
-		for _, c := range cidrs.Items {
-			cfg.ServiceCIDRs = append(cfg.ServiceCIDRs, parseCIDRs(c.DeletionTimestamp, c.Spec.CIDRs)...)
-		}
-	case !apierrors.IsNotFound(err):
-		return res, fmt.Errorf("listing service CIDRs: %w", err)
-	}
-	snap, rulesets, _, err := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, ptrs(svcs.Items), ptrs(slices.Items), node)
+	snap, rulesets, _, err := state.compile(cfg)
 	if err != nil {
 		return res, err
 	}

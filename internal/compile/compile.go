@@ -119,9 +119,10 @@ func frontends(sp *model.ServicePort) int {
 
 func (c Config) masqMark() uint32 { return 1 << c.MasqueradeBit }
 
-// Compile returns the complete ruleset for cfg.Family, and the conflicts it resolved (two
-// services claiming the same address, protocol and port: the first in name order keeps
-// it). slots keeps endpoint slot ranges stable between calls; pass the same allocator
+// Compile returns the complete ruleset for cfg.Family, and the problems it found:
+// conflicts it resolved (two services claiming the same address, protocol and port:
+// cluster IPs win, then the older Service; see claimAll), refused addresses, and
+// Services set aside by cfg.Limits. slots keeps endpoint slot ranges stable between calls; pass the same allocator
 // every time for one family. The ruleset has no parts (see nft.Part): it is what a fresh
 // Compiler produces, flattened.
 func Compile(snap *model.Snapshot, cfg Config, slots *Slots) (*nft.Ruleset, []model.Problem) {
@@ -140,9 +141,91 @@ type Compiler struct {
 	slots *Slots
 	node  model.Node
 	parts []*compiledPart // of the previous call, in service port order
-	// every service's cluster IPs (all families) at the previous call: endpoints at
-	// these addresses are skipped
-	clusterIPs map[netip.Addr]bool
+	// every service's cluster IPs (all families), each with the number of service ports
+	// holding it, kept up to date from the difference between calls (services holds
+	// the previous call's service ports: snapshots are immutable)
+	clusterIPs map[netip.Addr]int
+	services   []model.ServicePort
+	scratch    scratch // per-call buffers, reused
+}
+
+// scratch holds the per-call buffers of Compile. Nothing in them outlives a call: a
+// part that is compiled again copies its claims (claims.clone).
+type scratch struct {
+	matched            []*compiledPart
+	won                []claims
+	state              []uint8 // stateHas, stateAside
+	order              []int
+	internal, external []netip.Addr
+}
+
+const (
+	stateHas   uint8 = 1 << iota // has a cluster IP in this family
+	stateAside                   // set aside by a limit
+)
+
+// grow returns s[:n], cleared, reusing its array when large enough.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
+}
+
+// trackClusterIPs brings the cluster IP counts up to date with services and returns the
+// addresses that became or stopped being a cluster IP. Service ports whose cluster IPs
+// did not change since the previous call cost a comparison (the model reuses an
+// unchanged service's slices).
+func (cc *Compiler) trackClusterIPs(services []model.ServicePort) map[netip.Addr]bool {
+	if cc.clusterIPs == nil {
+		cc.clusterIPs = make(map[netip.Addr]int, len(services))
+	}
+	var moved map[netip.Addr]bool
+	change := func(ips []netip.Addr, d int) {
+		for _, ip := range ips {
+			n := cc.clusterIPs[ip] + d
+			if n <= 0 {
+				delete(cc.clusterIPs, ip)
+			} else {
+				cc.clusterIPs[ip] = n
+			}
+			if (n == 0 && d < 0) || (n == 1 && d > 0) {
+				if moved == nil {
+					moved = map[netip.Addr]bool{}
+				}
+				moved[ip] = true
+			}
+		}
+	}
+	old := cc.services
+	j := 0
+	for i := range services {
+		sp := &services[i]
+		for ; j < len(old) && old[j].Name.Less(sp.Name); j++ {
+			change(old[j].ClusterIPs, -1)
+		}
+		if j < len(old) && old[j].Name == sp.Name {
+			if !same(old[j].ClusterIPs, sp.ClusterIPs) && !slices.Equal(old[j].ClusterIPs, sp.ClusterIPs) {
+				change(old[j].ClusterIPs, -1)
+				change(sp.ClusterIPs, +1)
+			}
+			j++
+			continue
+		}
+		change(sp.ClusterIPs, +1)
+	}
+	for ; j < len(old); j++ {
+		change(old[j].ClusterIPs, -1)
+	}
+	cc.services = services
+	return moved
+}
+
+// same reports whether a and b are the same slice (equal without a look at the elements).
+func same[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // compiledPart is a service port's Part and what it was compiled from.
@@ -194,7 +277,9 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	var dropped []model.ServicePortName // slot owners no longer used
 
 	// the previous part of each service port (both lists are in name order)
-	matched := make([]*compiledPart, len(services))
+	sc := &cc.scratch
+	sc.matched = grow(sc.matched, len(services))
+	matched := sc.matched
 	j := 0
 	for i := range services {
 		for ; j < len(prev); j++ {
@@ -212,35 +297,13 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		dropped = append(dropped, prev[j].owners...)
 	}
 
-	clusterIPs := make(map[netip.Addr]bool, len(services))
-	for i := range services {
-		for _, ip := range services[i].ClusterIPs {
-			clusterIPs[ip] = true
-		}
-	}
 	// endpoints at an address that became or stopped being a cluster IP are compiled again
-	var moved map[netip.Addr]bool
-	for ip := range clusterIPs {
-		if !cc.clusterIPs[ip] {
-			if moved == nil {
-				moved = map[netip.Addr]bool{}
-			}
-			moved[ip] = true
-		}
-	}
-	for ip := range cc.clusterIPs {
-		if !clusterIPs[ip] {
-			if moved == nil {
-				moved = map[netip.Addr]bool{}
-			}
-			moved[ip] = true
-		}
-	}
-	cc.clusterIPs = clusterIPs
-	c.clusterIPSet = clusterIPs
+	moved := cc.trackClusterIPs(services)
+	c.clusterIPSet = cc.clusterIPs
 
-	aside := c.setAside(services)
-	won, has := c.claimAll(services, aside)
+	sc.state = grow(sc.state, len(services))
+	c.setAside(services, sc.state)
+	won := c.claimAll(services, sc)
 
 	pages := map[uint32]bool{}
 	parts := make([]*nft.Part, 0, len(services))
@@ -248,7 +311,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	for i := range services {
 		sp := &services[i]
 		cp := matched[i]
-		if aside[i] || !has[i] {
+		if sc.state[i] != stateHas {
 			if cp != nil {
 				dropped = append(dropped, cp.owners...)
 			}
@@ -277,6 +340,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		parts = append(parts, cp.part)
 	}
 	cc.parts = next
+	clear(matched) // keep no dropped part alive
 	cc.slots.drop(dropped)
 	if prev == nil {
 		// after a node change, parts were compiled anew without the old ones' owners
@@ -305,11 +369,10 @@ func endpointsAt(eps []model.Endpoint, addrs map[netip.Addr]bool) bool {
 
 // setAside marks the service ports of Services over a limit. Each Service is reported
 // once, by the compiler of its first cluster IP's family.
-func (c *compiler) setAside(services []model.ServicePort) []bool {
+func (c *compiler) setAside(services []model.ServicePort, state []uint8) {
 	lim := c.cfg.Limits
-	aside := make([]bool, len(services))
 	if lim == (Limits{}) {
-		return aside
+		return
 	}
 	type group struct {
 		from, to int // services[from:to] are the Service's ports
@@ -334,7 +397,7 @@ func (c *compiler) setAside(services []model.ServicePort) []bool {
 				fronts, lim.MaxFrontendsPerService)
 		}
 		if reason != "" {
-			c.setAsideGroup(services, from, to, aside, reason)
+			c.setAsideGroup(services, from, to, state, reason)
 		} else {
 			groups = append(groups, group{from, to, cost})
 			total += cost
@@ -342,7 +405,7 @@ func (c *compiler) setAside(services []model.ServicePort) []bool {
 		from = to
 	}
 	if lim.MaxElements <= 0 || total <= lim.MaxElements {
-		return aside
+		return
 	}
 	// over budget: admit the oldest Services first (then by name), the same choice on
 	// every node and after every restart
@@ -353,16 +416,15 @@ func (c *compiler) setAside(services []model.ServicePort) []bool {
 			used += g.cost
 			continue
 		}
-		c.setAsideGroup(services, g.from, g.to, aside, fmt.Sprintf(
+		c.setAsideGroup(services, g.from, g.to, state, fmt.Sprintf(
 			"the table's element budget (--max-table-elements=%d) is taken by older Services; this one needs about %d more: the Service is not programmed",
 			lim.MaxElements, g.cost))
 	}
-	return aside
 }
 
-func (c *compiler) setAsideGroup(services []model.ServicePort, from, to int, aside []bool, reason string) {
+func (c *compiler) setAsideGroup(services []model.ServicePort, from, to int, state []uint8, reason string) {
 	for k := from; k < to; k++ {
-		aside[k] = true
+		state[k] |= stateAside
 	}
 	sp := &services[from]
 	if len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0].Is6() == c.v6 {
@@ -376,23 +438,23 @@ func (c *compiler) setAsideGroup(services []model.ServicePort, from, to int, asi
 // them goes to the older Service, the same answer on every node. An external or
 // load-balancer IP that is any service's cluster IP, lies in the service CIDRs, is a
 // special address (loopback, link-local, …), or is the node's own address on a port
-// nftproxy serves, is refused for that service alone. has[i] is false when services[i]
-// has no cluster IP in this family (it is then not programmed at all).
-func (c *compiler) claimAll(services []model.ServicePort, aside []bool) (won []claims, has []bool) {
-	won = make([]claims, len(services))
-	has = make([]bool, len(services))
+// nftproxy serves, is refused for that service alone. It marks sc.state[i] stateHas when
+// services[i] has a cluster IP in this family (without, it is not programmed at all).
+func (c *compiler) claimAll(services []model.ServicePort, sc *scratch) []claims {
+	sc.won = grow(sc.won, len(services))
+	won, state := sc.won, sc.state
 	// the claimed addresses of all service ports share two buffers (a part that is
 	// compiled again keeps a copy: see claims.clone)
-	var internal, external []netip.Addr
-	var order []int // service ports with external frontends or a node port
 	n := 0
 	for i := range services {
 		n += len(services[i].ClusterIPs)
 	}
-	internal = make([]netip.Addr, 0, n)
+	internal := grow(sc.internal, n)[:0]
+	external := sc.external[:0]
+	order := sc.order[:0] // service ports with external frontends or a node port
 	for i := range services {
 		sp := &services[i]
-		if aside[i] {
+		if state[i]&stateAside != 0 {
 			continue
 		}
 		start := len(internal)
@@ -400,7 +462,7 @@ func (c *compiler) claimAll(services []model.ServicePort, aside []bool) (won []c
 			if ip.Is6() != c.v6 {
 				continue
 			}
-			has[i] = true
+			state[i] |= stateHas
 			if c.claimFrontend(sp.Name, ip, sp.Port) {
 				internal = append(internal, ip)
 			}
@@ -408,7 +470,7 @@ func (c *compiler) claimAll(services []model.ServicePort, aside []bool) (won []c
 		if len(internal) > start {
 			won[i].internal = internal[start:len(internal):len(internal)]
 		}
-		if has[i] && (sp.NodePort != 0 || len(sp.LoadBalancerIPs) > 0 || (len(sp.ExternalIPs) > 0 && !c.cfg.NoExternalIPs)) {
+		if state[i]&stateHas != 0 && (sp.NodePort != 0 || len(sp.LoadBalancerIPs) > 0 || (len(sp.ExternalIPs) > 0 && !c.cfg.NoExternalIPs)) {
 			order = append(order, i)
 		}
 	}
@@ -437,7 +499,8 @@ func (c *compiler) claimAll(services []model.ServicePort, aside []bool) (won []c
 			won[i].nodePort = sp.NodePort
 		}
 	}
-	return won, has
+	sc.internal, sc.external, sc.order = internal, external, order
+	return won
 }
 
 // refused reports (and records a problem) when ip may not be an external frontend of sp.
@@ -446,7 +509,7 @@ func (c *compiler) refused(sp *model.ServicePort, what string, ip netip.Addr) bo
 	switch {
 	case model.SpecialAddr(ip) != "":
 		reason = fmt.Sprintf("%s %s is %s, refused", what, ip, model.SpecialAddr(ip))
-	case c.clusterIPSet[ip]:
+	case c.clusterIPSet[ip] > 0:
 		reason = fmt.Sprintf("%s %s is a cluster IP, refused", what, ip)
 	default:
 		for _, cidr := range c.serviceCIDRs {
@@ -516,8 +579,8 @@ type compiler struct {
 	nodePorts map[nodePortKey]model.ServicePortName
 	problems  []model.Problem
 	seen      map[model.Problem]bool
-	// every service's cluster IPs, all families
-	clusterIPSet map[netip.Addr]bool
+	// every service's cluster IPs, all families (the Compiler's counts)
+	clusterIPSet map[netip.Addr]int
 }
 
 // add appends elements of a shared set to the part.
@@ -630,7 +693,7 @@ func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart 
 		if e.Addr.Is6() != c.v6 {
 			continue
 		}
-		if c.clusterIPSet[e.Addr] {
+		if c.clusterIPSet[e.Addr] > 0 {
 			cp.problems = append(cp.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name,
 				Reason: fmt.Sprintf("port %q: endpoint address %s is a service's cluster IP, skipped", sp.Name.Port, e.Addr)})
 			continue

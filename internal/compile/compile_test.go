@@ -620,7 +620,7 @@ func TestCompile(t *testing.T) {
 			absent: []string{echoSvc, echoExt},
 		},
 		{
-			name: "externalIP conflict: the first service by name keeps it",
+			name: "externalIP conflict between services created at the same time: the first by name keeps it",
 			snap: snapshot(
 				model.ServicePort{Name: spn("a", "http", tcp), ClusterIPs: ips("10.96.0.1"), Port: 80, ExternalIPs: ips("203.0.113.9"), Endpoints: eps(8080, "10.244.1.1")},
 				model.ServicePort{Name: spn("b", "http", tcp), ClusterIPs: ips("10.96.0.2"), Port: 80, ExternalIPs: ips("203.0.113.9"), Endpoints: eps(8080, "10.244.1.2")},
@@ -680,7 +680,7 @@ func TestCompile(t *testing.T) {
 			},
 		},
 		{
-			name: "node port conflict: the first service by name keeps it",
+			name: "node port conflict between services created at the same time: the first by name keeps it",
 			snap: snapshot(
 				model.ServicePort{Name: spn("a", "http", tcp), ClusterIPs: ips("10.96.0.1"), Port: 80, NodePort: 30080, Endpoints: eps(8080, "10.244.1.1")},
 				model.ServicePort{Name: spn("b", "http", tcp), ClusterIPs: ips("10.96.0.2"), Port: 80, NodePort: 30080, Endpoints: eps(8080, "10.244.1.2")},

@@ -100,8 +100,11 @@ func isolationNode() *v1.Node {
 // tenantObjects moves a fuzz world's Services and slices into the tenant's namespace,
 // created after the victim's (the tenant arrives later; creation time is set by the
 // API server), and drops Services the API could not hold: one whose cluster IP is
-// already allocated to the victim.
+// already allocated to the victim, or outside the service CIDRs (the allocator hands out
+// nothing else; FuzzIsolation found that a tenant cluster IP equal to the victim's pod
+// IP takes that endpoint away from the victim, which the API never allows).
 func tenantObjects(w world, victimIPs map[netip.Addr]bool) ([]*v1.Service, []*discovery.EndpointSlice) {
+	serviceCIDRs := isolationConfig().ServiceCIDRs
 	created := metav1.NewTime(victimCreated.Add(time.Hour))
 	var svcs []*v1.Service
 	seen := map[string]bool{}
@@ -113,7 +116,12 @@ func tenantObjects(w world, victimIPs map[netip.Addr]bool) ([]*v1.Service, []*di
 		}
 		taken := false
 		for _, a := range append(slices.Clone(s.Spec.ClusterIPs), s.Spec.ClusterIP) {
-			if ip, err := netip.ParseAddr(a); err == nil && victimIPs[ip.Unmap()] {
+			ip, err := netip.ParseAddr(a)
+			if err != nil {
+				continue // garbage: the model reports and skips it
+			}
+			ip = ip.Unmap()
+			if victimIPs[ip] || !slices.ContainsFunc(serviceCIDRs, func(p netip.Prefix) bool { return p.Contains(ip) }) {
 				taken = true
 			}
 		}
@@ -258,7 +266,9 @@ func FuzzIsolation(f *testing.F) {
 				}
 				fam := rs.Family
 				if compilers[fam] == nil {
-					compilers[fam] = compile.NewCompiler(compileConfig(cfg, snap.Node, fam), compile.NewSlots())
+					cc := compileConfig(cfg, snap.Node, fam)
+					cc.NoExternalIPs, cc.ServedPorts, cc.OwnAddrs, cc.Limits = cfg.NoExternalIPs, cfg.ServedPorts, cfg.OwnAddrs, cfg.Limits
+					compilers[fam] = compile.NewCompiler(cc, compile.NewSlots())
 				}
 				inc, _ := compilers[fam].Compile(isnap)
 				if got := victimMapping(inc.Flatten(), victimIPs); got != want[i] {

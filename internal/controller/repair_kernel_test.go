@@ -46,7 +46,7 @@ func TestKernelRepairFight(t *testing.T) {
 	log := funcr.New(func(_, args string) { logMu.Lock(); lines = append(lines, args); logMu.Unlock() }, funcr.Options{})
 	rec := metrics.New(metrics.Options{NoRuntimeMetrics: true})
 	repairs := newRepairer(p, RepairBackoff{Initial: time.Second, Max: 4 * time.Second, Quiet: 2 * time.Second}, realClock{}, log, rec)
-	mon := kernel.NewMonitor(Tables(), repairs.Changed, kernel.MonitorNetNS(ns.FD))
+	mon := kernel.NewMonitor(Tables(), repairs.Changed, kernel.MonitorNetNS(ns.FD), kernel.MonitorOwnWrites(applier.Applier))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	if err := mon.Start(ctx); err != nil {

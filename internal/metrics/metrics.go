@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -75,6 +76,19 @@ type Options struct {
 	Now func() time.Time
 	// NoRuntimeMetrics leaves out the go_* and process_* collectors.
 	NoRuntimeMetrics bool
+	// ServiceCounters is where the per-service packet and byte counters
+	// (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total)
+	// are read from; nil: they are not exported.
+	ServiceCounters CounterSource
+	// NoServiceCounters is the operator's switch (--service-counters=false): no
+	// per-service counters are exported, and the kernel's counters are never read.
+	NoServiceCounters bool
+	// ServiceCountersInterval is the least time one read of the kernel's counters
+	// serves scrapes for (--service-counters-min-interval). Whatever it is, a read
+	// serves scrapes for 20 times as long as it took. Default 0: only that bound.
+	ServiceCountersInterval time.Duration
+	// Log receives the counters' read errors (at V(2)). Default: discard.
+	Log logr.Logger
 }
 
 // Prometheus is a Recorder on its own registry.
@@ -177,6 +191,9 @@ func New(o Options) *Prometheus {
 	for _, cause := range []string{repairForeign, repairLost} {
 		p.repairs.WithLabelValues(cause)
 		p.foreignChanges.WithLabelValues(cause)
+	}
+	if o.ServiceCounters != nil && !o.NoServiceCounters {
+		p.reg.MustRegister(NewServiceCounters(o.ServiceCounters, o.ServiceCountersInterval, o.Log))
 	}
 	if !o.NoRuntimeMetrics {
 		p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -1,34 +1,71 @@
 package metrics
 
 import (
-	"strings"
+	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/internal/model"
 )
 
-// ServiceCounters exposes the kernel's per-service packet and byte counters (read from
-// nftproxy's counter sets at scrape time: no per-packet work in userspace).
-type ServiceCounters struct {
-	read             func() (services, rejects []kernel.Count, err error)
-	log              logr.Logger
-	packets, bytes   *prometheus.Desc
-	rejects, readErr *prometheus.Desc
+// ServicePortCount is the packet and byte count of one service port: what the
+// kernel counted for its addresses and node port.
+type ServicePortCount struct {
+	Port    model.ServicePortName
+	Packets uint64
+	Bytes   uint64
 }
 
-// NewServiceCounters returns a collector over read, which returns the counted elements
-// (their comments are "namespace/name:port" or "namespace/name") and the reject rule
-// counters.
-func NewServiceCounters(read func() (services, rejects []kernel.Count, err error), log logr.Logger) *ServiceCounters {
+// CounterSource reads the kernel's per-service-port counters and the packets rejected
+// for want of endpoints. One call is one read of the kernel; ServiceCounters makes at
+// most one per interval, however many scrapes come.
+type CounterSource func() (ports []ServicePortCount, rejects uint64, err error)
+
+// readCostFactor bounds the CPU that reading the counters may take whatever the
+// scrape rate: after a read that took d, the next one waits at least readCostFactor×d,
+// so reads take at most 1/(readCostFactor+1) of a core (at 20,000 service ports a read
+// takes about 0.15 s, and serves scrapes for 3 s).
+const readCostFactor = 20
+
+// ServiceCounters exposes the kernel's per-service packet and byte counters (read from
+// nftproxy's counter sets: no per-packet work in userspace). A read costs CPU in
+// proportion to the number of service ports, and scrapers are not to be trusted with
+// it: the kernel is read at most once per interval — the configured minimum, or 20
+// times as long as the last read took, whichever is longer — and scrapes within it get
+// the values of the last read; concurrent scrapes wait for the one read in progress
+// instead of starting their own.
+type ServiceCounters struct {
+	read     CounterSource
+	interval time.Duration
+	now      func() time.Time
+	log      logr.Logger
+
+	packets, bytes   *prometheus.Desc
+	rejects, readErr *prometheus.Desc
+
+	mu       sync.Mutex
+	last     *counterSample
+	inflight chan struct{} // closed when the read in progress ends; nil if none
+}
+
+// counterSample is one read of the kernel, as metrics.
+type counterSample struct {
+	until   time.Time // it serves scrapes until then
+	metrics []prometheus.Metric
+}
+
+// NewServiceCounters returns a collector over read that reads the kernel at most once
+// per interval (see ServiceCounters; 0: only the bound by the read's own cost).
+func NewServiceCounters(read CounterSource, interval time.Duration, log logr.Logger) *ServiceCounters {
 	labels := []string{"namespace", "service", "port"}
 	return &ServiceCounters{
-		read: read, log: log,
+		read: read, interval: interval, now: time.Now, log: log,
 		packets: prometheus.NewDesc("nftproxy_service_packets_total", "Packets sent to the service's addresses and node ports, counted by the kernel.", labels, nil),
 		bytes:   prometheus.NewDesc("nftproxy_service_bytes_total", "Bytes sent to the service's addresses and node ports, counted by the kernel.", labels, nil),
 		rejects: prometheus.NewDesc("nftproxy_no_endpoint_rejects_total", "Packets rejected because their service had no endpoints.", nil, nil),
-		readErr: prometheus.NewDesc("nftproxy_counter_read_errors", "1 when the last scrape could not read the kernel counters.", nil, nil),
+		readErr: prometheus.NewDesc("nftproxy_counter_read_errors", "1 when the last read of the kernel counters failed.", nil, nil),
 	}
 }
 
@@ -42,36 +79,77 @@ func (c *ServiceCounters) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *ServiceCounters) Collect(ch chan<- prometheus.Metric) {
-	services, rejects, err := c.read()
+	for _, m := range c.sample().metrics {
+		ch <- m
+	}
+}
+
+// sample returns the last read if it is recent enough, else waits for the read in
+// progress or makes one.
+func (c *ServiceCounters) sample() *counterSample {
+	c.mu.Lock()
+	if s := c.last; s != nil && c.now().Before(s.until) {
+		c.mu.Unlock()
+		return s
+	}
+	if wait := c.inflight; wait != nil {
+		c.mu.Unlock()
+		<-wait
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.last
+	}
+	done := make(chan struct{})
+	c.inflight = done
+	c.mu.Unlock()
+
+	s := c.readKernel()
+	c.mu.Lock()
+	c.last, c.inflight = s, nil
+	close(done)
+	c.mu.Unlock()
+	return s
+}
+
+// readKernel reads the counters once and turns them into metrics: one series per
+// service port (the labels cannot tell two ports apart only if the API let a Service
+// have two ports of one name, when they are summed).
+func (c *ServiceCounters) readKernel() *counterSample {
+	s := &counterSample{}
+	start := c.now()
+	defer func() {
+		end := c.now()
+		s.until = end.Add(max(c.interval, readCostFactor*end.Sub(start)))
+	}()
+	ports, rejected, err := c.read()
 	if err != nil {
 		c.log.V(2).Info("Reading kernel counters failed", "err", err.Error())
-		ch <- prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 1)
-		return
+		s.metrics = []prometheus.Metric{prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 1)}
+		return s
 	}
-	ch <- prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 0)
 	type key struct{ ns, name, port string }
 	type sum struct{ packets, bytes uint64 }
-	sums := map[key]*sum{}
-	for _, s := range services {
-		nsName, port, _ := strings.Cut(s.Comment, ":")
-		ns, name, ok := strings.Cut(nsName, "/")
-		if !ok {
-			continue
+	sums := make(map[key]*sum, len(ports))
+	order := make([]key, 0, len(ports))
+	for _, p := range ports {
+		k := key{p.Port.Namespace, p.Port.Name, p.Port.Port}
+		v := sums[k]
+		if v == nil {
+			v = &sum{}
+			sums[k] = v
+			order = append(order, k)
 		}
-		k := key{ns, name, port}
-		if sums[k] == nil {
-			sums[k] = &sum{}
-		}
-		sums[k].packets += s.Packets
-		sums[k].bytes += s.Bytes
+		v.packets += p.Packets
+		v.bytes += p.Bytes
 	}
-	for k, v := range sums {
-		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.packets), k.ns, k.name, k.port)
-		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(v.bytes), k.ns, k.name, k.port)
+	s.metrics = make([]prometheus.Metric, 0, 2*len(order)+2)
+	s.metrics = append(s.metrics, prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 0))
+	for _, k := range order {
+		v := sums[k]
+		s.metrics = append(s.metrics,
+			prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.packets), k.ns, k.name, k.port),
+			prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(v.bytes), k.ns, k.name, k.port))
 	}
-	var rejected uint64
-	for _, r := range rejects {
-		rejected += r.Packets
-	}
-	ch <- prometheus.MustNewConstMetric(c.rejects, prometheus.CounterValue, float64(rejected))
+	s.metrics = append(s.metrics, prometheus.MustNewConstMetric(c.rejects, prometheus.CounterValue, float64(rejected)))
+	return s
 }

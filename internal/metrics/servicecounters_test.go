@@ -1,25 +1,45 @@
 package metrics
 
 import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/internal/model"
 )
 
+func port(ns, name, p string, proto uint8) model.ServicePortName {
+	return model.ServicePortName{Namespace: ns, Name: name, Port: p, Protocol: proto}
+}
+
+// Series are keyed by service port, not by the element comment, which the kernel
+// cuts at 128 bytes: two ports of a Service whose namespace and name take the whole
+// 128 bytes used to be one series (their comments were both "ns/name:").
 func TestServiceCounters(t *testing.T) {
-	c := NewServiceCounters(func() ([]kernel.Count, []kernel.Count, error) {
-		return []kernel.Count{
-			{Comment: "default/web:http", Packets: 3, Bytes: 300}, // cluster IP
-			{Comment: "default/web:http", Packets: 2, Bytes: 100}, // node port: summed
-			{Comment: "kube-system/dns", Packets: 7, Bytes: 700},  // unnamed port
-			{Comment: "garbage", Packets: 99, Bytes: 99},          // ignored
-		}, []kernel.Count{{Packets: 4}, {Packets: 1}}, nil
-	}, logr.Discard())
+	long63 := func(c string) string { return strings.Repeat(c, 63) }
+	ns, name := long63("n"), long63("s")
+	c := NewServiceCounters(func() ([]ServicePortCount, uint64, error) {
+		return []ServicePortCount{
+			{Port: port("default", "web", "http", model.ProtoTCP), Packets: 3, Bytes: 300}, // cluster IP
+			{Port: port("default", "web", "http", model.ProtoTCP), Packets: 2, Bytes: 100}, // IPv6: summed
+			{Port: port("kube-system", "dns", "", model.ProtoUDP), Packets: 7, Bytes: 700}, // unnamed port
+			{Port: port(ns, name, "metrics-port-one", model.ProtoTCP), Packets: 1, Bytes: 10},
+			{Port: port(ns, name, "metrics-port-two", model.ProtoTCP), Packets: 4, Bytes: 40},
+		}, 5, nil
+	}, 0, logr.Discard())
+	if cut := ns + "/" + name + ":"; len(cut) != 128 {
+		t.Fatalf("test names are %d bytes, want 128", len(cut))
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
 	want := `
@@ -30,8 +50,161 @@ nftproxy_no_endpoint_rejects_total 5
 # TYPE nftproxy_service_packets_total counter
 nftproxy_service_packets_total{namespace="default",port="http",service="web"} 5
 nftproxy_service_packets_total{namespace="kube-system",port="",service="dns"} 7
+nftproxy_service_packets_total{namespace="` + ns + `",port="metrics-port-one",service="` + name + `"} 1
+nftproxy_service_packets_total{namespace="` + ns + `",port="metrics-port-two",service="` + name + `"} 4
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "nftproxy_service_packets_total", "nftproxy_no_endpoint_rejects_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// 16 concurrent scrapes of /metrics cause one read of the kernel, and so do further
+// scrapes within the interval; the next one after it reads again.
+func TestServiceCountersOneReadPerInterval(t *testing.T) {
+	var reads atomic.Int32
+	var packets atomic.Uint64
+	source := func() ([]ServicePortCount, uint64, error) {
+		reads.Add(1)
+		time.Sleep(200 * time.Millisecond) // a large table: the scrapes overlap
+		return []ServicePortCount{{Port: port("default", "web", "http", model.ProtoTCP), Packets: packets.Load()}}, 0, nil
+	}
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	sc := NewServiceCounters(source, 10*time.Second, logr.Discard())
+	sc.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(sc)
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	get := func() string {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		return rec.Body.String()
+	}
+
+	packets.Store(7)
+	var wg sync.WaitGroup
+	bodies := make([]string, 16)
+	for i := range bodies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bodies[i] = get()
+		}()
+	}
+	wg.Wait()
+	if n := reads.Load(); n != 1 {
+		t.Fatalf("16 concurrent scrapes read the kernel %d times, want 1", n)
+	}
+	for i, b := range bodies {
+		if !strings.Contains(b, `nftproxy_service_packets_total{namespace="default",port="http",service="web"} 7`) {
+			t.Fatalf("scrape %d got:\n%s", i, b)
+		}
+	}
+	packets.Store(9)
+	mu.Lock()
+	now = now.Add(9 * time.Second)
+	mu.Unlock()
+	if b := get(); reads.Load() != 1 || !strings.Contains(b, "} 7") {
+		t.Fatalf("a scrape within the interval read the kernel again (%d reads) or changed values:\n%s", reads.Load(), b)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Second)
+	mu.Unlock()
+	if b := get(); reads.Load() != 2 || !strings.Contains(b, "} 9") {
+		t.Fatalf("a scrape after the interval: %d reads, want 2; got:\n%s", reads.Load(), b)
+	}
+}
+
+// A failed read says so, and is not retried by every scrape either.
+func TestServiceCountersReadError(t *testing.T) {
+	reads := 0
+	c := NewServiceCounters(func() ([]ServicePortCount, uint64, error) {
+		reads++
+		return nil, 0, errors.New("netlink: permission denied")
+	}, time.Minute, logr.Discard())
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	for range 3 {
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP nftproxy_counter_read_errors 1 when the last read of the kernel counters failed.
+# TYPE nftproxy_counter_read_errors gauge
+nftproxy_counter_read_errors 1
+`), "nftproxy_counter_read_errors", "nftproxy_service_packets_total"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if reads != 1 {
+		t.Errorf("%d reads for 3 scrapes within the interval, want 1", reads)
+	}
+}
+
+// The operator's switch: no per-service series, and the kernel is never read.
+func TestServiceCountersSwitchedOff(t *testing.T) {
+	reads := 0
+	source := func() ([]ServicePortCount, uint64, error) {
+		reads++
+		return []ServicePortCount{{Port: port("default", "web", "http", model.ProtoTCP), Packets: 1}}, 1, nil
+	}
+	on := scrape(t, New(Options{ServiceCounters: source, NoRuntimeMetrics: true}).Handler())
+	if !strings.Contains(on, "nftproxy_service_packets_total") || reads != 1 {
+		t.Fatalf("counters on: %d reads, body:\n%s", reads, on)
+	}
+	off := scrape(t, New(Options{ServiceCounters: source, NoServiceCounters: true, NoRuntimeMetrics: true}).Handler())
+	if strings.Contains(off, "nftproxy_service_packets_total") || strings.Contains(off, "nftproxy_service_bytes_total") || strings.Contains(off, "nftproxy_no_endpoint_rejects_total") || reads != 1 {
+		t.Fatalf("counters off: %d reads, body:\n%s", reads, off)
+	}
+}
+
+func TestServicePortOfOwner(t *testing.T) {
+	for _, tc := range []struct {
+		owner string
+		want  model.ServicePortName
+		ok    bool
+	}{
+		{"port-default/web/tcp/http", port("default", "web", "http", model.ProtoTCP), true},
+		{"port-kube-system/dns/udp/-", port("kube-system", "dns", "", model.ProtoUDP), true},
+		{"port-a/b/sctp/x", port("a", "b", "x", model.ProtoSCTP), true},
+		{"port-a/b/tcp/x/local", model.ServicePortName{}, false},
+		{"port-a/b/icmp/x", model.ServicePortName{}, false},
+		{"svc-a/b/tcp/x", model.ServicePortName{}, false},
+		{"port-a/b/TCP/x", model.ServicePortName{}, false}, // not what the compiler writes
+	} {
+		got, ok := ServicePortOfOwner(tc.owner)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("ServicePortOfOwner(%q) = %+v, %v; want %+v, %v", tc.owner, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// Without a configured interval, a read serves scrapes for 20 times as long as it
+// took: a scraper hammering /metrics gets the kernel read at most 1/21 of the time.
+func TestServiceCountersCostBound(t *testing.T) {
+	now := time.Unix(1000, 0)
+	reads := 0
+	c := NewServiceCounters(func() ([]ServicePortCount, uint64, error) {
+		reads++
+		now = now.Add(100 * time.Millisecond) // the read takes 100 ms
+		return nil, 0, nil
+	}, 0, logr.Discard())
+	c.now = func() time.Time { return now }
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	gather := func() {
+		if _, err := reg.Gather(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gather()
+	for range 19 { // 1.9 s of scrapes every 100 ms
+		now = now.Add(100 * time.Millisecond)
+		gather()
+	}
+	if reads != 1 {
+		t.Fatalf("%d reads within 2 s of a 100 ms read, want 1", reads)
+	}
+	now = now.Add(200 * time.Millisecond)
+	gather()
+	if reads != 2 {
+		t.Fatalf("%d reads 2.1 s after a 100 ms read, want 2", reads)
 	}
 }

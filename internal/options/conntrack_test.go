@@ -68,7 +68,7 @@ func TestDeprecatedPortFlags(t *testing.T) {
 		if o.HealthzBindAddress != tc.healthz || o.MetricsBindAddress != tc.metrics {
 			t.Errorf("%q: healthz %q metrics %q, want %q %q", tc.args, o.HealthzBindAddress, o.MetricsBindAddress, tc.healthz, tc.metrics)
 		}
-		ports, _ := o.ServedPorts()
+		ports, _, _ := o.ServedPorts()
 		if tc.healthz == "" && len(ports) != 1 {
 			t.Errorf("%q: served ports %v with the health server disabled", tc.args, ports)
 		}

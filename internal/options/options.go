@@ -54,6 +54,10 @@ type Options struct {
 	MaxFrontendsPerService     int
 	MaxEndpointsPerServicePort int
 	MaxTableElements           int
+	// ServiceCounters: export per-service counters (nftproxy only);
+	// ServiceCountersMinInterval is the least time one kernel read of them serves.
+	ServiceCounters            bool
+	ServiceCountersMinInterval time.Duration
 	// Conntrack: the --conntrack-* flags (or the file's conntrack.*), kube-proxy's
 	// sysctls.
 	Conntrack config.Conntrack
@@ -100,6 +104,8 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", compile.DefaultMaxFrontendsPerService, "The most frontends (ports × cluster, external and load-balancer IPs) one Service may have; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxEndpointsPerServicePort, "max-endpoints-per-service-port", compile.DefaultMaxEndpointsPerServicePort, "The most endpoints one port of a Service may have; a Service with a port over it is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, the newest ones are not programmed and get a Warning event. 0: no limit. (nftproxy only)")
+	fs.BoolVar(&o.ServiceCounters, "service-counters", true, "Export per-service packet and byte counters (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total). false: the kernel's counter sets are never read. (nftproxy only)")
+	fs.DurationVar(&o.ServiceCountersMinInterval, "service-counters-min-interval", 0, "Least time one read of the kernel's per-service counters serves scrapes for; a read always serves for 20 times as long as it took. (nftproxy only)")
 	addConntrackFlags(fs, o)
 	addIgnored(fs, o)
 	return fs, o
@@ -194,12 +200,10 @@ func (v *gatesValue) Set(s string) error {
 // feature gate AllowServiceExternalIPs is false, as in kube-proxy.
 func (o *Options) ExternalIPsAllowed() bool { return config.ExternalIPsAllowed(o.FeatureGates) }
 
-// ServedPorts returns the TCP ports of nftproxy's own servers (health, metrics) and
-// their bind addresses when specific: no Service may take these ports on the node's
-// addresses (issue 13 item 1).
-func (o *Options) ServedPorts() ([]uint16, []netip.Addr) {
-	var ports []uint16
-	var addrs []netip.Addr
+// ServedPorts returns the TCP ports of nftproxy's own servers (health, metrics), their
+// bind addresses when specific, and whether one binds every address (0.0.0.0 or ::): no
+// Service may take these ports on the node's addresses (issue 13 item 1).
+func (o *Options) ServedPorts() (ports []uint16, addrs []netip.Addr, anyAddr bool) {
 	for _, b := range []string{o.HealthzBindAddress, o.MetricsBindAddress} {
 		ap, err := netip.ParseAddrPort(b)
 		if err != nil {
@@ -208,11 +212,14 @@ func (o *Options) ServedPorts() ([]uint16, []netip.Addr) {
 		if !slices.Contains(ports, ap.Port()) {
 			ports = append(ports, ap.Port())
 		}
-		if a := ap.Addr().Unmap(); !a.IsUnspecified() && !slices.Contains(addrs, a) {
+		a := ap.Addr().Unmap()
+		if a.IsUnspecified() {
+			anyAddr = true
+		} else if !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)
 		}
 	}
-	return ports, addrs
+	return ports, addrs, anyAddr
 }
 
 // Ignored returns the kube-proxy flags given that have no effect, for a warning.

@@ -309,12 +309,12 @@ func TestServedPorts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports, addrs := o.ServedPorts()
-	if fmt.Sprint(ports) != "[10256 9100]" || fmt.Sprint(addrs) != "[192.0.2.10]" {
-		t.Errorf("ServedPorts = %v %v, want [10256 9100] [192.0.2.10]", ports, addrs)
+	ports, addrs, all := o.ServedPorts()
+	if fmt.Sprint(ports) != "[10256 9100]" || fmt.Sprint(addrs) != "[192.0.2.10]" || !all {
+		t.Errorf("ServedPorts = %v %v %v, want [10256 9100] [192.0.2.10] true", ports, addrs, all)
 	}
-	o, _ = parse(t, "--metrics-bind-address=")
-	if ports, _ := o.ServedPorts(); fmt.Sprint(ports) != "[10256]" {
-		t.Errorf("metrics disabled: ports %v, want [10256]", ports)
+	o, _ = parse(t, "--metrics-bind-address=", "--healthz-bind-address=192.0.2.10:10256")
+	if ports, _, all := o.ServedPorts(); fmt.Sprint(ports) != "[10256]" || all {
+		t.Errorf("metrics disabled, healthz on one address: ports %v all %v, want [10256] false", ports, all)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -19,10 +21,21 @@ import (
 // Applier writes rulesets to the kernel. It remembers what it last wrote successfully, so
 // that a sync sends only the difference; after an error, or when asked to resync, the
 // next Apply reads the table's object names from the kernel and rewrites everything (still
-// in one transaction). An Applier must be used by one goroutine at a time.
+// in one transaction). An Applier must be used by one goroutine at a time (Monitors
+// given it with MonitorOwnWrites may run beside it).
+//
+// It writes on one netlink socket that stays open between transactions (see own.go:
+// that is how a Monitor tells its transactions from everyone else's); Close closes it.
 type Applier struct {
 	netns int // fd of the target network namespace, or 0 for the current one
 	prev  map[tableKey]*state
+	conn  *netlink.Conn // the write socket; nil until the first transaction or after a failure
+	port  uint32        // its port id
+	own   sockets       // every write socket's port and generations, for Monitors
+
+	published atomic.Pointer[applied] // the rulesets last written, for CountersByOwner
+	indexMu   sync.Mutex
+	index     map[tableKey]*ownerIndex // CountersByOwner's attribution, by table
 }
 
 type tableKey struct {
@@ -128,11 +141,10 @@ func (a *Applier) Resync() { a.prev = map[tableKey]*state{} }
 // Apply makes the kernel's tables equal to the given rulesets in one transaction.
 func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	var st Stats
-	conn, err := a.dial()
+	conn, err := a.writer()
 	if err != nil {
 		return st, err
 	}
-	defer conn.Close()
 	var batches []*batch
 	next := map[tableKey]*state{}
 	var undos []func()
@@ -169,6 +181,7 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	err = all.send(conn)
 	st.Kernel = time.Since(start)
 	if err != nil {
+		_ = a.retire() // its receive queue may hold stale answers
 		var rejected *RejectedError
 		a.Resync()
 		if errors.As(err, &rejected) && len(undos) == len(rulesets) {
@@ -182,7 +195,19 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	for k, s := range next {
 		a.prev[k] = s
 	}
+	a.publish()
 	return st, nil
+}
+
+// publish makes the rulesets in a.prev visible to CountersByOwner.
+func (a *Applier) publish() {
+	p := applied{}
+	for k, s := range a.prev {
+		if s.rs != nil {
+			p[k] = s.rs
+		}
+	}
+	a.published.Store(&p)
 }
 
 // Delete removes the given tables if they exist, in one transaction.
@@ -199,12 +224,15 @@ func (a *Applier) Delete(fam nft.Family, tables ...string) error {
 			b.delTable()
 		}
 	}
-	conn, err := a.dial()
+	conn, err := a.writer()
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	return b.send(conn)
+	if err := b.send(conn); err != nil {
+		_ = a.retire()
+		return err
+	}
+	return nil
 }
 
 func (a *Applier) dial() (*netlink.Conn, error) {

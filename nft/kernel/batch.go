@@ -423,9 +423,6 @@ func (b *batch) send(c *netlink.Conn) error {
 	if err := sizeBuffers(c, b.bytes); err != nil {
 		return err
 	}
-	if err := noteOwnTransaction(c); err != nil { // so that a Monitor ignores its events
-		return err
-	}
 	if err := sendIOV(c, iov); err != nil {
 		return fmt.Errorf("sending batch of %d messages (%d bytes): %w", b.msgs+2, b.bytes, err)
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -42,18 +41,20 @@ type Change struct {
 }
 
 // Monitor watches nf_tables changes through the kernel's NFNLGRP_NFTABLES multicast
-// group and reports every committed transaction of another process (or of another
-// netlink socket than the Appliers of this process) that touched one of its tables.
-// It only reads: it never programs anything.
+// group and reports every committed transaction that touched one of its tables, except
+// those of the Appliers given with MonitorOwnWrites: another process's, or another
+// netlink socket's of this one. It only reads: it never programs anything.
 //
-// Which transactions are ours: every batch an Applier sends is registered by the port
-// id of its socket, and the kernel stamps each event and the transaction's closing
-// NFT_MSG_NEWGEN with the committing socket's port id. (NFTA_GEN_PROC_PID cannot
-// tell: the kernel reports the committing thread's id in the initial pid namespace,
-// which is neither os.Getpid() for a multithreaded Go process nor anything the
-// process can see from inside a container's pid namespace.)
+// Which transactions are ours: the kernel stamps each event and the transaction's
+// closing NFT_MSG_NEWGEN with the committing socket's port id, and NEWGEN with the
+// generation; an Applier knows the port and the generations of each of its write
+// sockets (own.go). (NFTA_GEN_PROC_PID cannot tell: the kernel reports the committing
+// thread's id in the initial pid namespace, which is neither os.Getpid() for a
+// multithreaded Go process nor anything the process can see from inside a container's
+// pid namespace.)
 type Monitor struct {
 	tables   map[TableID]bool
+	own      []*Applier
 	onChange func(Change)
 	netns    int
 	rcvbuf   int
@@ -65,6 +66,7 @@ type Monitor struct {
 
 	// receive state, owned by the reading goroutine
 	pending  []event // events of the transaction in progress on watched tables
+	skipped  bool    // events of it were skipped as on one of our open write sockets
 	lastGen  uint32  // generation of the last NEWGEN seen (or queried at start)
 	lost     bool    // events were dropped since lastGen
 	lostWait int     // idle checks made while lost
@@ -75,6 +77,32 @@ type MonitorOption func(*Monitor)
 
 // MonitorNetNS makes the Monitor watch the network namespace open at fd.
 func MonitorNetNS(fd int) MonitorOption { return func(m *Monitor) { m.netns = fd } }
+
+// MonitorOwnWrites makes the Monitor ignore the transactions of these Appliers.
+func MonitorOwnWrites(appliers ...*Applier) MonitorOption {
+	return func(m *Monitor) { m.own = append(m.own, appliers...) }
+}
+
+// owns reports whether the transaction of generation gen, committed on port, is one
+// of our Appliers'.
+func (m *Monitor) owns(port, gen uint32) bool {
+	for _, a := range m.own {
+		if a.own.owns(port, gen) {
+			return true
+		}
+	}
+	return false
+}
+
+// openPort reports whether port is one of our Appliers' open write sockets.
+func (m *Monitor) openPort(port uint32) bool {
+	for _, a := range m.own {
+		if a.own.openPort(port) {
+			return true
+		}
+	}
+	return false
+}
 
 // MonitorReadBuffer sets the socket's receive buffer (default 32 MiB, of which the
 // kernel uses what is needed). Rewriting a table of 5,000 services × 10 endpoints
@@ -242,8 +270,14 @@ func (m *Monitor) message(typ uint16, port uint32, data []byte) {
 		return
 	}
 	kind, ok := eventKinds[msg]
-	if !ok || isOwnPort(port) {
-		return // not a change of a table object, or a change we made
+	if !ok {
+		return // not a change of a table object
+	}
+	if m.openPort(port) {
+		// Almost certainly ours (a full rewrite is tens of thousands of events: not
+		// worth decoding); the transaction's NEWGEN tells for sure.
+		m.skipped = true
+		return
 	}
 	table, name := tableAndName(data[4:], kind.nameAttr)
 	id := TableID{Family: nft.Family(data[0]), Name: table}
@@ -280,7 +314,9 @@ func (m *Monitor) newGen(port uint32, attrs []byte) {
 		}
 	}
 	by := fmt.Sprintf("by pid %d (%s)", pid, proc)
-	ours := isOwnPort(port)
+	ours := m.owns(port, gen)
+	skipped := m.skipped
+	m.skipped = false
 	if m.lost {
 		// Events were dropped. If every transaction since the last one seen
 		// complete is ours (consecutive generations, our socket), the dropped
@@ -295,10 +331,16 @@ func (m *Monitor) newGen(port uint32, attrs []byte) {
 	m.lastGen = gen
 	events := m.pending
 	m.pending = nil
-	if len(events) == 0 || m.lost {
-		return
+	switch {
+	case m.lost || ours:
+	case len(events) > 0:
+		m.report(Change{Reason: describe(events) + ", " + by, PID: pid, Process: proc})
+	case skipped:
+		// Events on the port id of one of our open sockets, in a transaction
+		// that is not ours: the port's previous holder committed it before our
+		// socket was bound, and we did not look at them.
+		m.report(Change{Reason: fmt.Sprintf("changes of unknown tables on port id %d before it was ours, %s", port, by), PID: pid, Process: proc})
 	}
-	m.report(Change{Reason: describe(events) + ", " + by, PID: pid, Process: proc})
 }
 
 // nextGen is the generation after g (the kernel skips 0 when it wraps).
@@ -314,7 +356,7 @@ func nextGen(g uint32) uint32 {
 // table would otherwise be lost and reported over and over).
 func (m *Monitor) loseEvents() {
 	m.lost = true
-	m.pending = nil
+	m.pending, m.skipped = nil, false
 	if m.rcvbuf < maxReadBuffer {
 		m.rcvbuf = min(2*m.rcvbuf, maxReadBuffer)
 		if m.raw != nil {
@@ -342,7 +384,7 @@ func (m *Monitor) checkLost() {
 }
 
 func (m *Monitor) report(c Change) {
-	m.lost, m.lostWait, m.pending = false, 0, nil
+	m.lost, m.lostWait, m.pending, m.skipped = false, 0, nil, false
 	m.onChange(c)
 }
 
@@ -443,59 +485,4 @@ func describe(events []event) string {
 		fmt.Fprintf(&b, " (and %s more changes)", more)
 	}
 	return b.String()
-}
-
-// ownPorts are the netlink port ids of the sockets this process's Appliers committed
-// transactions on, with when: the kernel stamps a transaction's events with the port
-// id of the socket that sent it. A port id is unique in its network namespace while
-// the socket is open; entries expire long after the Monitor has read the events.
-var ownPorts = struct {
-	sync.Mutex
-	m map[uint32]time.Time
-}{m: map[uint32]time.Time{}}
-
-const ownPortTTL = time.Minute
-
-// noteOwnTransaction registers the socket c as one of ours before a batch is sent on
-// it, so that a Monitor ignores the events of that transaction.
-func noteOwnTransaction(c *netlink.Conn) error {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var port uint32
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		var sa unix.Sockaddr
-		if sa, serr = unix.Getsockname(int(fd)); serr == nil {
-			nl, ok := sa.(*unix.SockaddrNetlink)
-			if !ok {
-				serr = fmt.Errorf("netlink socket has address %T", sa)
-				return
-			}
-			port = nl.Pid
-		}
-	}); err != nil {
-		return err
-	}
-	if serr != nil {
-		return fmt.Errorf("reading the netlink port id: %w", serr)
-	}
-	now := time.Now()
-	ownPorts.Lock()
-	defer ownPorts.Unlock()
-	for p, at := range ownPorts.m {
-		if now.Sub(at) > ownPortTTL {
-			delete(ownPorts.m, p)
-		}
-	}
-	ownPorts.m[port] = now
-	return nil
-}
-
-func isOwnPort(port uint32) bool {
-	ownPorts.Lock()
-	defer ownPorts.Unlock()
-	at, ok := ownPorts.m[port]
-	return ok && time.Since(at) <= ownPortTTL
 }

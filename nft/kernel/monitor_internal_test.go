@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -54,16 +53,10 @@ func newGenMsg(port, gen, pid uint32, proc string) []byte {
 }
 
 func TestMonitorBookkeeping(t *testing.T) {
-	ownPorts.Lock()
-	ownPorts.m[ownPort] = time.Now()
-	ownPorts.Unlock()
-	t.Cleanup(func() {
-		ownPorts.Lock()
-		delete(ownPorts.m, ownPort)
-		ownPorts.Unlock()
-	})
+	a := New()
+	a.own.opened(ownPort, 5) // our write socket, bound at generation 5
 	var got []Change
-	m := NewMonitor([]TableID{{nft.IPv4, "nftproxy"}}, func(c Change) { got = append(got, c) })
+	m := NewMonitor([]TableID{{nft.IPv4, "nftproxy"}}, func(c Change) { got = append(got, c) }, MonitorOwnWrites(a))
 	m.lastGen = 10
 	feed := func(msgs ...[]byte) {
 		var b []byte
@@ -113,5 +106,27 @@ func TestMonitorBookkeeping(t *testing.T) {
 	feed(bad)
 	if !m.lost {
 		t.Fatal("a malformed datagram did not count as lost events")
+	}
+	m.lost = false
+
+	// Our socket is closed at generation 22: a late event of its last transaction
+	// is still ours, a later transaction on the same (recycled) port id is not.
+	m.lastGen = 21
+	a.own.closed(ownPort, 22)
+	feed(delElem(ownPort, "nftproxy"), newGenMsg(ownPort, 22, 99, "nftproxy"))
+	expect("late event of our closed socket", 3, "", false)
+	feed(delElem(ownPort, "nftproxy"), newGenMsg(ownPort, 23, 4321, "intruder"))
+	expect("recycled port id", 4, "element deleted from set service-ips, by pid 4321 (intruder)", false)
+
+	// A new socket of ours bound at generation 30 on a port whose previous holder's
+	// transaction (generation 24) is only read now: not ours, although its events
+	// were skipped as being on our open socket's port.
+	a.own.opened(otherPort+1, 30)
+	feed(delElem(otherPort+1, "nftproxy"), newGenMsg(otherPort+1, 24, 555, "nft"))
+	expect("previous holder of our port", 5, "before it was ours, by pid 555 (nft)", false)
+	feed(delElem(otherPort+1, "nftproxy"), newGenMsg(otherPort+1, 31, 99, "nftproxy"))
+	expect("our new socket", 5, "", false)
+	if a.own.owns(ownPort, 23) || !a.own.owns(ownPort, 6) || a.own.owns(ownPort, 5) {
+		t.Error("generation intervals of the closed socket are wrong")
 	}
 }

@@ -78,7 +78,7 @@ func TestMonitor(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := listTable(t, ns)
-	mon, changes, cancel := watch(t, ns)
+	mon, changes, cancel := watch(t, ns, kernel.MonitorOwnWrites(applier))
 
 	// repair rewrites the table as the controller does after a reported change, and
 	// checks that the rewrite, being ours, is not reported.
@@ -249,8 +249,8 @@ func TestMonitorLargeOwnTransaction(t *testing.T) {
 		svcs = append(svcs, svc(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.96.%d.%d", i/250, 1+i%250), 0, i*10, 10))
 	}
 	rs, _ := compile.Compile(&model.Snapshot{Services: svcs}, cfg(), compile.NewSlots())
-	_, changes, _ := watch(t, ns)
 	applier := kernel.New(kernel.WithNetNS(ns.FD))
+	_, changes, _ := watch(t, ns, kernel.MonitorOwnWrites(applier))
 	for i := 0; i < 2; i++ {
 		applier.Resync()
 		st, err := applier.Apply(rs)

@@ -19,17 +19,21 @@ type Limits struct {
 	WriteTimeout      time.Duration // from the end of the headers to the end of the response
 	IdleTimeout       time.Duration // a keep-alive connection waiting for its next request
 	MaxHeaderBytes    int
-	MaxConns          int // connections served at once; further ones wait (one per listener accepted, the rest in the kernel's backlog)
+	MaxConns          int // connections open at once; further ones wait in the kernel's backlog
+	// LoopbackExempt: connections from 127.0.0.0/8 and ::1 (the node itself: the
+	// kubelet's probes in manifests/) do not count against MaxConns, so clients from
+	// elsewhere that hold the whole budget cannot make the node's own probes wait.
+	LoopbackExempt bool
 }
 
 // The limits of nftproxy's servers. Probes (kubelet, load balancers, Prometheus) send a
 // small request and read a small answer in well under a second; the write timeout leaves
 // a metrics scrape of tens of thousands of series room. Connections beyond MaxConns are
-// not refused: they wait to be served until one closes, which the timeouts bound.
+// not refused: they wait to be accepted until one closes, which the timeouts bound.
 var (
 	// Health is the /healthz and /livez server's (0.0.0.0:10256 by default).
 	Health = Limits{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
-		IdleTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10, MaxConns: 256}
+		IdleTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10, MaxConns: 256, LoopbackExempt: true}
 	// Metrics is the metrics server's (127.0.0.1:10249 by default).
 	Metrics = Limits{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 60 * time.Second,
 		IdleTimeout: 30 * time.Second, MaxHeaderBytes: 16 << 10, MaxConns: 64}
@@ -72,26 +76,36 @@ func (p *Pool) Listener(ln net.Listener) net.Listener {
 	return &listener{Listener: ln, sem: p.sem, done: make(chan struct{})}
 }
 
-// Listen wraps ln with a pool of its own of l.MaxConns.
-func Listen(ln net.Listener, l Limits) net.Listener { return NewPool(l.MaxConns).Listener(ln) }
+// Listen wraps ln with a pool of its own of l.MaxConns (and l.LoopbackExempt).
+func Listen(ln net.Listener, l Limits) net.Listener {
+	wrapped := NewPool(l.MaxConns).Listener(ln)
+	if w, ok := wrapped.(*listener); ok {
+		w.loopbackExempt = l.LoopbackExempt
+	}
+	return wrapped
+}
 
 type listener struct {
 	net.Listener
-	sem       chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
+	sem            chan struct{}
+	done           chan struct{}
+	closeOnce      sync.Once
+	loopbackExempt bool
 }
 
-// Accept takes a connection from the kernel first and a slot of the budget second. The
-// other order would let every idle listener of a shared pool hold a slot while it waits
-// for a connection that may never come: with as many listeners as slots, no listener
-// could serve at all. This way an accepted connection waits for a slot (its listener
-// accepts nothing else meanwhile), so at most one connection per listener is held
-// beyond the budget.
+// Accept takes a slot of the budget after the kernel's accept, not before: a listener
+// waiting for its next client holds none, so any number of listeners can share a budget.
+// While the budget is full the accepted connection waits here, unread (one per
+// listener at most), until another closes.
 func (l *listener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
+	}
+	if l.loopbackExempt {
+		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok && a.IP.IsLoopback() {
+			return c, nil
+		}
 	}
 	select {
 	case l.sem <- struct{}{}:

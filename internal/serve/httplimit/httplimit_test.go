@@ -162,3 +162,103 @@ func TestDefaultsAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// A pool shared by more listeners than it has slots still serves every listener: a
+// listener waiting for a client holds no slot.
+func TestPoolSharedByMoreListenersThanSlots(t *testing.T) {
+	pool := NewPool(2)
+	var addrs []string
+	for range 5 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := Limits{ReadHeaderTimeout: time.Second, IdleTimeout: time.Minute}
+		srv := Server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }), l)
+		done := make(chan struct{})
+		go func() { _ = srv.Serve(pool.Listener(ln)); close(done) }()
+		t.Cleanup(func() { srv.Close(); <-done })
+		addrs = append(addrs, ln.Addr().String())
+	}
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for round := range 2 {
+		for _, a := range addrs {
+			resp, err := client.Get("http://" + a + "/")
+			if err != nil {
+				t.Fatalf("round %d, %s: %v", round, a, err)
+			}
+			resp.Body.Close()
+		}
+	}
+}
+
+// pipeListener hands out in-memory connections that claim to come from a given address.
+type pipeListener struct {
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+type fromConn struct {
+	net.Conn
+	from net.Addr
+}
+
+func (c fromConn) RemoteAddr() net.Addr { return c.from }
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+func (l *pipeListener) Close() error   { l.once.Do(func() { close(l.closed) }); return nil }
+func (l *pipeListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4zero, Port: 10256} }
+
+// dial queues a connection from ip and returns the client's end.
+func (l *pipeListener) dial(ip string) net.Conn {
+	server, client := net.Pipe()
+	l.conns <- fromConn{server, &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}}
+	return client
+}
+
+// With LoopbackExempt, clients from elsewhere holding the whole budget do not make a
+// client on loopback (the kubelet's probe) wait; without it, they do.
+func TestLoopbackExempt(t *testing.T) {
+	for _, exempt := range []bool{true, false} {
+		ln := &pipeListener{conns: make(chan net.Conn), closed: make(chan struct{})}
+		l := Limits{ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: 2, LoopbackExempt: exempt}
+		srv := Server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }), l)
+		done := make(chan struct{})
+		go func() { _ = srv.Serve(Listen(ln, l)); close(done) }()
+		for _, ip := range []string{"10.244.1.5", "10.244.2.7"} { // take the budget and keep it
+			c := ln.dial(ip)
+			defer c.Close()
+			if err := request(c, bufio.NewReader(c)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		answered := make(chan error, 1)
+		go func() {
+			c := ln.dial("127.0.0.1")
+			defer c.Close()
+			answered <- request(c, bufio.NewReader(c))
+		}()
+		select {
+		case err := <-answered:
+			if !exempt {
+				t.Errorf("not exempt: the probe from 127.0.0.1 was served over the budget (err %v)", err)
+			} else if err != nil {
+				t.Error(err)
+			}
+		case <-time.After(300 * time.Millisecond):
+			if exempt {
+				t.Error("loopback exempt: the probe from 127.0.0.1 waited behind the budget")
+			}
+		}
+		srv.Close()
+		<-done
+	}
+}
