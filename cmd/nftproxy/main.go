@@ -31,6 +31,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
+	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
@@ -206,6 +207,9 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	}
 	if err := checkKernel(log, kernel.RunningRelease); err != nil {
 		return err
+	}
+	if err := conntrack.SetSysctls(log, o.Conntrack, conntrack.SysctlEnv{}); err != nil {
+		return fmt.Errorf("could not set conntrack parameters: %w", err)
 	}
 	log.Info("Starting nftproxy", "node", nodeName, "clusterCIDRs", o.ClusterCIDR, "apiServer", rc.Host)
 	controller.WarnKubeProxyLeftovers(log, applier)

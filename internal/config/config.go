@@ -59,6 +59,7 @@ type Values struct {
 	DetectLocalMode    string        // detectLocalMode
 	Verbosity          int           // logging.verbosity
 	LoggingFormat      string        // logging.format
+	Conntrack          Conntrack     // conntrack.*
 	// FeatureGates are the file's featureGates; only AllowServiceExternalIPs has an
 	// effect (see ExternalIPsAllowed).
 	FeatureGates map[string]bool // featureGates
@@ -350,6 +351,7 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 		DetectLocalMode:    string(c.DetectLocalMode),
 		Verbosity:          int(c.Logging.Verbosity),
 		LoggingFormat:      c.Logging.Format,
+		Conntrack:          ConntrackFrom(c),
 	}
 	if len(c.FeatureGates) > 0 {
 		v.FeatureGates = maps.Clone(c.FeatureGates)
@@ -408,6 +410,9 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 	}
 	if err := CheckLoggingFormat(v.LoggingFormat); err != nil {
 		fail("logging.format", "%v", err)
+	}
+	if err := v.Conntrack.Check(func(f string) string { return "conntrack." + f }); err != nil {
+		errs = append(errs, err)
 	}
 	if v.KubeAPIBurst < 0 {
 		fail("clientConnection.burst", "%d must not be negative", v.KubeAPIBurst)
@@ -476,6 +481,7 @@ func (v Values) Apply(c *v1alpha1.KubeProxyConfiguration) {
 	c.DetectLocalMode = v1alpha1.LocalMode(v.DetectLocalMode)
 	c.Logging.Verbosity = logsapi.VerbosityLevel(v.Verbosity)
 	c.Logging.Format = v.LoggingFormat
+	v.Conntrack.ApplyTo(c)
 	if c.FeatureGates == nil {
 		c.FeatureGates = map[string]bool{}
 	}

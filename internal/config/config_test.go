@@ -58,6 +58,7 @@ logging:
 		MetricsBindAddress: "127.0.0.1:10249",
 		Verbosity:          2,
 		LoggingFormat:      "json",
+		Conntrack:          DefaultConntrack(),
 	}
 	if !reflect.DeepEqual(f.Values, want) {
 		t.Errorf("values:\n got %+v\nwant %+v", f.Values, want)
@@ -73,6 +74,7 @@ func TestDefaults(t *testing.T) {
 		KubeAPIQPS: 5, KubeAPIBurst: 10, KubeAPIContentType: "application/vnd.kubernetes.protobuf",
 		MasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
 		HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249", LoggingFormat: "text",
+		Conntrack: Conntrack{MaxPerCore: 32 * 1024, Min: 128 * 1024, TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour},
 	}
 	if !reflect.DeepEqual(f.Values, want) {
 		t.Errorf("values:\n got %+v\nwant %+v", f.Values, want)
@@ -127,7 +129,6 @@ configSyncPeriod: 15m
 clusterCIDR: 10.0.0.0/8
 `)
 	want := []string{
-		`config file: conntrack.maxPerCore: 0 has no effect in nftproxy`,
 		`config file: enableProfiling: true has no effect in nftproxy`,
 		`config file: featureGates.SomeGate: true has no effect in nftproxy`,
 		`config file: ipvs.scheduler: "rr" has no effect in nftproxy`,

@@ -60,6 +60,11 @@ type Options struct {
 	// ServiceCountersMinInterval is the least time one kernel read of them serves.
 	ServiceCounters            bool
 	ServiceCountersMinInterval time.Duration
+	// Conntrack: the --conntrack-* flags (or the file's conntrack.*), kube-proxy's
+	// sysctls.
+	Conntrack config.Conntrack
+
+	healthzPort, metricsPort int32 // kube-proxy's deprecated --healthz-port, --metrics-port
 
 	ignored []string     // kube-proxy flags that were set but have no effect
 	file    *config.File // the --config file, once Complete has loaded it
@@ -104,6 +109,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, the newest ones are not programmed and get a Warning event. 0: no limit. (nftproxy only)")
 	fs.BoolVar(&o.ServiceCounters, "service-counters", true, "Export per-service packet and byte counters (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total). false: the kernel's counter sets are never read. (nftproxy only)")
 	fs.DurationVar(&o.ServiceCountersMinInterval, "service-counters-min-interval", 0, "Least time one read of the kernel's per-service counters serves scrapes for; a read always serves for 20 times as long as it took. (nftproxy only)")
+	addConntrackFlags(fs, o)
 	addIgnored(fs, o)
 	return fs, o
 }
@@ -116,14 +122,11 @@ var ignoredFlags = map[string]bool{
 	"ipvs-exclude-cidrs": false, "ipvs-min-sync-period": false, "ipvs-scheduler": false,
 	"ipvs-strict-arp": true, "ipvs-sync-period": false, "ipvs-tcp-timeout": false,
 	"ipvs-tcpfin-timeout": false, "ipvs-udp-timeout": false,
-	"conntrack-max-per-core": false, "conntrack-min": false, "conntrack-tcp-be-liberal": true,
-	"conntrack-tcp-timeout-close-wait": false, "conntrack-tcp-timeout-established": false,
-	"conntrack-udp-timeout": false, "conntrack-udp-timeout-stream": false,
 	"oom-score-adj": false, "pod-bridge-interface": false, "pod-interface-name-prefix": false,
 	"profiling": true, "proxy-port-range": false, "show-hidden-metrics-for-version": false,
 	"log-flush-frequency": false, "log-json-split-stream": true, "log-json-info-buffer-size": false,
 	"log-text-split-stream": true, "log-text-info-buffer-size": false,
-	"healthz-port": false, "metrics-port": false, "udp-timeout": false, "windows-service": true,
+	"udp-timeout": false, "windows-service": true,
 	"hostname-override-from-node": true,
 }
 
@@ -277,6 +280,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 				b.apply(o, f.Values)
 			}
 		}
+		o.applyConntrackFile(fs, f.Values.Conntrack)
 		o.notes = append(o.notes, f.Notes...)
 	}
 	if fs.Changed("feature-gates") {
@@ -285,6 +289,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 	if !o.ExternalIPsAllowed() {
 		o.notes = append(o.notes, "feature gate AllowServiceExternalIPs=false: no Service externalIPs are programmed")
 	}
+	o.applyDeprecatedPorts(fs)
 	o.HealthzBindAddress = config.AppendPortIfNeeded(o.HealthzBindAddress, config.HealthzPort)
 	o.MetricsBindAddress = config.AppendPortIfNeeded(o.MetricsBindAddress, config.MetricsPort)
 	_, notes := config.NormalizeNodePortAddresses(o.NodePortAddresses)
@@ -396,6 +401,9 @@ func (o *Options) Validate() error {
 		if n < 0 {
 			return fmt.Errorf("%s: %d must not be negative (0: no limit)", flag, n)
 		}
+	}
+	if err := o.validateConntrack(); err != nil {
+		return err
 	}
 	if o.Verbosity < 0 {
 		return fmt.Errorf("-v: %d must not be negative", o.Verbosity)

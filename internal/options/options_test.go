@@ -44,7 +44,7 @@ func TestDefaultsWithoutConfig(t *testing.T) {
 		KubeAPIQPS: 5, KubeAPIBurst: 10, KubeAPIContentType: "application/vnd.kubernetes.protobuf",
 		MasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
 		HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249",
-		DetectLocalMode: "ClusterCIDR", LoggingFormat: "text",
+		DetectLocalMode: "ClusterCIDR", LoggingFormat: "text", Conntrack: config.DefaultConntrack(),
 	}
 	if got := o.Values(); !reflect.DeepEqual(got, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", got, want)
@@ -87,7 +87,7 @@ logging: {verbosity: 3, format: json}
 		HostnameOverride:   "file-node", ClusterCIDR: "10.2.0.0/16", NodePortAddresses: []string{"192.0.2.0/24"},
 		MasqueradeAll: true, MasqueradeBit: 14, SyncPeriod: 10 * time.Second, MinSyncPeriod: 500 * time.Millisecond,
 		HealthzBindAddress: "127.0.0.1:1111", MetricsBindAddress: "127.0.0.1:2222",
-		Verbosity: 1, LoggingFormat: "json",
+		Verbosity: 1, LoggingFormat: "json", Conntrack: config.DefaultConntrack(),
 	}
 	if got := o.Values(); !reflect.DeepEqual(got, want) {
 		t.Errorf("effective:\n got %+v\nwant %+v", got, want)
@@ -241,7 +241,7 @@ func TestKubeProxyCommandLineAccepted(t *testing.T) {
 	}
 	// --proxy-mode=nftables is what nftproxy does: not reported. --feature-gates is
 	// read: gates without effect are notes.
-	if o.Verbosity != 2 || len(o.Ignored()) != 3 || strings.Contains(strings.Join(o.Ignored(), " "), "proxy-mode") {
+	if o.Verbosity != 2 || len(o.Ignored()) != 2 || strings.Contains(strings.Join(o.Ignored(), " "), "proxy-mode") {
 		t.Errorf("verbosity %d, ignored %q", o.Verbosity, o.Ignored())
 	}
 	if notes := strings.Join(o.Notes(), "\n"); !strings.Contains(notes, "--feature-gates: feature gate A=true has no effect in nftproxy") {
