@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -26,6 +27,8 @@ type SysctlEnv struct {
 	ProcSys  string     // default /proc/sys
 	Hashsize string     // default /sys/module/nf_conntrack/parameters/hashsize
 	NumCPU   func() int // default: the node's online CPUs
+	// WriteFile writes a sysctl or module parameter; default os.WriteFile.
+	WriteFile func(path string, data []byte) error
 }
 
 func (e SysctlEnv) withDefaults() SysctlEnv {
@@ -37,6 +40,9 @@ func (e SysctlEnv) withDefaults() SysctlEnv {
 	}
 	if e.NumCPU == nil {
 		e.NumCPU = NumCPU
+	}
+	if e.WriteFile == nil {
+		e.WriteFile = func(path string, data []byte) error { return os.WriteFile(path, data, 0o640) }
 	}
 	return e
 }
@@ -69,18 +75,31 @@ func ConntrackMax(ct config.Conntrack, cpus int) int {
 // established and close-wait timeouts, nf_conntrack_tcp_be_liberal when TCPBeLiberal,
 // and the UDP timeouts; a setting of 0 (false) leaves the kernel's value alone. A value
 // already in place is not written. The first failure stops it, as kube-proxy's does:
-// an operator who asked for a setting must not run without it unknowingly. The one
-// exception is a network namespace other than the node's, where the kernel makes the
-// node-wide nf_conntrack_max read-only: see nodeWideReadOnly.
+// an operator who asked for a setting must not run without it unknowingly. Two
+// exceptions, each logged at -v=0 with what is left alone: a network namespace other
+// than the node's, where the kernel makes the node-wide nf_conntrack_max read-only (see
+// nodeWideReadOnly), and a /proc/sys (or /sys) mounted read-only, as in every
+// unprivileged container — manifests/ runs nftproxy so, and the node's values then stay
+// as the node has them (kube-proxy's DaemonSet is privileged instead).
 func SetSysctls(log logr.Logger, ct config.Conntrack, env SysctlEnv) error {
 	env = env.withDefaults()
+	var readOnly []string
+	// set writes one setting; a read-only file system is noted, not an error
+	set := func(err error, name string) error {
+		if errors.Is(err, syscall.EROFS) {
+			readOnly = append(readOnly, name)
+			return nil
+		}
+		return err
+	}
 	if m := ConntrackMax(ct, env.NumCPU()); m > 0 && !nodeWideReadOnly(log, env, m) {
 		log.Info("Setting nf_conntrack_max", "nfConntrackMax", m)
-		if err := setSysctl(log, env, "nf_conntrack_max", m); err != nil {
-			return fmt.Errorf("%w (--conntrack-max-per-core=0 leaves it alone)", err)
+		err := setSysctl(log, env, "nf_conntrack_max", m)
+		if err == nil {
+			err = set(growHashsize(log, env, m/4), "hashsize")
 		}
-		if err := growHashsize(log, env.Hashsize, m/4); err != nil {
-			return err
+		if err := set(err, "nf_conntrack_max"); err != nil {
+			return fmt.Errorf("%w (--conntrack-max-per-core=0 leaves it alone)", err)
 		}
 	}
 	for _, s := range []struct {
@@ -95,14 +114,18 @@ func SetSysctls(log logr.Logger, ct config.Conntrack, env SysctlEnv) error {
 		if s.d <= 0 {
 			continue
 		}
-		if err := setSysctl(log, env, s.name, int(s.d/time.Second)); err != nil {
+		if err := set(setSysctl(log, env, s.name, int(s.d/time.Second)), s.name); err != nil {
 			return err
 		}
 	}
 	if ct.TCPBeLiberal {
-		if err := setSysctl(log, env, "nf_conntrack_tcp_be_liberal", 1); err != nil {
+		if err := set(setSysctl(log, env, "nf_conntrack_tcp_be_liberal", 1), "nf_conntrack_tcp_be_liberal"); err != nil {
 			return err
 		}
+	}
+	if len(readOnly) > 0 {
+		log.Info("Conntrack settings left as the node has them: /proc/sys is read-only here (an unprivileged container); set them on the node, or run nftproxy privileged, or set conntrack.* to 0 to silence this",
+			"notSet", readOnly)
 	}
 	return nil
 }
@@ -132,7 +155,7 @@ func setSysctl(log logr.Logger, env SysctlEnv, name string, value int) error {
 		return nil
 	}
 	log.Info("Set sysctl", "entry", "net/netfilter/"+name, "value", value)
-	if err := os.WriteFile(path, []byte(strconv.Itoa(value)), 0o640); err != nil {
+	if err := env.WriteFile(path, []byte(strconv.Itoa(value))); err != nil {
 		if errors.Is(err, os.ErrPermission) {
 			return fmt.Errorf("cannot set sysctl net/netfilter/%s to %d: %w (read-only: outside the host's network namespace, or /proc/sys mounted read-only)", name, value, err)
 		}
@@ -142,7 +165,8 @@ func setSysctl(log logr.Logger, env SysctlEnv, name string, value int) error {
 }
 
 // growHashsize raises the conntrack hash table size to want if it is smaller.
-func growHashsize(log logr.Logger, path string, want int) error {
+func growHashsize(log logr.Logger, env SysctlEnv, want int) error {
+	path := env.Hashsize
 	cur, err := readInt(path)
 	if err != nil {
 		return fmt.Errorf("reading the conntrack hash size: %w", err)
@@ -151,7 +175,7 @@ func growHashsize(log logr.Logger, path string, want int) error {
 		return nil
 	}
 	log.Info("Setting conntrack hashsize", "conntrackHashsize", want)
-	if err := os.WriteFile(path, []byte(strconv.Itoa(want)), 0o640); err != nil {
+	if err := env.WriteFile(path, []byte(strconv.Itoa(want))); err != nil {
 		return fmt.Errorf("cannot set the conntrack hash size to %d: %w", want, err)
 	}
 	return nil

@@ -4,10 +4,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/nftproxy/nftproxy/internal/config"
 )
@@ -129,5 +131,41 @@ func TestSetSysctlsFiles(t *testing.T) {
 	}
 	if read("nf_conntrack_tcp_timeout_close_wait") != 60 {
 		t.Error("the settings before the failing one were not applied")
+	}
+}
+
+// In an unprivileged container /proc/sys and /sys are mounted read-only (EROFS), as for
+// manifests/' DaemonSet: nothing is written, nftproxy starts, and one line at -v=0 names
+// every setting left as the node has it.
+func TestSetSysctlsReadOnlyProcSys(t *testing.T) {
+	env, read := fakeSys(t)
+	var tried []string
+	env.WriteFile = func(path string, _ []byte) error {
+		tried = append(tried, filepath.Base(path))
+		return &os.PathError{Op: "open", Path: path, Err: syscall.EROFS}
+	}
+	var logged strings.Builder
+	log := funcr.New(func(prefix, args string) { logged.WriteString(args + "\n") }, funcr.Options{})
+	ct := config.Conntrack{MaxPerCore: 32768, Min: 131072, TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour}
+	if err := SetSysctls(log, ct, env); err != nil {
+		t.Fatalf("a read-only /proc/sys stopped nftproxy: %v", err)
+	}
+	if len(tried) != 3 {
+		t.Errorf("tried to write %v, want nf_conntrack_max and the two TCP timeouts", tried)
+	}
+	for _, n := range sysctlNames {
+		if read(n) != 7 {
+			t.Errorf("%s changed to %d", n, read(n))
+		}
+	}
+	for _, n := range []string{"nf_conntrack_max", "nf_conntrack_tcp_timeout_established", "nf_conntrack_tcp_timeout_close_wait"} {
+		if !strings.Contains(logged.String(), n) || !strings.Contains(logged.String(), "read-only") {
+			t.Errorf("the log does not say %s was left alone:\n%s", n, logged.String())
+		}
+	}
+	// Any other failure still stops it.
+	env.WriteFile = func(path string, _ []byte) error { return &os.PathError{Op: "open", Path: path, Err: syscall.EIO} }
+	if err := SetSysctls(logr.Discard(), ct, env); err == nil {
+		t.Error("an I/O error was ignored")
 	}
 }
