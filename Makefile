@@ -5,7 +5,7 @@ GO       ?= go
 BIN      := $(CURDIR)/bin
 PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
 
-.PHONY: all build deps test lint unit e2e soak demo bench fuzz clean
+.PHONY: all build deps test lint unit e2e soak demo bench fuzz conformance clean
 
 all: build
 
@@ -29,6 +29,8 @@ unit:
 
 # End-to-end: real etcd + kube-apiserver and real packets between network namespaces.
 # One package at a time (-p 1): each runs its own clusters and traffic needs the CPU.
+# Includes e2e/realcluster's TestRealClusterSmoke: a real two-node kubelet cluster with
+# nftproxy applied from manifests/ and one upstream [Conformance] spec (~1.5 min warm).
 e2e:
 	NFTPROXY_E2E=1 $(GO) test -count=1 -p 1 -timeout 60m -v ./e2e/...
 
@@ -60,6 +62,19 @@ fuzz:
 		echo "== $$t ($(FUZZTIME))"; \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -parallel=1 ./internal/controller/ || exit 1; \
 	done
+
+# Upstream's e2e.test v1.37.0 ([sig-network] Services, Networking, Conntrack, EndpointSlice,
+# ...; docs/conformance.md) against real two-node clusters, first with kube-proxy v1.37.0
+# (nftables mode) and then with nftproxy from manifests/, each in a fresh cluster; then
+# the disruption measurements (docs/reliability.md). Results and the table in
+# CONFORMANCE_OUT. The last line is nftproxy's "N passed, N failed".
+CONFORMANCE_OUT ?= $(CURDIR)/bin/conformance
+conformance: deps
+	mkdir -p $(CONFORMANCE_OUT)
+	NFTPROXY_E2E=1 NFTPROXY_CONFORMANCE=1 CONFORMANCE_OUT=$(CONFORMANCE_OUT) $(GO) test -count=1 -timeout 5h -v \
+		-run '^(TestDisruption|TestConformance)$$' ./e2e/realcluster/ > $(CONFORMANCE_OUT)/go-test.log 2>&1; \
+		rc=$$?; grep -E '^(=== RUN|--- |    --- |PASS|FAIL|ok)' $(CONFORMANCE_OUT)/go-test.log; \
+		cat $(CONFORMANCE_OUT)/summary.txt 2>/dev/null || echo "no nftproxy results (see $(CONFORMANCE_OUT)/go-test.log)"; exit $$rc
 
 clean:
 	rm -rf $(BIN)

@@ -16,6 +16,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,6 +42,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/internal/serve"
 	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
+	"github.com/nftproxy/nftproxy/internal/version"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
@@ -71,6 +73,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nftproxy: logger:", err)
 		os.Exit(1)
 	}
+	logVersion(log, kernel.RunningRelease)
 	for _, n := range o.Notes() {
 		log.Info("Configuration", "note", n)
 	}
@@ -89,10 +92,22 @@ func main() {
 // --help and --write-config-to. exit tells main to exit with code right away.
 func configure(fs *pflag.FlagSet, o *options.Options, args []string, stderr io.Writer) (code int, exit bool) {
 	fs.SetOutput(stderr)
+	showVersion := addVersionFlag(fs)
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") { // before flags that only a subcommand knows
+		fmt.Fprintln(stderr, "nftproxy:", checkArgs(args[:1]))
+		return 2, true
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0, true
 		}
+		fmt.Fprintln(stderr, "nftproxy:", err)
+		return 2, true
+	}
+	if printVersion(showVersion, stdout) {
+		return 0, true
+	}
+	if err := checkArgs(fs.Args()); err != nil {
 		fmt.Fprintln(stderr, "nftproxy:", err)
 		return 2, true
 	}
@@ -231,6 +246,9 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	if o.DryRun {
 		return dryRun(ctx, client, cfg)
 	}
+	if err := checkKernel(log, kernel.RunningRelease); err != nil {
+		return err
+	}
 	log.Info("Starting nftproxy", "node", nodeName, "clusterCIDRs", o.ClusterCIDR, "apiServer", rc.Host)
 	controller.WarnKubeProxyLeftovers(log, applier)
 	ct, err := netlink.NewHandle(unix.NETLINK_NETFILTER) // stale UDP conntrack entries
@@ -250,6 +268,7 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		ServiceCountersInterval: o.ServiceCountersMinInterval,
 		Log:                     log,
 	})
+	rec.Registry().MustRegister(version.NewCollector())
 	cfg.Metrics = rec
 	p := controller.New(client, applier, cfg, log)
 	// Self-healing: another process changing our tables is noticed at once (not only
