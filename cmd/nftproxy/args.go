@@ -6,7 +6,7 @@ import (
 )
 
 // subcommands are nftproxy's subcommands; each must come first on the command line.
-var subcommands = []string{"explain", "verify"}
+var subcommands = []string{"explain", "verify", "list"}
 
 // checkArgs refuses positional arguments: the proxy takes none, so one is a mistyped
 // subcommand (nftproxy explian …) or a subcommand after flags, and starting the proxy

@@ -54,6 +54,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "verify" {
 		os.Exit(runVerify(os.Args[2:], os.Stdout, os.Stderr))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "list" {
+		os.Exit(runList(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	if os.Getenv("GOGC") == "" {
 		// A sync's transient garbage (netlink encoding) is about twice the live heap at
 		// scale; collecting at +50% instead of +100% cuts the peak by a fifth (10k

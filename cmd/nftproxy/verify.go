@@ -40,7 +40,9 @@ func runVerify(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "usage: nftproxy verify [flags]\n\n"+
 			"Compares nftproxy's tables in the kernel with what the Services, EndpointSlices and\n"+
 			"Node in the API compile to, with the proxy's flags (or --config). Prints every\n"+
-			"difference; exits 0 when equal, 1 when different, 2 on error.\n\n%s", fs.FlagUsages())
+			"difference, rules and elements in nft syntax as the kernel holds them (a rule\n"+
+			"nftproxy never writes by its expressions); exits 0 when equal, 1 when different,\n"+
+			"2 on error.\n\n%s", fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

@@ -79,8 +79,9 @@ func TestUnknownPositionalArguments(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"explian", "--from", "10.0.0.1", "10.96.0.10:53/udp"}, `unknown command "explian": the proxy takes no positional arguments; subcommands are explain, verify (did you mean "explain"?)`},
+		{[]string{"explian", "--from", "10.0.0.1", "10.96.0.10:53/udp"}, `unknown command "explian": the proxy takes no positional arguments; subcommands are explain, verify, list (did you mean "explain"?)`},
 		{[]string{"verfiy"}, `(did you mean "verify"?)`},
+		{[]string{"lsit", "-o", "json"}, `(did you mean "list"?)`},
 		{[]string{"--hostname-override=n1", "start"}, `unknown command "start"`},
 		{[]string{"-v=2", "verify"}, `"verify" must be the first argument`},
 	} {

@@ -943,8 +943,11 @@ func compareStates(got, want *TableState, rs *nft.Ruleset, cfg verifyConfig) Dif
 			add("set %s extra (%d elements)", name, len(gs.Elements))
 			continue
 		}
-		for _, what := range setDefDiff(gs, ws) {
-			add("set %s: %s", name, what)
+		if what := setDefDiff(gs, ws); len(what) > 0 {
+			for _, w := range what {
+				add("set %s: %s", name, w)
+			}
+			add("set %s: kernel definition `%s`, expected `%s`", name, setHeader(rs.Family, gs), setHeader(rs.Family, ws))
 		}
 		if ws.Flags&unix.NFT_SET_EVAL != 0 {
 			continue // dynamic: elements are learned by the rules
@@ -972,6 +975,9 @@ func compareStates(got, want *TableState, rs *nft.Ruleset, cfg verifyConfig) Dif
 			continue
 		case wc == nil:
 			add("chain %s extra (%d rules)", name, len(gc.Rules))
+			for i := range gc.Rules {
+				add("chain %s: extra rule %d: %s", name, i, r.rule(gv, name, i))
+			}
 			continue
 		}
 		if !sameHook(gc.Hook, wc.Hook) {
@@ -1106,6 +1112,18 @@ func (r *renderer) rule(v *sideView, chain string, i int) string {
 		return "`" + s + "`"
 	}
 	rule := v.resolved[chain][i]
+	if c := v.st.Chains[chain]; c != nil && i < len(c.Rules) {
+		if dec, ok := DecodeRule(r.rs.Family, c.Rules[i]); ok {
+			out := "`" + nft.RenderRule(r.rs.Family, dec) + "`"
+			for _, e := range rule.Exprs {
+				if sel, ok := e.Attrs[attrSelected]; ok {
+					out += " selecting " + r.slotValues(string(sel))
+				}
+			}
+			return out
+		}
+	}
+	// not an encoding of any statement nftproxy writes: its expressions
 	var parts []string
 	for _, e := range rule.Exprs {
 		parts = append(parts, r.expr(e))
@@ -1303,4 +1321,22 @@ func decodeValues(types []nft.Datatype, b []byte) ([]nft.Value, bool) {
 		b = b[width:]
 	}
 	return out, len(b) == 0
+}
+
+// setHeader is a set's definition without elements in nft syntax, on one line.
+func setHeader(fam nft.Family, s *SetState) string {
+	d := decodeSet(&SetState{Name: s.Name, Flags: s.Flags, KeyType: s.KeyType, KeyLen: s.KeyLen, DataType: s.DataType,
+		DataLen: s.DataLen, Timeout: s.Timeout, Size: s.Size, UserData: s.UserData, Exprs: s.Exprs})
+	text := nft.Render(&nft.Ruleset{Family: fam, Table: "t", Sets: []*nft.Set{d}})
+	lines := strings.Split(text, "\n")
+	var out []string
+	for _, l := range lines[1:] { // the table line
+		if l = strings.TrimSpace(l); l != "" && l != "}" {
+			out = append(out, l)
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return out[0] + " " + strings.Join(out[1:], "; ") + " }"
 }

@@ -160,9 +160,9 @@ func TestVerifyReportsTampering(t *testing.T) {
 		}, nil,
 			[]string{`ip nftproxy: set service-nodeports: element differs: kernel tcp . 30080 : drop, expected tcp . 30080 : goto ext-default/a/tcp/http comment "default/a:http"`}},
 		{"add rule", [][]string{{"nft", "add", "rule", "ip", "nftproxy", "services", "counter", "drop"}}, nil,
-			[]string{`ip nftproxy: chain services: extra rule 2: [counter, immediate drop]`}},
+			[]string{"ip nftproxy: chain services: extra rule 2: `counter packets 0 bytes 0 drop`"}},
 		{"insert rule", [][]string{{"nft", "insert", "rule", "ip", "nftproxy", "mark-for-masquerade", "ip", "saddr", "10.1.2.3", "accept"}}, nil,
-			[]string{`ip nftproxy: chain mark-for-masquerade: extra rule 0: [payload network+12/4, cmp == 0a010203, immediate accept]`}},
+			[]string{"ip nftproxy: chain mark-for-masquerade: extra rule 0: `ip saddr 10.1.2.3 accept`"}},
 		{"flush chain", [][]string{{"nft", "flush", "chain", "ip", "nftproxy", svcA}}, nil,
 			[]string{
 				"ip nftproxy: chain " + svcA + ": missing rule 0: `ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 jump mark-for-masquerade`",
@@ -170,6 +170,13 @@ func TestVerifyReportsTampering(t *testing.T) {
 			}},
 		{"add chain", [][]string{{"nft", "add", "chain", "ip", "nftproxy", "intruder"}}, nil,
 			[]string{"ip nftproxy: chain intruder extra (0 rules)"}},
+		{"add chain with a rule", [][]string{
+			{"nft", "add", "chain", "ip", "nftproxy", "intruder"},
+			{"nft", "add", "rule", "ip", "nftproxy", "intruder", "ip", "daddr", "10.0.0.0/8", "drop"},
+		}, nil,
+			[]string{"ip nftproxy: chain intruder extra (1 rules)", "ip nftproxy: chain intruder: extra rule 0: `ip daddr 10.0.0.0/8 drop`"}},
+		{"a rule nftproxy never writes is shown by its expressions", [][]string{{"nft", "add", "rule", "ip", "nftproxy", "services", "tcp", "dport", "22", "accept"}}, nil,
+			[]string{"ip nftproxy: chain services: extra rule 2: [meta key 16, cmp == 06, payload transport+2/2, cmp == 0016, immediate accept]"}},
 		{"learned affinity entries are not a difference", [][]string{
 			{"nft", "add", "element", "ip", "nftproxy", "affinity-default/sticky/tcp/http/0", "{ 10.244.7.7 }"},
 		}, nil, nil},
@@ -177,7 +184,7 @@ func TestVerifyReportsTampering(t *testing.T) {
 			[]string{`ip nftproxy: set endpoints-0: missing element 0 : 10.244.0.1 . 8080`}},
 		{"delete endpoint slot, slots by content", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "endpoints-0", "{ 0 }"}},
 			[]kernel.VerifyOption{kernel.EndpointSlotsByContent()},
-			[]string{"ip nftproxy: chain " + svcA + ": rule 1 differs: kernel [meta key 16, cmp == 06, numgen mod 2, lookup selecting {10.244.0.2 . 8080, missing}, nat] comment \"default/a:http\", expected `" + dnatA + "`"}},
+			[]string{"ip nftproxy: chain " + svcA + ": rule 1 differs: kernel `" + dnatA + "` selecting {10.244.0.2 . 8080, missing}, expected `" + dnatA + "`"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -235,6 +242,7 @@ func TestCompareEncoded(t *testing.T) {
 	snap := verifySnapshot()
 	snap.Services[0].ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.11")}
 	snap.Services = snap.Services[:3] // "empty" is gone
+	snap.Services[1].AffinityTimeout = 60
 	cur, _ := compile.Compile(snap, cfg(), slots)
 	got, err := kernel.EncodeState(old)
 	if err != nil {
@@ -258,8 +266,12 @@ func TestCompareEncoded(t *testing.T) {
 			t.Errorf("line without table prefix: %q", l)
 		}
 	}
-	if !strings.Contains(d.String(), "chain svc-default/a/tcp/http: rule 0 differs: kernel [payload network+16/4, cmp == 0a600001, payload network+12/2, cmp != 0af4, immediate jump mark-for-masquerade], expected `ip daddr 10.96.0.11 ") {
+	if !strings.Contains(d.String(), "chain svc-default/a/tcp/http: rule 0 differs: kernel `ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 jump mark-for-masquerade`, expected `ip daddr 10.96.0.11 ") {
 		t.Errorf("changed rule not reported with its index and text:\n%s", d)
+	}
+	if !strings.Contains(d.String(), "set affinity-default/sticky/tcp/http/0: kernel definition `set affinity-default/sticky/tcp/http/0 { type ipv4_addr; size 65535; flags dynamic,timeout; timeout 10800s; comment") ||
+		!strings.Contains(d.String(), "expected `set affinity-default/sticky/tcp/http/0 { type ipv4_addr; size 65535; flags dynamic,timeout; timeout 60s;") {
+		t.Errorf("changed set definition not shown in nft syntax:\n%s", d)
 	}
 	if !strings.Contains(d.String(), `no-endpoint-services: extra element 10.96.0.4 . tcp . 80`) {
 		t.Errorf("gone no-endpoint element not reported:\n%s", d)

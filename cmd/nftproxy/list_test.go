@@ -1,0 +1,202 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/testnetns"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/kernel"
+)
+
+// listPort returns a TCP service port "default/name:http" with n endpoints from
+// 10.244.first+1 on, on node-2 unless local.
+func listPort(name, clusterIP string, nodePort uint16, first, n int) model.ServicePort {
+	sp := model.ServicePort{
+		Name:       model.ServicePortName{Namespace: "default", Name: name, Port: "http", Protocol: model.ProtoTCP},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)},
+		Port:       80,
+		NodePort:   nodePort,
+	}
+	for i := first; i < first+n; i++ {
+		sp.Endpoints = append(sp.Endpoints, model.Endpoint{
+			Addr: netip.AddrFrom4([4]byte{10, 244, 0, byte(1 + i)}), Port: 8080, Ready: true, Serving: true, NodeName: "node-2",
+		})
+	}
+	return sp
+}
+
+// listSnapshot has a plain service with a node port, ClientIP affinity over three
+// endpoints, a load balancer with an external IP, source ranges and the Local policy (one
+// of its endpoints on this node), a service without endpoints and a UDP service.
+func listSnapshot() *model.Snapshot {
+	plain := listPort("plain", "10.96.0.1", 30080, 0, 2)
+	sticky := listPort("sticky", "10.96.0.2", 0, 10, 3)
+	sticky.AffinityTimeout = 10800
+	lb := listPort("lb", "10.96.0.3", 30443, 20, 3)
+	lb.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.51.100.1")}
+	lb.ExternalIPs = []netip.Addr{netip.MustParseAddr("203.0.113.7")}
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	lb.ExternalPolicyLocal = true
+	lb.Endpoints[1].NodeName = "node-1"
+	empty := listPort("empty", "10.96.0.4", 0, 0, 0)
+	dns := listPort("dns", "10.96.0.10", 0, 30, 1)
+	dns.Name.Protocol, dns.Name.Port, dns.Port = model.ProtoUDP, "", 53
+	return &model.Snapshot{
+		Node:     model.Node{Name: "node-1", IPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}},
+		Services: []model.ServicePort{plain, sticky, lb, empty, dns},
+	}
+}
+
+func listConfig() compile.Config {
+	return compile.Config{
+		Family:        nft.IPv4,
+		ClusterCIDR:   netip.MustParsePrefix("10.244.0.0/16"),
+		MasqueradeBit: 14,
+		NodePortAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
+	}
+}
+
+// wantList is the listing of listSnapshot. The load balancer admits its own address as
+// a source too: the node (192.0.2.10) is in the source range and reaches a VIP it holds
+// from that VIP.
+const wantList = `SERVICE              PROTO  FRONTEND         TYPE       POLICY   AFFINITY         ENDPOINTS
+default/dns          udp    10.96.0.10:53    ClusterIP  Cluster  -                10.244.0.31:8080 100.0%
+default/empty:http   tcp    10.96.0.4:80     ClusterIP  -        -                (none: rejected)
+default/lb:http      tcp    10.96.0.3:80     ClusterIP  Cluster  -                10.244.0.21:8080 33.3%
+                                                                                  10.244.0.22:8080 33.3%
+                                                                                  10.244.0.23:8080 33.3%
+default/lb:http      tcp    198.51.100.1:80  External   Local    -                10.244.0.22:8080 100.0% local
+                                                                                  (source ranges: 192.0.2.0/24,198.51.100.1/32)
+default/lb:http      tcp    203.0.113.7:80   External   Local    -                10.244.0.22:8080 100.0% local
+default/lb:http      tcp    *:30443          NodePort   Local    -                10.244.0.22:8080 100.0% local
+default/plain:http   tcp    10.96.0.1:80     ClusterIP  Cluster  -                10.244.0.1:8080 50.0%
+                                                                                  10.244.0.2:8080 50.0%
+default/plain:http   tcp    *:30080          NodePort   Cluster  -                10.244.0.1:8080 50.0%
+                                                                                  10.244.0.2:8080 50.0%
+default/sticky:http  tcp    10.96.0.2:80     ClusterIP  Cluster  ClientIP 10800s  10.244.0.11:8080 33.3%
+                                                                                  10.244.0.12:8080 33.3%
+                                                                                  10.244.0.13:8080 33.3%
+`
+
+// encodedTables reads back what a ruleset encodes to, without a kernel.
+type encodedTables map[nft.Family]*nft.Ruleset
+
+func (e encodedTables) ReadBack(fam nft.Family, table string) (*kernel.TableState, error) {
+	rs := e[fam]
+	if rs == nil || rs.Table != table {
+		return &kernel.TableState{Family: fam, Name: table}, nil
+	}
+	return kernel.EncodeState(rs)
+}
+
+// TestListFormat lists the encoding of a compiled ruleset: the aligned table, and the
+// same in JSON.
+func TestListFormat(t *testing.T) {
+	rs, _ := compile.Compile(listSnapshot(), listConfig(), compile.NewSlots())
+	var out, errs bytes.Buffer
+	if code := listCommand(nil, encodedTables{nft.IPv4: rs}, &out, &errs); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	if out.String() != wantList {
+		t.Errorf("listing:\n%s\nwant:\n%s", out.String(), wantList)
+	}
+	if errs.Len() != 0 {
+		t.Errorf("stderr: %s", errs.String())
+	}
+
+	out.Reset()
+	if code := listCommand([]string{"-o", "json"}, encodedTables{nft.IPv4: rs}, &out, &errs); code != 0 {
+		t.Fatalf("json: exit %d: %s", code, errs.String())
+	}
+	var ports []listedPort
+	if err := json.Unmarshal(out.Bytes(), &ports); err != nil {
+		t.Fatalf("json: %v\n%s", err, out.String())
+	}
+	if len(ports) != 5 || ports[2].Service != "default/lb:http" || len(ports[2].Frontends) != 4 {
+		t.Fatalf("json: %+v", ports)
+	}
+	lbIP := ports[2].Frontends[1]
+	if lbIP.Type != "External" || lbIP.Address != "198.51.100.1" || lbIP.Port != 80 || lbIP.Action != "dnat" || lbIP.TrafficPolicy != "Local" ||
+		len(lbIP.SourceRanges) != 2 || lbIP.SourceRanges[0] != "192.0.2.0/24" ||
+		len(lbIP.Endpoints) != 1 || lbIP.Endpoints[0] != (listedEndpoint{Address: "10.244.0.22:8080", Probability: 1, Local: true}) {
+		t.Errorf("json load-balancer frontend: %+v", lbIP)
+	}
+	if f := ports[4].Frontends[0]; f.AffinityTimeoutSeconds != 10800 || len(f.Endpoints) != 3 || f.Endpoints[0].Probability != 0.333333 {
+		t.Errorf("json affinity frontend: %+v", f)
+	}
+
+	// no table: exit 1 and say so
+	out.Reset()
+	errs.Reset()
+	if code := listCommand(nil, encodedTables{}, &out, &errs); code != 1 || !strings.Contains(errs.String(), "no nftproxy table") {
+		t.Errorf("no table: exit %d, stderr %q", code, errs.String())
+	}
+	if code := listCommand([]string{"-o", "yaml"}, encodedTables{}, &out, &errs); code != 2 {
+		t.Errorf("-o yaml: exit %d", code)
+	}
+}
+
+// TestListKernel programs the compiled rulesets of both families in a throwaway network
+// namespace and lists them from the kernel, and lists again after a service lost its
+// endpoints: the listing shows what is programmed.
+func TestListKernel(t *testing.T) {
+	ns := testnetns.New(t)
+	a := kernel.New(kernel.WithNetNS(ns.FD))
+	slots := compile.NewSlots()
+	snap := listSnapshot()
+	rs, _ := compile.Compile(snap, listConfig(), slots)
+	if _, err := a.Apply(rs); err != nil {
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	if code := listCommand(nil, a, &out, &errs); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	if out.String() != wantList {
+		t.Errorf("listing from the kernel:\n%s\nwant:\n%s", out.String(), wantList)
+	}
+
+	// the plain service loses its endpoints; an IPv6 table appears
+	snap.Services[0].Endpoints = nil
+	rs, _ = compile.Compile(snap, listConfig(), slots)
+	six := model.ServicePort{
+		Name:       model.ServicePortName{Namespace: "default", Name: "v6", Protocol: model.ProtoTCP},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("fd00:96::1")},
+		Port:       443,
+		Endpoints:  []model.Endpoint{{Addr: netip.MustParseAddr("fd00:244::5"), Port: 8443, Ready: true, Serving: true}},
+	}
+	rs6, _ := compile.Compile(&model.Snapshot{Node: snap.Node, Services: []model.ServicePort{six}},
+		compile.Config{Family: nft.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:244::/56"), MasqueradeBit: 14}, compile.NewSlots())
+	for _, r := range []*nft.Ruleset{rs, rs6} {
+		if _, err := a.Apply(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out.Reset()
+	if code := listCommand(nil, a, &out, &errs); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	var lines []string // columns single-spaced: the IPv6 address widens them
+	for _, l := range strings.Split(out.String(), "\n") {
+		lines = append(lines, strings.Join(strings.Fields(l), " "))
+	}
+	for _, want := range []string{
+		"default/plain:http tcp 10.96.0.1:80 ClusterIP - - (none: rejected)",
+		"default/plain:http tcp *:30080 NodePort - - (none: rejected)",
+		"default/v6 tcp [fd00:96::1]:443 ClusterIP Cluster - [fd00:244::5]:8443 100.0%",
+	} {
+		if !slices.Contains(lines, want) {
+			t.Errorf("no line %q in\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "10.244.0.1:8080") {
+		t.Errorf("endpoints no longer programmed still listed:\n%s", out.String())
+	}
+}
