@@ -9,8 +9,14 @@ PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
 
 all: build
 
+# The version nftproxy reports (--version, nftproxy_build_info, the startup line): the
+# nearest tag, else v0.0.0-<commit>; the commit from git.
+VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo "v0.0.0-$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)")
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+VPKG    := github.com/nftproxy/nftproxy/internal/version
+
 build:
-	$(GO) build -o $(BIN)/nftproxy ./cmd/nftproxy
+	$(GO) build -ldflags "-X $(VPKG).gitVersion=$(VERSION) -X $(VPKG).gitCommit=$(COMMIT)" -o $(BIN)/nftproxy ./cmd/nftproxy
 
 deps:
 	e2e/hack/install-deps.sh

@@ -154,7 +154,7 @@ func setSysctl(log logr.Logger, env SysctlEnv, name string, value int) error {
 	if cur, err := readInt(path); err == nil && cur == value {
 		return nil
 	}
-	log.Info("Set sysctl", "entry", "net/netfilter/"+name, "value", value)
+	log.Info("Setting sysctl", "entry", "net/netfilter/"+name, "value", value)
 	if err := env.WriteFile(path, []byte(strconv.Itoa(value))); err != nil {
 		if errors.Is(err, os.ErrPermission) {
 			return fmt.Errorf("cannot set sysctl net/netfilter/%s to %d: %w (read-only: outside the host's network namespace, or /proc/sys mounted read-only)", name, value, err)
