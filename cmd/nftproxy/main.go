@@ -41,6 +41,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/version"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
 // gcPercent is nftproxy's default GOGC.
@@ -253,7 +254,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 		}
 		// repairs back off while another process keeps changing the tables
 		repairs := controller.NewRepairer(p, controller.RepairBackoff{})
-		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed, kernel.MonitorOwnWrites(applier))
+		mon := monitor.New(controller.Tables(), repairs.Changed, monitor.IgnoreWritesOf(applier))
 		if err := mon.Start(ctx); err != nil {
 			log.Error(err, "Cannot watch nftables for changes by other processes; drift is only repaired by the hourly full sync")
 			return
