@@ -63,6 +63,9 @@ type Config struct {
 	HealthChecks HealthChecks
 	// Metrics receives sync and change observations; nil: none.
 	Metrics metrics.Recorder
+	// Applied, if set, is told the rulesets after each sync the kernel accepted (the
+	// per-service counters map kernel elements back to service ports through them).
+	Applied func(rulesets []*nft.Ruleset)
 	// APIServer is the API server's address, for log lines.
 	APIServer string
 	// NoExternalIPs: the feature gate AllowServiceExternalIPs is false; no Service
@@ -362,6 +365,9 @@ func (p *Proxy) sync(periodic bool) error {
 		if err == nil {
 			p.syncedOnce.Do(func() { close(p.synced) })
 			p.applied = rulesets
+			if p.cfg.Applied != nil {
+				p.cfg.Applied(rulesets)
+			}
 			kv := []any{"services", len(snap.Services), "full", st.Full, "messages", st.Messages,
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start)}
 			if first {
