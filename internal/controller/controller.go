@@ -415,7 +415,7 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
 	if p.cfg.Conntrack == nil {
 		return
 	}
-	flows := conntrack.StaleWith(prev, snap, servingEndpoints)
+	flows := conntrack.StaleWith(prev, snap, conntrack.Serving)
 	if len(flows) == 0 {
 		return
 	}
@@ -425,18 +425,6 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
 		return
 	}
 	p.log.V(2).Info("Deleted stale UDP conntrack entries", "entries", n, "flows", len(flows))
-}
-
-// servingEndpoints are the endpoints whose UDP flows are kept: like kube-proxy, a
-// terminating endpoint that still serves drains its clients instead of cutting them.
-func servingEndpoints(sp *model.ServicePort) []model.Endpoint {
-	var out []model.Endpoint
-	for _, e := range sp.Endpoints {
-		if e.Serving || e.Ready {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // syncHealthChecks opens, updates and closes the health-check node port servers; a
