@@ -158,8 +158,7 @@ func fromAPI(ctx context.Context, client kubernetes.Interface, cfg controller.Co
 	}
 	// The machine running explain need not be the node: --nodeport-addresses ranges
 	// select among the node's addresses from its Node object.
-	nodeSnap, _ := model.Build(nil, nil, state.node)
-	nodeIPs := nodeSnap.Node.IPs
+	nodeIPs := model.NodeOf(state.node).IPs
 	cfg.LocalAddrs = func() ([]netip.Addr, error) { return nodeIPs, nil }
 	return state.compile(cfg)
 }

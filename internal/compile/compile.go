@@ -51,8 +51,10 @@ type Config struct {
 	ClusterCIDR   netip.Prefix
 	MasqueradeAll bool
 	MasqueradeBit uint32 // mark bit index, kube-proxy's default is 14
-	// NodePortAddrs are the local addresses node ports answer on. When NodePortAllLocal
-	// is set, node ports answer on every local address instead ("fib daddr type local").
+	// NodePortAddrs are fixed local addresses node ports answer on, besides the
+	// snapshot's NodePortAddrs (the proxy resolves --nodeport-addresses into those; a
+	// fixed list is for compiling without it). When NodePortAllLocal is set, node ports
+	// answer on every local address instead ("fib daddr type local").
 	NodePortAddrs    []netip.Addr
 	NodePortAllLocal bool
 	// NoExternalIPs is the feature gate AllowServiceExternalIPs=false: no externalIP is
@@ -137,10 +139,11 @@ func Compile(snap *model.Snapshot, cfg Config, slots *Slots) (*nft.Ruleset, []mo
 // services that changed (plus a cheap pass over all of them). A Compiler must be used
 // by one goroutine at a time.
 type Compiler struct {
-	cfg   Config
-	slots *Slots
-	node  model.Node
-	parts []*compiledPart // of the previous call, in service port order
+	cfg           Config
+	slots         *Slots
+	node          model.Node
+	nodePortAddrs []netip.Addr    // the snapshot's, of the previous call
+	parts         []*compiledPart // of the previous call, in service port order
 	// every service's cluster IPs (all families), each with the number of service ports
 	// holding it, kept up to date from the difference between calls (services holds
 	// the previous call's service ports: snapshots are immutable)
@@ -265,14 +268,22 @@ func NewCompiler(cfg Config, slots *Slots) *Compiler {
 // it resolved, like the package's Compile.
 func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem) {
 	prev := cc.parts
-	if !sameNode(cc.node, snap.Node) {
-		prev = nil // topology and firewall rules depend on the node: compile everything
-		cc.node = snap.Node
+	if !sameNode(cc.node, snap.Node) || !slices.Equal(cc.nodePortAddrs, snap.NodePortAddrs) {
+		// topology and firewall rules depend on the node, the frontends a service may
+		// claim on the node's addresses: compile everything
+		prev = nil
+		cc.node, cc.nodePortAddrs = snap.Node, snap.NodePortAddrs
 	}
 	c := &compiler{
 		cfg: cc.cfg, slots: cc.slots, v6: cc.cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
-		frontends: make(map[frontendKey]model.ServicePortName, len(snap.Services)),
-		nodePorts: map[nodePortKey]model.ServicePortName{},
+		nodePortAddrs: cc.cfg.NodePortAddrs,
+		frontends:     make(map[frontendKey]model.ServicePortName, len(snap.Services)),
+		nodePorts:     map[nodePortKey]model.ServicePortName{},
+	}
+	for _, a := range snap.NodePortAddrs {
+		if !slices.Contains(c.nodePortAddrs, a) {
+			c.nodePortAddrs = append(slices.Clip(c.nodePortAddrs), a)
+		}
 	}
 	c.init()
 	services := snap.Services
@@ -533,7 +544,7 @@ func (c *compiler) refused(sp *model.ServicePort, what string, ip netip.Addr) bo
 
 // ownAddr reports whether ip is one of this node's addresses that nftproxy knows.
 func (c *compiler) ownAddr(ip netip.Addr) bool {
-	return slices.Contains(c.node.IPs, ip) || slices.Contains(c.cfg.NodePortAddrs, ip) || slices.Contains(c.cfg.OwnAddrs, ip)
+	return slices.Contains(c.node.IPs, ip) || slices.Contains(c.nodePortAddrs, ip) || slices.Contains(c.cfg.OwnAddrs, ip)
 }
 
 // problem records p once per call (one Service's ports share their addresses).
@@ -575,6 +586,7 @@ type compiler struct {
 	serviceCounters, nodePortCounters                     *nft.Set
 	node                                                  model.Node
 	serviceCIDRs                                          []netip.Prefix
+	nodePortAddrs                                         []netip.Addr // the configuration's and the snapshot's
 
 	// keys already used, so that conflicting input never produces a duplicate element
 	frontends map[frontendKey]model.ServicePortName
@@ -646,7 +658,7 @@ func (c *compiler) init() {
 	c.serviceCounters = &nft.Set{Name: SetServiceCounters, Key: frontend, Counter: true, Comment: "packets and bytes sent to each service address"}
 	c.nodePortCounters = &nft.Set{Name: SetNodePortCounters, Key: port, Counter: true, Comment: "packets and bytes sent to each node port"}
 	c.hairpin = &nft.Set{Name: setHairpin, Key: []nft.Datatype{a, a}, Comment: "endpoint . endpoint: hairpin traffic to masquerade"}
-	for _, ip := range c.cfg.NodePortAddrs {
+	for _, ip := range c.nodePortAddrs {
 		if ip.Is6() == c.v6 && !ip.IsLoopback() {
 			c.nodePortIPs.Elements = append(c.nodePortIPs.Elements, nft.Element{Key: []nft.Value{nft.Addr(ip)}})
 		}

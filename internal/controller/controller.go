@@ -501,17 +501,19 @@ type compiler struct {
 }
 
 func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	// What the model cannot know (the machine's addresses) is resolved first, so that
+	// the snapshot is complete when built; from there on, all is pure.
+	npAddrs, allLocal, err := nodePortAddrs(cfg, model.NodeOf(node))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	in := model.Inputs{Services: svcs, Slices: slices, Node: node, ServiceCIDRs: cfg.ServiceCIDRs, NodePortAddrs: npAddrs}
 	var snap *model.Snapshot
 	var problems []model.Problem
 	if pl.models != nil {
-		snap, problems = pl.models.Build(svcs, slices, node)
+		snap, problems = pl.models.BuildFrom(in)
 	} else {
-		snap, problems = model.Build(svcs, slices, node)
-	}
-	snap.ServiceCIDRs = cfg.ServiceCIDRs
-	npAddrs, allLocal, err := nodePortAddrs(cfg, snap.Node)
-	if err != nil {
-		return nil, nil, problems, err
+		snap, problems = model.BuildFrom(in)
 	}
 	if pl.compilers == nil {
 		pl.compilers = map[nft.Family]*compiler{}
@@ -522,7 +524,6 @@ func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.
 			Family:           fam,
 			MasqueradeAll:    cfg.MasqueradeAll,
 			MasqueradeBit:    cfg.MasqueradeBit,
-			NodePortAddrs:    npAddrs,
 			NodePortAllLocal: allLocal[fam],
 			NoExternalIPs:    cfg.NoExternalIPs,
 			ServedPorts:      cfg.ServedPorts,

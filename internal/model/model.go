@@ -138,13 +138,17 @@ type Node struct {
 	Zone string
 }
 
-// Snapshot is the complete, immutable input of one sync.
+// Snapshot is the complete input of one sync: everything the compiler needs is in it
+// when BuildFrom (or Cache.BuildFrom) returns it, and nothing writes it afterwards.
 type Snapshot struct {
 	Node     Node
 	Services []ServicePort // sorted by Name
 	// ServiceCIDRs are the ranges cluster IPs are allocated from (ServiceCIDR objects or
 	// --service-cluster-ip-range); traffic to an unallocated address in them is dropped.
 	ServiceCIDRs []netip.Prefix
+	// NodePortAddrs are the local addresses node ports answer on (--nodeport-addresses
+	// resolved when the snapshot was built).
+	NodePortAddrs []netip.Addr
 }
 
 // Problem is an object (or part of one) that could not be used, with the reason. Each is
