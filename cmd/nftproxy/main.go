@@ -41,6 +41,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/version"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
 // gcPercent is nftproxy's default GOGC.
@@ -225,10 +226,12 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 	hc := healthcheck.New(net.Listen, "", log.WithName("healthcheck")) // healthCheckNodePorts
 	defer hc.Close()
 	cfg.HealthChecks = hc
+	applied := &metrics.AppliedParts{} // the parts last applied, for the counters
+	cfg.Applied = applied.Publish
 	rec := metrics.New(metrics.Options{
 		// per-service counters, attributed by element key, read at most once per
 		// interval however often scraped
-		ServiceCounters:         metrics.KernelCounters(applier, controller.Families),
+		ServiceCounters:         metrics.KernelCounters(applier, controller.Families, applied),
 		NoServiceCounters:       !o.ServiceCounters,
 		ServiceCountersInterval: o.ServiceCountersMinInterval,
 		Log:                     log,
@@ -253,7 +256,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 		}
 		// repairs back off while another process keeps changing the tables
 		repairs := controller.NewRepairer(p, controller.RepairBackoff{})
-		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed, kernel.MonitorOwnWrites(applier))
+		mon := monitor.New(controller.Tables(), repairs.Changed, monitor.IgnoreWritesOf(applier))
 		if err := mon.Start(ctx); err != nil {
 			log.Error(err, "Cannot watch nftables for changes by other processes; drift is only repaired by the hourly full sync")
 			return

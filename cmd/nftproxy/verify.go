@@ -22,7 +22,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/internal/serve"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/readback"
 )
 
 // Exit codes of nftproxy verify.
@@ -32,9 +32,21 @@ const (
 	verifyError     = 2
 )
 
-// verifier reads the kernel back and compares (kernel.Applier; a fake in tests).
+// verifier reads the kernel back and compares (readback.Reader; a fake in tests).
 type verifier interface {
-	Verify(expected *nft.Ruleset, opts ...kernel.VerifyOption) (kernel.Diff, error)
+	Verify(expected *nft.Ruleset, opts ...readback.Option) (readback.Diff, error)
+}
+
+// slotsByContent compares the compiler's endpoint slot maps by what each service's
+// rule selects from them, not by slot number: the proxy's slot numbers depend on the
+// order in which services came and went (compile.Slots), which a fresh compile cannot
+// know.
+var slotsByContent = readback.MapsByContent(isEndpointSlotMap)
+
+// isEndpointSlotMap recognises compile's endpoint slot maps: the only maps keyed by a
+// numgen integer (slot → endpoint address . port).
+func isEndpointSlotMap(s *nft.Set) bool {
+	return s.IsMap() && len(s.Key) == 1 && s.Key[0] == nft.TypeNumgen
 }
 
 // runVerify implements "nftproxy verify [flags]": list the API once, compile exactly as
@@ -52,7 +64,7 @@ func runVerify(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait+2*time.Minute)
 	defer cancel()
-	return verifyLoop(ctx, client, cfg, kernel.New(), wait, stdout, stderr)
+	return verifyLoop(ctx, client, cfg, readback.Reader{}, wait, stdout, stderr)
 }
 
 // verifySettings parses verify's command line and reads the running proxy's settings
@@ -129,7 +141,7 @@ func verifyLoop(ctx context.Context, client kubernetes.Interface, cfg controller
 type verifyResult struct {
 	tables       []string // "ip nftproxy", …
 	servicePorts int
-	diff         kernel.Diff
+	diff         readback.Diff
 	attempts     int
 }
 
@@ -148,7 +160,7 @@ func verifyOnce(ctx context.Context, client kubernetes.Interface, cfg controller
 	}
 	res.servicePorts = len(snap.Services)
 	for _, rs := range rulesets {
-		d, err := v.Verify(rs, kernel.EndpointSlotsByContent())
+		d, err := v.Verify(rs, slotsByContent)
 		if err != nil {
 			return res, fmt.Errorf("reading %s %s back from the kernel: %w", rs.Family, rs.Table, err)
 		}

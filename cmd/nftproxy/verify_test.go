@@ -17,7 +17,8 @@ import (
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/internal/serve"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/readback"
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // TestVerifyReport formats both outcomes and returns their exit codes.
@@ -28,7 +29,7 @@ func TestVerifyReport(t *testing.T) {
 		t.Errorf("equal: code %d, output %q", code, out.String())
 	}
 	out.Reset()
-	r.diff = kernel.Diff{"ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9", "ip nftproxy: chain intruder extra (0 rules)"}
+	r.diff = readback.Diff{"ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9", "ip nftproxy: chain intruder extra (0 rules)"}
 	r.attempts = 4
 	want := "ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9\n" +
 		"ip nftproxy: chain intruder extra (0 rules)\n" +
@@ -40,19 +41,19 @@ func TestVerifyReport(t *testing.T) {
 
 // kernelOf is a fake kernel holding what other rulesets encode to.
 type kernelOf struct {
-	tables map[nft.Family]*kernel.TableState
+	tables map[nft.Family]*wire.TableState
 	seen   int
 }
 
-func (k *kernelOf) Verify(rs *nft.Ruleset, opts ...kernel.VerifyOption) (kernel.Diff, error) {
+func (k *kernelOf) Verify(rs *nft.Ruleset, opts ...readback.Option) (readback.Diff, error) {
 	k.seen++
-	return kernel.Compare(k.tables[rs.Family], rs, opts...)
+	return readback.Compare(k.tables[rs.Family], rs, opts...)
 }
 
 func fakeKernel(t *testing.T, rulesets []*nft.Ruleset) *kernelOf {
-	k := &kernelOf{tables: map[nft.Family]*kernel.TableState{}}
+	k := &kernelOf{tables: map[nft.Family]*wire.TableState{}}
 	for _, rs := range rulesets {
-		st, err := kernel.EncodeState(rs)
+		st, err := wire.EncodeState(rs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +171,7 @@ func TestVerifyReadsRunningProxySettings(t *testing.T) {
 	}
 	k := fakeKernel(t, programmed)
 
-	compare := func(args ...string) (kernel.Diff, string) {
+	compare := func(args ...string) (readback.Diff, string) {
 		t.Helper()
 		var stderr bytes.Buffer
 		o, cfg, _, code := verifySettings(args, &stderr)

@@ -63,6 +63,9 @@ type Config struct {
 	HealthChecks HealthChecks
 	// Metrics receives sync and change observations; nil: none.
 	Metrics metrics.Recorder
+	// Applied, if set, is told the rulesets after each sync the kernel accepted (the
+	// per-service counters map kernel elements back to service ports through them).
+	Applied func(rulesets []*nft.Ruleset)
 	// APIServer is the API server's address, for log lines.
 	APIServer string
 	// NoExternalIPs: the feature gate AllowServiceExternalIPs is false; no Service
@@ -366,6 +369,9 @@ func (p *Proxy) sync(periodic bool) error {
 		if err == nil {
 			p.syncedOnce.Do(func() { close(p.synced) })
 			p.applied = rulesets
+			if p.cfg.Applied != nil {
+				p.cfg.Applied(rulesets)
+			}
 			kv := []any{"services", len(snap.Services), "full", st.Full, "messages", st.Messages,
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start)}
 			if first {
@@ -411,7 +417,7 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
 	if p.cfg.Conntrack == nil {
 		return
 	}
-	flows := conntrack.StaleWith(prev, snap, servingEndpoints)
+	flows := conntrack.StaleWith(prev, snap, conntrack.Serving)
 	n, err := p.conntrackCleaner().Clean(flows) // no flows: no table dump, metrics observed
 	if len(flows) == 0 {
 		return
@@ -421,18 +427,6 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
 		return
 	}
 	p.log.V(2).Info("Deleted stale UDP conntrack entries", "entries", n, "flows", len(flows))
-}
-
-// servingEndpoints are the endpoints whose UDP flows are kept: like kube-proxy, a
-// terminating endpoint that still serves drains its clients instead of cutting them.
-func servingEndpoints(sp *model.ServicePort) []model.Endpoint {
-	var out []model.Endpoint
-	for _, e := range sp.Endpoints {
-		if e.Serving || e.Ready {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // syncHealthChecks opens, updates and closes the health-check node port servers; a
@@ -509,17 +503,19 @@ type compiler struct {
 }
 
 func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	// What the model cannot know (the machine's addresses) is resolved first, so that
+	// the snapshot is complete when built; from there on, all is pure.
+	npAddrs, allLocal, err := nodePortAddrs(cfg, model.NodeOf(node))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	in := model.Inputs{Services: svcs, Slices: slices, Node: node, ServiceCIDRs: cfg.ServiceCIDRs, NodePortAddrs: npAddrs}
 	var snap *model.Snapshot
 	var problems []model.Problem
 	if pl.models != nil {
-		snap, problems = pl.models.Build(svcs, slices, node)
+		snap, problems = pl.models.BuildFrom(in)
 	} else {
-		snap, problems = model.Build(svcs, slices, node)
-	}
-	snap.ServiceCIDRs = cfg.ServiceCIDRs
-	npAddrs, allLocal, err := nodePortAddrs(cfg, snap.Node)
-	if err != nil {
-		return nil, nil, problems, err
+		snap, problems = model.BuildFrom(in)
 	}
 	if pl.compilers == nil {
 		pl.compilers = map[nft.Family]*compiler{}
@@ -530,7 +526,6 @@ func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.
 			Family:           fam,
 			MasqueradeAll:    cfg.MasqueradeAll,
 			MasqueradeBit:    cfg.MasqueradeBit,
-			NodePortAddrs:    npAddrs,
 			NodePortAllLocal: allLocal[fam],
 			NoExternalIPs:    cfg.NoExternalIPs,
 			ServedPorts:      cfg.ServedPorts,
