@@ -196,7 +196,7 @@ func (p *Proxy) watch(inf cache.SharedIndexInformer) {
 	// managed fields (server-side apply bookkeeping), annotations and endpoints'
 	// target references are most of an object's size and nothing here reads them:
 	// drop them before the cache keeps the object
-	_ = inf.SetTransform(slim)
+	_ = inf.SetTransform(p.triggers.transform) // slim, keeping trigger times to observe
 	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.triggers.sliceEvent(obj, false); p.changed(obj) },
