@@ -116,6 +116,7 @@ type Proxy struct {
 	discoveryBackoff time.Duration
 
 	pipeline  *pipeline
+	triggers  *triggers              // EndpointSlice trigger times not yet programmed
 	prevSnap  *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
 	healthErr string                 // last health-check server error, logged once
 	reported  map[model.Problem]bool // problems already logged, so each is logged once
@@ -155,6 +156,7 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 		reported:   map[model.Problem]bool{},
 		quarantine: map[quarantineKey]*nft.Part{},
 		synced:     make(chan struct{}),
+		triggers:   newTriggers(log, time.Now()),
 	}
 	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod, max(cfg.MinSyncPeriod, time.Second), nil)
 	p.runner.OnPanic(func(v any) { log.Error(fmt.Errorf("%v", v), "Sync panicked; will retry") })
@@ -197,9 +199,9 @@ func (p *Proxy) watch(inf cache.SharedIndexInformer) {
 	_ = inf.SetTransform(slim)
 	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.changed(obj) },
-		UpdateFunc: func(_, obj any) { p.changed(obj) },
-		DeleteFunc: func(obj any) { p.changed(obj) },
+		AddFunc:    func(obj any) { p.triggers.sliceEvent(obj, false); p.changed(obj) },
+		UpdateFunc: func(_, obj any) { p.triggers.sliceEvent(obj, false); p.changed(obj) },
+		DeleteFunc: func(obj any) { p.triggers.sliceEvent(obj, true); p.changed(obj) },
 	})
 }
 
@@ -208,7 +210,8 @@ func (p *Proxy) watch(inf cache.SharedIndexInformer) {
 // EndpointSlices (kubectl's last-applied-configuration alone can be kilobytes); and per
 // endpoint, targetRef, hostname and deprecatedTopology (a targetRef is four strings per
 // pod: at 300,000 endpoints, tens of MiB). Labels stay: the slice's service name and the
-// node's zone are read from them.
+// node's zone are read from them; so does a slice's trigger time annotation, which
+// network programming latency is measured from (syncmetrics.go).
 func slim(obj any) (any, error) {
 	if a, err := meta.Accessor(obj); err == nil {
 		a.SetManagedFields(nil)
@@ -217,7 +220,7 @@ func slim(obj any) (any, error) {
 	case *v1.Service:
 		o.Annotations = nil
 	case *discovery.EndpointSlice:
-		o.Annotations = nil
+		o.Annotations = keepTriggerTime(o.Annotations)
 		for i := range o.Endpoints {
 			e := &o.Endpoints[i]
 			e.TargetRef, e.Hostname, e.DeprecatedTopology = nil, nil, nil
@@ -340,6 +343,7 @@ func (p *Proxy) sync(periodic bool) error {
 	pendingSince := p.status.OldestPending
 	p.status.OldestPending = time.Time{}
 	p.mu.Unlock()
+	triggers := p.triggers.take()
 
 	snap, rulesets, err := p.compile()
 	if err == nil {
@@ -382,10 +386,7 @@ func (p *Proxy) sync(periodic bool) error {
 			p.syncHealthChecks(snap)
 			p.cfg.Metrics.SyncDone(st.Full, time.Since(start), st.Kernel)
 			p.cfg.Metrics.ServicePorts(len(snap.Services))
-			if !pendingSince.IsZero() {
-				// from the oldest change this sync programmed to now
-				p.cfg.Metrics.Programmed(time.Since(pendingSince))
-			}
+			p.syncMetrics(snap, triggers)
 			p.mu.Lock()
 			p.status.LastSync = time.Now()
 			p.status.Syncs++
@@ -395,6 +396,7 @@ func (p *Proxy) sync(periodic bool) error {
 		}
 	}
 	p.cfg.Metrics.SyncFailed(periodic, time.Since(start))
+	p.triggers.giveBack(triggers)
 	p.log.Error(err, "Sync failed; the previous ruleset stays in the kernel, will retry")
 	p.mu.Lock()
 	p.status.Failures++
@@ -416,10 +418,10 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
 		return
 	}
 	flows := conntrack.StaleWith(prev, snap, conntrack.Serving)
+	n, err := p.conntrackCleaner().Clean(flows) // no flows: no table dump, metrics observed
 	if len(flows) == 0 {
 		return
 	}
-	n, err := (&conntrack.Cleaner{Deleter: p.cfg.Conntrack}).Clean(flows)
 	if err != nil {
 		p.log.Error(err, "Deleting stale UDP conntrack entries failed", "flows", len(flows))
 		return
