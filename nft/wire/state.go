@@ -898,3 +898,69 @@ func SetHeader(fam nft.Family, s *SetState) string {
 	}
 	return out[0] + " " + strings.Join(out[1:], "; ") + " }"
 }
+
+// IsMap reports whether the set is a map (of values or verdicts).
+func (s *SetState) IsMap() bool { return s.Flags&unix.NFT_SET_MAP != 0 }
+
+// Verdicts reports whether the set is a verdict map.
+func (s *SetState) Verdicts() bool { return s.IsMap() && s.DataType == unix.NFT_DATA_VERDICT }
+
+// Dynamic reports whether rules add to the set (its elements are learned).
+func (s *SetState) Dynamic() bool { return s.Flags&unix.NFT_SET_EVAL != 0 }
+
+// DescribeExpr describes an expression by its name and main operands, for one that is
+// not an encoding of any statement.
+func DescribeExpr(e ExprState) string {
+	p := e.Name
+	switch e.Name {
+	case "payload":
+		base := [...]string{"link", "network", "transport", "inner"}[min(be32(e.Attrs[unix.NFTA_PAYLOAD_BASE]), 3)]
+		p += fmt.Sprintf(" %s+%d/%d", base, be32(e.Attrs[unix.NFTA_PAYLOAD_OFFSET]), be32(e.Attrs[unix.NFTA_PAYLOAD_LEN]))
+	case "meta", "ct":
+		p += fmt.Sprintf(" key %d", be32(e.Attrs[unix.NFTA_META_KEY]))
+	case "cmp":
+		op := [...]string{"==", "!=", "<", "<=", ">", ">="}[min(be32(e.Attrs[unix.NFTA_CMP_OP]), 5)]
+		p += " " + op + " " + strings.TrimPrefix(DataString(e.Attrs[unix.NFTA_CMP_DATA]), "value ")
+	case "lookup":
+		p += " @" + cstring(e.Attrs[unix.NFTA_LOOKUP_SET])
+	case "numgen":
+		p += fmt.Sprintf(" mod %d", be32(e.Attrs[unix.NFTA_NG_MODULUS]))
+		if off, ok := e.Attrs[unix.NFTA_NG_OFFSET]; ok {
+			p += fmt.Sprintf(" offset %d", be32(off))
+		}
+	case "immediate":
+		if v, ok := ImmediateVerdict(e.Attrs[unix.NFTA_IMMEDIATE_DATA]); ok {
+			p += " " + v
+		}
+	}
+	return p
+}
+
+// NumgenLookup reads "numgen random mod N offset K" followed by a lookup of its number
+// in a map: the map's name, N and K.
+func NumgenLookup(ng, lk ExprState) (set string, mod, offset uint32, ok bool) {
+	if ng.Name != "numgen" || lk.Name != "lookup" {
+		return "", 0, 0, false
+	}
+	return cstring(lk.Attrs[unix.NFTA_LOOKUP_SET]), be32(ng.Attrs[unix.NFTA_NG_MODULUS]), be32(ng.Attrs[unix.NFTA_NG_OFFSET]), true
+}
+
+// attrSelected is a pseudo-attribute (no kernel attribute has this number) that carries
+// what a lookup selects, in place of the map's name.
+const attrSelected = 0xffff
+
+// Selecting returns a NumgenLookup pair rewritten to compare by what it selects: the
+// numgen without its offset, the lookup without its map's name and id but with
+// selected, which RuleKey compares and Selected returns.
+func Selecting(ng, lk ExprState, selected string) (ExprState, ExprState) {
+	ng = ExprState{Name: ng.Name, Attrs: WithoutAttrs(ng.Attrs, unix.NFTA_NG_OFFSET)}
+	lk = ExprState{Name: lk.Name, Attrs: WithoutAttrs(lk.Attrs, unix.NFTA_LOOKUP_SET, unix.NFTA_LOOKUP_SET_ID)}
+	lk.Attrs[attrSelected] = []byte(selected)
+	return ng, lk
+}
+
+// Selected returns what a lookup rewritten by Selecting selects.
+func Selected(e ExprState) (string, bool) {
+	sel, ok := e.Attrs[attrSelected]
+	return string(sel), ok
+}
