@@ -86,7 +86,8 @@ type HealthChecks interface {
 	Sync(map[healthcheck.ServiceName]healthcheck.Service) error
 }
 
-// Dataplane is what the controller needs from the kernel side.
+// Dataplane is what the controller needs from the kernel side: *kernel.Applier, or
+// nft/fake's Applier (the kernel's commit semantics in memory) in tests.
 type Dataplane interface {
 	Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error)
 	Resync()
