@@ -2,7 +2,10 @@ package shapes
 
 import (
 	"fmt"
+	"runtime"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -26,10 +29,23 @@ func Dial(fd int) (*Conn, error) {
 // Close closes the connection.
 func (c *Conn) Close() error { return c.c.CloseLasting() }
 
-// Apply sends ops as one transaction and returns the time from the send to the kernel's
-// last acknowledgement (the commit, with any validation it does, included). Encoding
-// happens before the clock starts.
-func (c *Conn) Apply(ops []Op) (time.Duration, error) {
+// Cost is what one transaction took: Wall from the send to the kernel's last
+// acknowledgement, and CPU the sending thread's CPU time over the same span. The kernel
+// processes a netlink batch, its commit and validation included, in the sender's
+// sendmsg: CPU is the kernel's work, which other processes on a shared machine do not
+// inflate the way they inflate Wall.
+type Cost struct{ Wall, CPU time.Duration }
+
+// ThreadCPU returns the calling thread's CPU time (lock the goroutine to its thread).
+func ThreadCPU() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// Apply sends ops as one transaction and returns its cost. Encoding happens before the
+// clocks start.
+func (c *Conn) Apply(ops []Op) (Cost, error) {
 	for _, op := range ops {
 		s := &nftables.Set{Table: c.table, Name: op.Set}
 		var elems []nftables.SetElement
@@ -51,10 +67,12 @@ func (c *Conn) Apply(ops []Op) (time.Duration, error) {
 			err = c.c.SetAddElements(s, elems)
 		}
 		if err != nil {
-			return 0, fmt.Errorf("%s: %w", op.Set, err)
+			return Cost{}, fmt.Errorf("%s: %w", op.Set, err)
 		}
 	}
-	start := time.Now()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu, start := ThreadCPU(), time.Now()
 	err := c.c.Flush()
-	return time.Since(start), err
+	return Cost{Wall: time.Since(start), CPU: ThreadCPU() - cpu}, err
 }

@@ -118,6 +118,7 @@ func Generate(shape string, svcs []Service, classes []int) string {
 	switch shape {
 	case MarkClass:
 		set(&b, "ep", fmt.Sprintf(epKeyType, 65536), epData, epElements(svcs, -1))
+		set(&b, "service-ips", svcKeyType, "", withEndpoints(svcs))
 		for bit := 0; bit < ClassBits; bit++ {
 			var keys []string
 			for _, s := range svcs {
@@ -139,7 +140,10 @@ func Generate(shape string, svcs []Service, classes []int) string {
 			fmt.Fprintf(&b, "\t\tdnat to %s . numgen random mod %d map @ep\n", svcKeyType, n)
 			b.WriteString("\t}\n")
 		}
+		// Packets to other addresses leave at once, their mark untouched; service
+		// packets get the class bits cleared, then set bit by bit.
 		b.WriteString("\tchain services {\n")
+		fmt.Fprintf(&b, "\t\t%s != @service-ips return\n", svcKeyType)
 		fmt.Fprintf(&b, "\t\tmeta mark set meta mark & 0x%08x\n", ^uint32(ClassMask))
 		for bit := 0; bit < ClassBits; bit++ {
 			fmt.Fprintf(&b, "\t\t%s @class-bit%d meta mark set meta mark | 0x%08x\n", svcKeyType, bit, 1<<(ClassShift+bit))
@@ -147,13 +151,7 @@ func Generate(shape string, svcs []Service, classes []int) string {
 		fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x vmap @classes\n", uint32(ClassMask))
 		b.WriteString("\t}\n")
 	case ClassRules:
-		var all []string
-		for _, s := range svcs {
-			if len(s.Endpoints) > 0 {
-				all = append(all, s.Key())
-			}
-		}
-		set(&b, "service-ips", svcKeyType, "", all)
+		set(&b, "service-ips", svcKeyType, "", withEndpoints(svcs))
 		for _, n := range classes {
 			set(&b, fmt.Sprintf("ep-%d", n), fmt.Sprintf(epKeyType, n), epData, epElements(svcs, n))
 		}
@@ -195,6 +193,17 @@ func Generate(shape string, svcs []Service, classes []int) string {
 	fmt.Fprintf(&b, "\tchain filter-output {\n\t\ttype filter hook output priority filter; policy accept;\n\t\tct state new %s @no-endpoint-services goto reject-chain\n\t}\n", svcKeyType)
 	b.WriteString("}\n")
 	return b.String()
+}
+
+// withEndpoints are the keys of the services that have endpoints.
+func withEndpoints(svcs []Service) []string {
+	var out []string
+	for _, s := range svcs {
+		if len(s.Endpoints) > 0 {
+			out = append(out, s.Key())
+		}
+	}
+	return out
 }
 
 func set(b *strings.Builder, name, keyType, dataType string, elems []string) {
@@ -281,6 +290,7 @@ func serviceOps(shape string, s Service, del bool) []Op {
 	ops := []Op{{Delete: del, Set: epMap(shape, n), Elements: eps}}
 	switch shape {
 	case MarkClass:
+		ops = append(ops, Op{Delete: del, Set: "service-ips", Elements: []Elem{{Key: svcKey(s)}}})
 		for bit := 0; bit < ClassBits; bit++ {
 			if n>>bit&1 == 1 {
 				ops = append(ops, Op{Delete: del, Set: fmt.Sprintf("class-bit%d", bit), Elements: []Elem{{Key: svcKey(s)}}})
@@ -323,8 +333,7 @@ func Resize(shape string, old, s Service) []Op {
 	case ClassRules:
 		return append(serviceOps(shape, old, true), serviceOps(shape, s, false)...)
 	}
-	var ops []Op
-	// Class membership first out, then the endpoint entries, then class in.
+	var ops []Op // one transaction: the order of its messages is not seen by packets
 	switch shape {
 	case MarkClass:
 		for bit := 0; bit < ClassBits; bit++ {
