@@ -1,6 +1,7 @@
 package shapes
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"time"
@@ -75,4 +76,31 @@ func (c *Conn) Apply(ops []Op) (Cost, error) {
 	cpu, start := ThreadCPU(), time.Now()
 	err := c.c.Flush()
 	return Cost{Wall: time.Since(start), CPU: ThreadCPU() - cpu}, err
+}
+
+// StaleAffinity returns the transaction that forgets the clients of s pinned to any of
+// gone (endpoints s no longer has), as kube-proxy drops an endpoint's affinity set: their
+// next connection draws again. nftables cannot delete elements by value, so the
+// affinity map is read (its size is bounded by its "size") and the matches deleted.
+func (c *Conn) StaleAffinity(s Service, gone []Endpoint) ([]Op, error) {
+	elems, err := c.c.GetSetElements(&nftables.Set{Table: c.table, Name: "affinity", IsMap: true})
+	if err != nil {
+		return nil, err
+	}
+	key := svcKey(s)
+	var del []Elem
+	for _, e := range elems {
+		if len(e.Key) != 4+len(key) || string(e.Key[4:]) != string(key) || len(e.Val) < 8 {
+			continue
+		}
+		for _, g := range gone {
+			if string(e.Val[:4]) == string(g.Addr.AsSlice()) && binary.BigEndian.Uint16(e.Val[4:]) == g.Port {
+				del = append(del, Elem{Key: e.Key, Val: e.Val})
+			}
+		}
+	}
+	if len(del) == 0 {
+		return nil, nil
+	}
+	return []Op{{Delete: true, Set: "affinity", Elements: del}}, nil
 }

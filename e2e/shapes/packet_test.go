@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/vishvananda/netns"
 )
@@ -228,6 +229,70 @@ func TestPackets(t *testing.T) {
 			// table, "conflicting protocols specified: tcp vs. th", for today's ruleset too).
 			list := tp.node.MustRun(t, "", "nft", "list", "table", "ip", Table)
 			testnetns.New(t).MustRun(t, list, "nft", "-c", "-f", "-")
+		})
+	}
+}
+
+// TestAffinity checks ClientIP affinity through the shared affinity map: every one of
+// 300 connections from one client reaches the same endpoint; once that endpoint is gone
+// (count 3 → 2, its pinned clients forgotten) the client is pinned to one of the others;
+// and with a 5 s timeout, the pin expires.
+func TestAffinity(t *testing.T) {
+	for _, shape := range Shapes {
+		t.Run(shape, func(t *testing.T) {
+			tp := newTopology(t)
+			backends := []Endpoint{{netip.MustParseAddr("10.1.0.1"), 8080}, {netip.MustParseAddr("10.1.0.2"), 8080}, {netip.MustParseAddr("10.1.0.3"), 8080}}
+			svcs := Services(4, 1)
+			svcs[1].Endpoints, svcs[1].Affinity = backends, 5 // 10.96.0.1
+			svcs[3].Endpoints = backends                      // 10.96.0.3, no affinity
+			tp.node.MustRun(t, Generate(shape, svcs, classes1To(4)), "nft", "-f", "-")
+
+			got, _ := tp.connect(t, "10.96.0.1:80", 300)
+			t.Logf("affinity, 300 connections: %v", got)
+			if len(got) != 1 {
+				t.Fatalf("want every connection on one endpoint: %v", got)
+			}
+			var pinned string
+			for b := range got {
+				pinned = b
+			}
+			if got, _ := tp.connect(t, "10.96.0.3:80", 60); len(got) < 2 {
+				t.Errorf("a service without affinity is pinned too: %v", got)
+			}
+
+			c, err := Dial(tp.node.FD)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			next := svcs[1]
+			next.Endpoints = nil
+			var gone []Endpoint
+			for _, b := range backends {
+				if fmt.Sprintf("%s:%d", b.Addr, b.Port) == pinned {
+					gone = append(gone, b)
+				} else {
+					next.Endpoints = append(next.Endpoints, b)
+				}
+			}
+			ops := Resize(shape, svcs[1], next)
+			stale, err := c.StaleAffinity(svcs[1], gone)
+			if err != nil || len(stale) != 1 || len(stale[0].Elements) != 1 {
+				t.Fatalf("want the client's one affinity entry to %s: %v %v", pinned, stale, err)
+			}
+			if _, err := c.Apply(append(ops, stale...)); err != nil {
+				t.Fatal(err)
+			}
+			got, _ = tp.connect(t, "10.96.0.1:80", 100)
+			t.Logf("after %s went away: %v", pinned, got)
+			if len(got) != 1 || got[pinned] != 0 {
+				t.Fatalf("want the client pinned to one remaining endpoint: %v", got)
+			}
+			// Expiry: 5 s after its last new connection the entry is gone (bounded wait).
+			time.Sleep(6 * time.Second)
+			if left, err := c.c.GetSetElements(&nftables.Set{Table: c.table, Name: "affinity", IsMap: true}); err != nil || len(left) != 0 {
+				t.Errorf("affinity entries after the timeout: %d (%v)", len(left), err)
+			}
 		})
 	}
 }

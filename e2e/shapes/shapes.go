@@ -38,6 +38,11 @@ const (
 	JumpVMap = "jumpvmap"
 )
 
+// affinityTimeouts are the affinity timeouts with a recording rule (kube-proxy's default
+// 10800 s, and a short one for tests). A service with another timeout would add one rule:
+// rare, and the one change that still costs a validation.
+var affinityTimeouts = []uint32{10800, 5}
+
 // Shapes are the candidates, in report order.
 var Shapes = []string{MarkClass, ClassRules, JumpVMap}
 
@@ -57,6 +62,8 @@ type Service struct {
 	IP        netip.Addr
 	Port      uint16
 	Endpoints []Endpoint
+	// Affinity is the ClientIP session affinity timeout in seconds, 0 for none.
+	Affinity uint32
 }
 
 // Endpoint is one backend address and port.
@@ -137,6 +144,7 @@ func Generate(shape string, svcs []Service, classes []int) string {
 			fmt.Fprintf(&b, "\tchain lb-%d {\n", n)
 			fmt.Fprintf(&b, "\t\tmeta mark set meta mark & 0x%08x\n", ^uint32(ClassMask))
 			fmt.Fprintf(&b, "\t\tip saddr != %s meta mark set meta mark | 0x%08x\n", ClusterCIDR, MasqBit)
+			fmt.Fprintf(&b, "\t\tdnat to ip saddr . %s map @affinity\n", svcKeyType)
 			fmt.Fprintf(&b, "\t\tdnat to %s . numgen random mod %d map @ep\n", svcKeyType, n)
 			b.WriteString("\t}\n")
 		}
@@ -157,6 +165,7 @@ func Generate(shape string, svcs []Service, classes []int) string {
 		}
 		b.WriteString("\tchain services {\n")
 		fmt.Fprintf(&b, "\t\t%s @service-ips ip saddr != %s meta mark set meta mark | 0x%08x\n", svcKeyType, ClusterCIDR, MasqBit)
+		fmt.Fprintf(&b, "\t\tdnat to ip saddr . %s map @affinity\n", svcKeyType)
 		for _, n := range classes {
 			fmt.Fprintf(&b, "\t\tdnat to %s . numgen random mod %d map @ep-%d\n", svcKeyType, n, n)
 		}
@@ -173,6 +182,7 @@ func Generate(shape string, svcs []Service, classes []int) string {
 		for _, n := range classes {
 			fmt.Fprintf(&b, "\tchain lb-%d {\n", n)
 			fmt.Fprintf(&b, "\t\tip saddr != %s meta mark set meta mark | 0x%08x\n", ClusterCIDR, MasqBit)
+			fmt.Fprintf(&b, "\t\tdnat to ip saddr . %s map @affinity\n", svcKeyType)
 			fmt.Fprintf(&b, "\t\tdnat to %s . numgen random mod %d map @ep\n", svcKeyType, n)
 			b.WriteString("\t}\n")
 		}
@@ -184,11 +194,33 @@ func Generate(shape string, svcs []Service, classes []int) string {
 	}
 	// The rest is common to every shape and constant in size: base chains, the
 	// no-endpoints reject (a set, not a verdict map: adding a service without endpoints
-	// adds no jump element), masquerade.
+	// adds no jump element), masquerade, session affinity.
+	//
+	// Affinity: one dynamic map, client . service → endpoint, shared by all services.
+	// The shared chains try it before the random draw; the endpoint a new connection got
+	// is recorded after DNAT (source NAT hooks, first packet only), by one rule per
+	// distinct timeout for the services in that timeout's set. "meta l4proto tcp" gives
+	// "ct original proto-dst" its size; the counter keeps nft 1.0.6 from dropping it
+	// from the listing as a redundant dependency (the listing would not load back).
+	timeouts := map[uint32][]string{}
+	for _, s := range svcs {
+		if s.Affinity > 0 && len(s.Endpoints) > 0 {
+			timeouts[s.Affinity] = append(timeouts[s.Affinity], s.Key())
+		}
+	}
+	for _, t := range affinityTimeouts {
+		set(&b, fmt.Sprintf("affinity-%d", t), svcKeyType, "", timeouts[t])
+	}
+	fmt.Fprintf(&b, "\tmap affinity {\n\t\ttypeof ip saddr . %s : %s\n\t\tsize 65535\n\t\tflags dynamic,timeout\n\t\ttimeout 3h\n\t}\n", svcKeyType, epData)
+	var record strings.Builder
+	for _, t := range affinityTimeouts {
+		fmt.Fprintf(&record, "\t\tmeta l4proto tcp counter ct status dnat ct original ip daddr . meta l4proto . ct original proto-dst @affinity-%d update @affinity { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst timeout %ds : ip daddr . th dport }\n", t, t)
+	}
 	b.WriteString("\tchain reject-chain {\n\t\tcounter reject\n\t}\n")
 	b.WriteString("\tchain nat-prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tjump services\n\t}\n")
 	b.WriteString("\tchain nat-output {\n\t\ttype nat hook output priority -100; policy accept;\n\t\tjump services\n\t}\n")
-	fmt.Fprintf(&b, "\tchain nat-postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\tmeta mark & 0x%08x == 0 return\n\t\tmeta mark set meta mark ^ 0x%08x\n\t\tmasquerade fully-random\n\t}\n", MasqBit, MasqBit)
+	fmt.Fprintf(&b, "\tchain nat-input {\n\t\ttype nat hook input priority 100; policy accept;\n%s\t}\n", record.String())
+	fmt.Fprintf(&b, "\tchain nat-postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n%s\t\tmeta mark & 0x%08x == 0 return\n\t\tmeta mark set meta mark ^ 0x%08x\n\t\tmasquerade fully-random\n\t}\n", record.String(), MasqBit, MasqBit)
 	fmt.Fprintf(&b, "\tchain filter-forward {\n\t\ttype filter hook forward priority filter; policy accept;\n\t\tct state new %s @no-endpoint-services goto reject-chain\n\t}\n", svcKeyType)
 	fmt.Fprintf(&b, "\tchain filter-output {\n\t\ttype filter hook output priority filter; policy accept;\n\t\tct state new %s @no-endpoint-services goto reject-chain\n\t}\n", svcKeyType)
 	b.WriteString("}\n")
@@ -288,6 +320,9 @@ func serviceOps(shape string, s Service, del bool) []Op {
 		eps = append(eps, epElem(s, i))
 	}
 	ops := []Op{{Delete: del, Set: epMap(shape, n), Elements: eps}}
+	if s.Affinity > 0 {
+		ops = append(ops, Op{Delete: del, Set: fmt.Sprintf("affinity-%d", s.Affinity), Elements: []Elem{{Key: svcKey(s)}}})
+	}
 	switch shape {
 	case MarkClass:
 		ops = append(ops, Op{Delete: del, Set: "service-ips", Elements: []Elem{{Key: svcKey(s)}}})
