@@ -23,14 +23,19 @@ import (
 const Current = "current"
 
 // Change kinds, in the order they are measured.
-var kinds = []string{"endpoint-replaced", "endpoint-count", "service-added", "service-removed"}
+// "class-jump" (markclass only) deletes and re-adds one element of the classes verdict map
+// in one transaction: what a class seen for the first time would cost, since a jump
+// element makes the kernel validate the table, here a table whose chains and verdict-map
+// elements do not grow with services.
+var kinds = []string{"endpoint-replaced", "endpoint-count", "service-added", "service-removed", "class-jump"}
 
 // maxClass is how many per-class chains the candidates create up front (1..maxClass).
 const maxClass = 32
 
 // TestChangeCost measures the kernel time of each steady-state change for every shape at
 // each size: NFTPROXY_SHAPES_BENCH=1 (root). NFTPROXY_SHAPES_SIZES overrides the sizes
-// ("1000x10,50000x5"), NFTPROXY_SHAPES_CHANGES the number of changes per kind.
+// ("1000x10,50000x5"), NFTPROXY_SHAPES_CHANGES the number of changes per kind,
+// NFTPROXY_SHAPES the shapes ("current,markclass").
 func TestChangeCost(t *testing.T) {
 	if os.Getenv("NFTPROXY_SHAPES_BENCH") != "1" {
 		t.Skip("set NFTPROXY_SHAPES_BENCH=1 (root) to measure the shapes' change cost")
@@ -39,7 +44,7 @@ func TestChangeCost(t *testing.T) {
 	if s := os.Getenv("NFTPROXY_SHAPES_SIZES"); s != "" {
 		sizes = s
 	}
-	changes := 25
+	changes := 30
 	if s := os.Getenv("NFTPROXY_SHAPES_CHANGES"); s != "" {
 		changes, _ = strconv.Atoi(s)
 	}
@@ -52,6 +57,9 @@ func TestChangeCost(t *testing.T) {
 			t.Fatalf("size %q: %v", size, err)
 		}
 		for _, shape := range append([]string{Current}, Shapes...) {
+			if only := os.Getenv("NFTPROXY_SHAPES"); only != "" && !slices.Contains(strings.Split(only, ","), shape) {
+				continue
+			}
 			var load time.Duration
 			var res map[string][]Cost
 			if shape == Current {
@@ -169,6 +177,11 @@ func measureShape(t *testing.T, shape string, n, e, changes int) (time.Duration,
 			case "service-removed":
 				ops = RemoveService(shape, s)
 				gone[k] = true
+			case "class-jump":
+				if shape != MarkClass {
+					continue
+				}
+				ops = ClassJump(maxClass)
 			}
 			d, err := c.Apply(ops)
 			if err != nil {
@@ -237,6 +250,8 @@ func measureCurrent(t *testing.T, n, e, changes int) (time.Duration, map[string]
 			case "service-removed":
 				// Marked gone and emptied of its frontends: compiled out, indices stay.
 				gone[k] = true
+			case "class-jump":
+				continue
 			}
 			cur := snap
 			if len(gone) > 0 {

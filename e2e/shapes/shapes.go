@@ -402,3 +402,10 @@ func Resize(shape string, old, s Service) []Op {
 	}
 	return ops
 }
+
+// ClassJump returns a MarkClass transaction that deletes and re-adds the classes verdict
+// map's jump to lb-n.
+func ClassJump(n int) []Op {
+	e := Elem{Key: binary.NativeEndian.AppendUint32(nil, uint32(n)<<ClassShift), Chain: fmt.Sprintf("lb-%d", n)}
+	return []Op{{Delete: true, Set: "classes", Elements: []Elem{e}}, {Set: "classes", Elements: []Elem{e}}}
+}
