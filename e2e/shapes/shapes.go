@@ -309,7 +309,7 @@ func epMap(shape string, n int) string {
 	return "ep"
 }
 
-// addOps are the element operations that add service s (or, with del, remove it).
+// serviceOps are the element operations that add service s (or, with del, remove it).
 func serviceOps(shape string, s Service, del bool) []Op {
 	n := len(s.Endpoints)
 	if n == 0 {
@@ -361,8 +361,9 @@ func ReplaceEndpoint(shape string, s Service, i int, e Endpoint) []Op {
 }
 
 // Resize returns the transaction that changes s's endpoints from old to s.Endpoints (a
-// different count). Where the endpoint map is shared by all classes, the entries of the
-// endpoints both lists share at the same index stay; the class changes by set elements.
+// different count, neither zero: to or from zero is RemoveService then AddService).
+// Where the endpoint map is shared by all classes, the entries both lists share at the
+// same index stay; the class changes by set elements.
 func Resize(shape string, old, s Service) []Op {
 	switch shape {
 	case ClassRules:
