@@ -296,3 +296,55 @@ func TestAffinity(t *testing.T) {
 		})
 	}
 }
+
+// TestNodePort checks markclass's node ports: 300 connections from the client to the
+// node's address at the node port reach all 3 endpoints, masqueraded (externalTraffic-
+// Policy Cluster); the cluster IP of the same service still works; an element-only count
+// change 3 → 2 applies to both frontends; an endpoint swap reaches the node port's map.
+func TestNodePort(t *testing.T) {
+	tp := newTopology(t)
+	backends := []Endpoint{{netip.MustParseAddr("10.1.0.1"), 8080}, {netip.MustParseAddr("10.1.0.2"), 8080}, {netip.MustParseAddr("10.1.0.3"), 8080}}
+	svcs := Services(4, 2)
+	svcs[1].Endpoints, svcs[1].NodePort = backends, 30080 // 10.96.0.1
+	svcs[2].NodePort = 30081                              // 2 endpoints that do not answer: another class
+	tp.node.MustRun(t, Generate(MarkClass, svcs, classes1To(4)), "nft", "-f", "-")
+
+	got, src := tp.connect(t, "192.168.1.1:30080", 300)
+	t.Logf("node port, 300 connections: %v, sources %v", got, src)
+	if len(got) != 3 || src["192.168.2.1"] != 300 {
+		t.Errorf("want 3 endpoints and every connection masqueraded: %v %v", got, src)
+	}
+	for b, c := range got {
+		if c < 60 {
+			t.Errorf("endpoint %s answered %d of 300", b, c)
+		}
+	}
+	if got, _ := tp.connect(t, "10.96.0.1:80", 30); len(got) < 2 {
+		t.Errorf("cluster IP of the node-port service: %v", got)
+	}
+
+	c, err := Dial(tp.node.FD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	two := svcs[1]
+	two.Endpoints = backends[:2]
+	if _, err := c.Apply(Resize(MarkClass, svcs[1], two)); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = tp.connect(t, "192.168.1.1:30080", 100)
+	if len(got) != 2 || got["10.1.0.3:8080"] != 0 {
+		t.Errorf("node port after the count went to 2: %v", got)
+	}
+	if _, err := c.Apply(ReplaceEndpoint(MarkClass, two, 0, backends[2])); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = tp.connect(t, "192.168.1.1:30080", 100)
+	t.Logf("node port after 10.1.0.1 was replaced by 10.1.0.3: %v", got)
+	if len(got) != 2 || got["10.1.0.1:8080"] != 0 {
+		t.Errorf("node port after the swap: %v", got)
+	}
+	list := tp.node.MustRun(t, "", "nft", "list", "table", "ip", Table)
+	testnetns.New(t).MustRun(t, list, "nft", "-c", "-f", "-")
+}

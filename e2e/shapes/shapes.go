@@ -64,12 +64,31 @@ type Service struct {
 	Endpoints []Endpoint
 	// Affinity is the ClientIP session affinity timeout in seconds, 0 for none.
 	Affinity uint32
+	// NodePort is the service's node port, 0 for none (MarkClass only: on every local
+	// address, externalTrafficPolicy Cluster).
+	NodePort uint16
 }
 
 // Endpoint is one backend address and port.
 type Endpoint struct {
 	Addr netip.Addr
 	Port uint16
+}
+
+func (s Service) npKey() string { return fmt.Sprintf("tcp . %d", s.NodePort) }
+
+// npEPElements are the node-port endpoint map entries.
+func npEPElements(svcs []Service) []string {
+	var out []string
+	for _, s := range svcs {
+		if s.NodePort == 0 {
+			continue
+		}
+		for i, e := range s.Endpoints {
+			out = append(out, fmt.Sprintf("%s . %d : %s . %d", s.npKey(), i, e.Addr, e.Port))
+		}
+	}
+	return out
 }
 
 // Key is the service's map key in nft syntax.
@@ -104,9 +123,11 @@ func Classes(svcs []Service) []int {
 }
 
 const (
-	svcKeyType = "ip daddr . meta l4proto . th dport"
-	epKeyType  = svcKeyType + " . numgen random mod %d"
-	epData     = "ip daddr . th dport"
+	npKeyType   = "meta l4proto . th dport"
+	npEPKeyType = npKeyType + " . numgen random mod %d"
+	svcKeyType  = "ip daddr . meta l4proto . th dport"
+	epKeyType   = svcKeyType + " . numgen random mod %d"
+	epData      = "ip daddr . th dport"
 )
 
 // Generate writes the whole ruleset of a shape for the services, with chains for the
@@ -148,15 +169,56 @@ func Generate(shape string, svcs []Service, classes []int) string {
 			fmt.Fprintf(&b, "\t\tdnat to %s . numgen random mod %d map @ep\n", svcKeyType, n)
 			b.WriteString("\t}\n")
 		}
-		// Packets to other addresses leave at once, their mark untouched; service
-		// packets get the class bits cleared, then set bit by bit.
-		b.WriteString("\tchain services {\n")
-		fmt.Fprintf(&b, "\t\t%s != @service-ips return\n", svcKeyType)
+		// Node ports: the same scheme keyed by protocol . port, their own class sets,
+		// endpoint map and chains (always marked for masquerade: externalTrafficPolicy
+		// Cluster).
+		var nps []string
+		for _, s := range svcs {
+			if s.NodePort > 0 && len(s.Endpoints) > 0 {
+				nps = append(nps, s.npKey())
+			}
+		}
+		set(&b, "nodeport-services", npKeyType, "", nps)
+		set(&b, "np-ep", fmt.Sprintf(npEPKeyType, 65536), epData, npEPElements(svcs))
+		for bit := 0; bit < ClassBits; bit++ {
+			var keys []string
+			for _, s := range svcs {
+				if s.NodePort > 0 && len(s.Endpoints)>>bit&1 == 1 {
+					keys = append(keys, s.npKey())
+				}
+			}
+			set(&b, fmt.Sprintf("np-bit%d", bit), npKeyType, "", keys)
+		}
+		cls = nil
+		for _, n := range classes {
+			cls = append(cls, fmt.Sprintf("0x%08x : goto np-%d", n<<ClassShift, n))
+		}
+		set(&b, "np-classes", "meta mark", "verdict", cls)
+		for _, n := range classes {
+			fmt.Fprintf(&b, "\tchain np-%d {\n", n)
+			fmt.Fprintf(&b, "\t\tmeta mark set meta mark & 0x%08x | 0x%08x\n", ^uint32(ClassMask), MasqBit)
+			fmt.Fprintf(&b, "\t\tdnat to %s . numgen random mod %d map @np-ep\n", npKeyType, n)
+			b.WriteString("\t}\n")
+		}
+		// Packets to other addresses leave with their mark untouched; service packets
+		// get the class bits cleared, then set bit by bit.
+		b.WriteString("\tchain cluster-ips {\n")
 		fmt.Fprintf(&b, "\t\tmeta mark set meta mark & 0x%08x\n", ^uint32(ClassMask))
 		for bit := 0; bit < ClassBits; bit++ {
 			fmt.Fprintf(&b, "\t\t%s @class-bit%d meta mark set meta mark | 0x%08x\n", svcKeyType, bit, 1<<(ClassShift+bit))
 		}
 		fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x vmap @classes\n", uint32(ClassMask))
+		b.WriteString("\t}\n")
+		b.WriteString("\tchain nodeports {\n")
+		fmt.Fprintf(&b, "\t\tmeta mark set meta mark & 0x%08x\n", ^uint32(ClassMask))
+		for bit := 0; bit < ClassBits; bit++ {
+			fmt.Fprintf(&b, "\t\t%s @np-bit%d meta mark set meta mark | 0x%08x\n", npKeyType, bit, 1<<(ClassShift+bit))
+		}
+		fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x vmap @np-classes\n", uint32(ClassMask))
+		b.WriteString("\t}\n")
+		b.WriteString("\tchain services {\n")
+		fmt.Fprintf(&b, "\t\t%s @service-ips goto cluster-ips\n", svcKeyType)
+		fmt.Fprintf(&b, "\t\tfib daddr type local %s @nodeport-services goto nodeports\n", npKeyType)
 		b.WriteString("\t}\n")
 	case ClassRules:
 		set(&b, "service-ips", svcKeyType, "", withEndpoints(svcs))
@@ -293,6 +355,18 @@ func svcKey(s Service) []byte {
 	return k
 }
 
+func npKey(s Service) []byte {
+	k := make([]byte, 8)
+	k[0] = 6 // tcp
+	binary.BigEndian.PutUint16(k[4:], s.NodePort)
+	return k
+}
+
+func npEPElem(s Service, i int) Elem {
+	e := epElem(s, i)
+	return Elem{Key: binary.NativeEndian.AppendUint32(npKey(s), uint32(i)), Val: e.Val}
+}
+
 func epElem(s Service, i int) Elem {
 	k := svcKey(s)
 	k = binary.NativeEndian.AppendUint32(k, uint32(i)) // numgen: host byte order
@@ -331,6 +405,18 @@ func serviceOps(shape string, s Service, del bool) []Op {
 				ops = append(ops, Op{Delete: del, Set: fmt.Sprintf("class-bit%d", bit), Elements: []Elem{{Key: svcKey(s)}}})
 			}
 		}
+		if s.NodePort > 0 {
+			var npeps []Elem
+			for i := range s.Endpoints {
+				npeps = append(npeps, npEPElem(s, i))
+			}
+			ops = append(ops, Op{Delete: del, Set: "np-ep", Elements: npeps}, Op{Delete: del, Set: "nodeport-services", Elements: []Elem{{Key: npKey(s)}}})
+			for bit := 0; bit < ClassBits; bit++ {
+				if n>>bit&1 == 1 {
+					ops = append(ops, Op{Delete: del, Set: fmt.Sprintf("np-bit%d", bit), Elements: []Elem{{Key: npKey(s)}}})
+				}
+			}
+		}
 	case ClassRules:
 		ops = append(ops, Op{Delete: del, Set: "service-ips", Elements: []Elem{{Key: svcKey(s)}}})
 	case JumpVMap:
@@ -351,13 +437,14 @@ func RemoveService(shape string, s Service) []Op { return serviceOps(shape, s, t
 // ReplaceEndpoint returns the transaction that replaces endpoint i of s by e (the count
 // stays): one entry of the endpoint map deleted and added again.
 func ReplaceEndpoint(shape string, s Service, i int, e Endpoint) []Op {
-	old := epElem(s, i)
-	s.Endpoints = slices.Clone(s.Endpoints)
-	s.Endpoints[i] = e
-	return []Op{
-		{Delete: true, Set: epMap(shape, len(s.Endpoints)), Elements: []Elem{old}},
-		{Set: epMap(shape, len(s.Endpoints)), Elements: []Elem{epElem(s, i)}},
+	next := s
+	next.Endpoints = slices.Clone(s.Endpoints)
+	next.Endpoints[i] = e
+	ops := slotOps(epMap(shape, len(s.Endpoints)), epElem, s, next)
+	if shape == MarkClass && s.NodePort > 0 {
+		ops = append(ops, slotOps("np-ep", npEPElem, s, next)...)
 	}
+	return ops
 }
 
 // Resize returns the transaction that changes s's endpoints from old to s.Endpoints (a
@@ -376,6 +463,9 @@ func Resize(shape string, old, s Service) []Op {
 			was, is := len(old.Endpoints)>>bit&1 == 1, len(s.Endpoints)>>bit&1 == 1
 			if was != is {
 				ops = append(ops, Op{Delete: was, Set: fmt.Sprintf("class-bit%d", bit), Elements: []Elem{{Key: svcKey(s)}}})
+				if s.NodePort > 0 {
+					ops = append(ops, Op{Delete: was, Set: fmt.Sprintf("np-bit%d", bit), Elements: []Elem{{Key: npKey(s)}}})
+				}
 			}
 		}
 	case JumpVMap:
@@ -383,23 +473,33 @@ func Resize(shape string, old, s Service) []Op {
 			Op{Delete: true, Set: "service-ips", Elements: []Elem{{Key: svcKey(s), Chain: fmt.Sprintf("lb-%d", len(old.Endpoints))}}},
 			Op{Set: "service-ips", Elements: []Elem{{Key: svcKey(s), Chain: fmt.Sprintf("lb-%d", len(s.Endpoints))}}})
 	}
+	ops = append(ops, slotOps("ep", epElem, old, s)...)
+	if shape == MarkClass && s.NodePort > 0 {
+		ops = append(ops, slotOps("np-ep", npEPElem, old, s)...)
+	}
+	return ops
+}
+
+// slotOps rewrites the endpoint slots of a map that differ between old and s.
+func slotOps(set string, elem func(Service, int) Elem, old, s Service) []Op {
+	var ops []Op
 	var del, add []Elem
 	for i := range max(len(old.Endpoints), len(s.Endpoints)) {
 		switch {
 		case i >= len(s.Endpoints):
-			del = append(del, epElem(old, i))
+			del = append(del, elem(old, i))
 		case i >= len(old.Endpoints):
-			add = append(add, epElem(s, i))
+			add = append(add, elem(s, i))
 		case old.Endpoints[i] != s.Endpoints[i]:
-			del = append(del, epElem(old, i))
-			add = append(add, epElem(s, i))
+			del = append(del, elem(old, i))
+			add = append(add, elem(s, i))
 		}
 	}
 	if len(del) > 0 {
-		ops = append(ops, Op{Delete: true, Set: "ep", Elements: del})
+		ops = append(ops, Op{Delete: true, Set: set, Elements: del})
 	}
 	if len(add) > 0 {
-		ops = append(ops, Op{Set: "ep", Elements: add})
+		ops = append(ops, Op{Set: set, Elements: add})
 	}
 	return ops
 }
