@@ -208,6 +208,9 @@ func Generate(shape string, svcs []Service, classes []int) string {
 			fmt.Fprintf(&b, "\t\t%s @class-bit%d meta mark set meta mark | 0x%08x\n", svcKeyType, bit, 1<<(ClassShift+bit))
 		}
 		fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x vmap @classes\n", uint32(ClassMask))
+		// Only reached when the class has no chain (the proxy adds a class's jump in
+		// the transaction that adds its first service): leave no class bits behind.
+		fmt.Fprintf(&b, "\t\tmeta mark set meta mark & 0x%08x\n", ^uint32(ClassMask))
 		b.WriteString("\t}\n")
 		b.WriteString("\tchain nodeports {\n")
 		fmt.Fprintf(&b, "\t\tmeta mark set meta mark & 0x%08x\n", ^uint32(ClassMask))
@@ -215,6 +218,7 @@ func Generate(shape string, svcs []Service, classes []int) string {
 			fmt.Fprintf(&b, "\t\t%s @np-bit%d meta mark set meta mark | 0x%08x\n", npKeyType, bit, 1<<(ClassShift+bit))
 		}
 		fmt.Fprintf(&b, "\t\tmeta mark & 0x%08x vmap @np-classes\n", uint32(ClassMask))
+		fmt.Fprintf(&b, "\t\tmeta mark set meta mark & 0x%08x\n", ^uint32(ClassMask))
 		b.WriteString("\t}\n")
 		b.WriteString("\tchain services {\n")
 		fmt.Fprintf(&b, "\t\t%s @service-ips goto cluster-ips\n", svcKeyType)
