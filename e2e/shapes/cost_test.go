@@ -29,13 +29,20 @@ const Current = "current"
 // elements do not grow with services.
 var kinds = []string{"endpoint-replaced", "endpoint-count", "service-added", "service-removed", "class-jump"}
 
-// maxClass is how many per-class chains the candidates create up front (1..maxClass).
-const maxClass = 32
+// maxClass is how many per-class chains the candidates create up front (1..maxClass):
+// 32, or NFTPROXY_SHAPES_CLASSES (at most 255, the 8 class bits).
+var maxClass = func() int {
+	if n, err := strconv.Atoi(os.Getenv("NFTPROXY_SHAPES_CLASSES")); err == nil && n >= 12 && n <= 255 {
+		return n
+	}
+	return 32
+}()
 
 // TestChangeCost measures the kernel time of each steady-state change for every shape at
 // each size: NFTPROXY_SHAPES_BENCH=1 (root). NFTPROXY_SHAPES_SIZES overrides the sizes
 // ("1000x10,50000x5"), NFTPROXY_SHAPES_CHANGES the number of changes per kind,
-// NFTPROXY_SHAPES the shapes ("current,markclass").
+// NFTPROXY_SHAPES the shapes ("current,markclass"), NFTPROXY_SHAPES_CLASSES the number
+// of classes created up front (12..255, default 32).
 func TestChangeCost(t *testing.T) {
 	if os.Getenv("NFTPROXY_SHAPES_BENCH") != "1" {
 		t.Skip("set NFTPROXY_SHAPES_BENCH=1 (root) to measure the shapes' change cost")
