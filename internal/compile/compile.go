@@ -46,9 +46,9 @@ const (
 // Config holds the flags that shape the ruleset.
 type Config struct {
 	Family nft.Family
-	// ClusterCIDR is the pod network of this family ("--cluster-cidr"); traffic from
-	// outside it to a cluster IP is masqueraded. Invalid (zero) means unknown.
-	ClusterCIDR   netip.Prefix
+	// DetectLocal tells traffic from the cluster's pods from other traffic
+	// (--detect-local-mode): traffic to a cluster IP that is not local is masqueraded.
+	DetectLocal   DetectLocal
 	MasqueradeAll bool
 	MasqueradeBit uint32 // mark bit index, kube-proxy's default is 14
 	// NodePortAddrs are the local addresses node ports answer on. When NodePortAllLocal
@@ -269,6 +269,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	}
 	c := &compiler{
 		cfg: cc.cfg, slots: cc.slots, v6: cc.cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
+		local:     cc.cfg.DetectLocal.resolve(cc.cfg.Family == nft.IPv6, snap.Node),
 		frontends: make(map[frontendKey]model.ServicePortName, len(snap.Services)),
 		nodePorts: map[nodePortKey]model.ServicePortName{},
 	}
@@ -547,7 +548,7 @@ func (c *compiler) problem(p model.Problem) {
 }
 
 func sameNode(a, b model.Node) bool {
-	return a.Name == b.Name && a.Zone == b.Zone && slices.Equal(a.IPs, b.IPs)
+	return a.Name == b.Name && a.Zone == b.Zone && slices.Equal(a.IPs, b.IPs) && slices.Equal(a.PodCIDRs, b.PodCIDRs)
 }
 
 type frontendKey struct {
@@ -573,6 +574,7 @@ type compiler struct {
 	serviceCounters, nodePortCounters                     *nft.Set
 	node                                                  model.Node
 	serviceCIDRs                                          []netip.Prefix
+	local                                                 localCheck // DetectLocal for this family and node
 
 	// keys already used, so that conflicting input never produces a duplicate element
 	frontends map[frontendKey]model.ServicePortName
@@ -806,9 +808,9 @@ func (c *compiler) externalChain(sp *model.ServicePort, p policy) *nft.Chain {
 		ch.Rules = []nft.Rule{{Stmts: []nft.Stmt{jump(chainMarkMasq)}}, {Stmts: []nft.Stmt{goTo(p.svcChain)}}}
 		return ch
 	}
-	if c.cfg.ClusterCIDR.IsValid() {
+	if c.local.ok() {
 		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
-			nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: c.cfg.ClusterCIDR}, goTo(p.svcChain),
+			c.local.match(true), goTo(p.svcChain),
 		}, Comment: "short-circuit pod traffic"})
 	}
 	ch.Rules = append(ch.Rules,
@@ -831,8 +833,8 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 			match := []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}}
 			switch {
 			case c.cfg.MasqueradeAll:
-			case c.cfg.ClusterCIDR.IsValid():
-				match = append(match, nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: c.cfg.ClusterCIDR})
+			case c.local.ok():
+				match = append(match, c.local.match(false))
 			default:
 				continue
 			}

@@ -57,9 +57,13 @@ type Values struct {
 	HealthzBindAddress string        // healthzBindAddress
 	MetricsBindAddress string        // metricsBindAddress
 	DetectLocalMode    string        // detectLocalMode
-	Verbosity          int           // logging.verbosity
-	LoggingFormat      string        // logging.format
-	Conntrack          Conntrack     // conntrack.*
+	// BridgeInterface and InterfaceNamePrefix are detectLocal.*, used by the
+	// BridgeInterface and InterfaceNamePrefix modes.
+	BridgeInterface     string    // detectLocal.bridgeInterface
+	InterfaceNamePrefix string    // detectLocal.interfaceNamePrefix
+	Verbosity           int       // logging.verbosity
+	LoggingFormat       string    // logging.format
+	Conntrack           Conntrack // conntrack.*
 	// FeatureGates are the file's featureGates; only AllowServiceExternalIPs has an
 	// effect (see ExternalIPsAllowed).
 	FeatureGates map[string]bool // featureGates
@@ -117,9 +121,17 @@ type File struct {
 	Config *v1alpha1.KubeProxyConfiguration
 	// Values are the settings nftproxy uses, validated.
 	Values Values
+	// Parsed are the Values that have a typed form, parsed once here.
+	Parsed Parsed
 	// Notes are things to tell the operator once: settings that have no effect in
 	// nftproxy, unknown fields, settings shadowed by others.
 	Notes []string
+}
+
+// Parsed are the typed forms of Values' strings.
+type Parsed struct {
+	ClusterCIDRs []netip.Prefix    // clusterCIDR
+	NodePorts    NodePortAddresses // nodePortAddresses
 }
 
 // mapped lists the JSON paths of the fields nftproxy uses; every other field with a
@@ -134,7 +146,8 @@ var mapped = map[string]bool{
 	"nftables.masqueradeAll": true, "nftables.masqueradeBit": true,
 	"nftables.syncPeriod": true, "nftables.minSyncPeriod": true,
 	"healthzBindAddress": true, "metricsBindAddress": true,
-	"detectLocalMode": true, "logging.verbosity": true, "logging.format": true,
+	"detectLocalMode": true, "detectLocal.bridgeInterface": true, "detectLocal.interfaceNamePrefix": true,
+	"logging.verbosity": true, "logging.format": true,
 	"featureGates." + GateAllowServiceExternalIPs: true,
 }
 
@@ -189,13 +202,13 @@ func Parse(data []byte) (*File, error) {
 		return nil, fmt.Errorf("decoding: %w", err)
 	}
 	SetDefaults(cfg)
-	vals, more, err := resolve(cfg, present)
+	vals, parsed, more, err := resolve(cfg, present)
 	if err != nil {
 		return nil, err
 	}
 	notes = append(notes, more...)
 	notes = append(notes, notApplicable(cfg)...)
-	return &File{Config: cfg, Values: vals, Notes: notes}, nil
+	return &File{Config: cfg, Values: vals, Parsed: parsed, Notes: notes}, nil
 }
 
 // presentFields returns the dotted paths of every field the document sets.
@@ -321,7 +334,7 @@ func AppendPortIfNeeded(addr string, port int) string {
 
 // resolve picks the values nftproxy uses, validating each and naming the field it came
 // from in errors.
-func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Values, []string, error) {
+func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Values, Parsed, []string, error) {
 	var notes []string
 	set := leaves(c)
 	// pick returns the nftables.* field if the file sets it, else the iptables.* one.
@@ -339,19 +352,21 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 		return nft
 	}
 	v := Values{
-		Kubeconfig:         c.ClientConnection.Kubeconfig,
-		KubeAPIQPS:         c.ClientConnection.QPS,
-		KubeAPIBurst:       c.ClientConnection.Burst,
-		KubeAPIContentType: c.ClientConnection.ContentType,
-		HostnameOverride:   c.HostnameOverride,
-		ClusterCIDR:        c.ClusterCIDR,
-		NodePortAddresses:  c.NodePortAddresses,
-		HealthzBindAddress: c.HealthzBindAddress,
-		MetricsBindAddress: c.MetricsBindAddress,
-		DetectLocalMode:    string(c.DetectLocalMode),
-		Verbosity:          int(c.Logging.Verbosity),
-		LoggingFormat:      c.Logging.Format,
-		Conntrack:          ConntrackFrom(c),
+		Kubeconfig:          c.ClientConnection.Kubeconfig,
+		KubeAPIQPS:          c.ClientConnection.QPS,
+		KubeAPIBurst:        c.ClientConnection.Burst,
+		KubeAPIContentType:  c.ClientConnection.ContentType,
+		HostnameOverride:    c.HostnameOverride,
+		ClusterCIDR:         c.ClusterCIDR,
+		NodePortAddresses:   c.NodePortAddresses,
+		HealthzBindAddress:  c.HealthzBindAddress,
+		MetricsBindAddress:  c.MetricsBindAddress,
+		DetectLocalMode:     string(c.DetectLocalMode),
+		BridgeInterface:     c.DetectLocal.BridgeInterface,
+		InterfaceNamePrefix: c.DetectLocal.InterfaceNamePrefix,
+		Verbosity:           int(c.Logging.Verbosity),
+		LoggingFormat:       c.Logging.Format,
+		Conntrack:           ConntrackFrom(c),
 	}
 	if len(c.FeatureGates) > 0 {
 		v.FeatureGates = maps.Clone(c.FeatureGates)
@@ -391,13 +406,13 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 	} else if v.SyncPeriod > 0 && v.MinSyncPeriod > v.SyncPeriod {
 		fail(minField, "%v must not exceed %s (%v)", v.MinSyncPeriod, syncField, v.SyncPeriod)
 	}
-	if _, err := ParseClusterCIDRs(v.ClusterCIDR); err != nil {
+	var parsed Parsed
+	var err error
+	if parsed.ClusterCIDRs, err = ParseClusterCIDRs(v.ClusterCIDR); err != nil {
 		fail("clusterCIDR", "%v", err)
 	}
-	for i, a := range v.NodePortAddresses {
-		if err := CheckNodePortAddress(a, v.NodePortAddresses); err != nil {
-			fail(fmt.Sprintf("nodePortAddresses[%d]", i), "%v", err)
-		}
+	if parsed.NodePorts, err = ParseNodePortAddresses("nodePortAddresses", v.NodePortAddresses); err != nil {
+		errs = append(errs, err)
 	}
 	if err := CheckBindAddress(v.HealthzBindAddress); err != nil {
 		fail("healthzBindAddress", "%v", err)
@@ -407,6 +422,16 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 	}
 	if err := CheckDetectLocalMode(v.DetectLocalMode); err != nil {
 		fail("detectLocalMode", "%v", err)
+	}
+	switch v.DetectLocalMode {
+	case LocalModeBridgeInterface:
+		if err := CheckInterfaceName(v.BridgeInterface); err != nil {
+			fail("detectLocal.bridgeInterface", "%v (detectLocalMode is BridgeInterface)", err)
+		}
+	case LocalModeInterfaceNamePrefix:
+		if err := CheckInterfaceName(v.InterfaceNamePrefix); err != nil {
+			fail("detectLocal.interfaceNamePrefix", "%v (detectLocalMode is InterfaceNamePrefix)", err)
+		}
 	}
 	if err := CheckLoggingFormat(v.LoggingFormat); err != nil {
 		fail("logging.format", "%v", err)
@@ -420,7 +445,7 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 	if v.KubeAPIQPS < 0 {
 		fail("clientConnection.qps", "%v must not be negative", v.KubeAPIQPS)
 	}
-	return v, notes, errors.Join(errs...)
+	return v, parsed, notes, errors.Join(errs...)
 }
 
 // notApplicable lists, one note each, the fields that differ from kube-proxy's
@@ -479,6 +504,8 @@ func (v Values) Apply(c *v1alpha1.KubeProxyConfiguration) {
 	c.HealthzBindAddress = v.HealthzBindAddress
 	c.MetricsBindAddress = v.MetricsBindAddress
 	c.DetectLocalMode = v1alpha1.LocalMode(v.DetectLocalMode)
+	c.DetectLocal.BridgeInterface = v.BridgeInterface
+	c.DetectLocal.InterfaceNamePrefix = v.InterfaceNamePrefix
 	c.Logging.Verbosity = logsapi.VerbosityLevel(v.Verbosity)
 	c.Logging.Format = v.LoggingFormat
 	v.Conntrack.ApplyTo(c)

@@ -2,6 +2,8 @@ package config
 
 import (
 	"bytes"
+	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -159,11 +161,11 @@ func TestInvalidValuesNameTheField(t *testing.T) {
 		{`iptables: {syncPeriod: -5s}`, `iptables.syncPeriod: -5s must be greater than 0`},
 		{`nftables: {syncPeriod: 2s, minSyncPeriod: 5s}`, `nftables.minSyncPeriod: 5s must not exceed nftables.syncPeriod (2s)`},
 		{`nodePortAddresses: ["10.0.0.0/8", "nope"]`, `nodePortAddresses[1]: "nope" is not a CIDR`},
-		{`nodePortAddresses: ["primary", "10.0.0.0/8"]`, `nodePortAddresses[0]: "primary" must be used alone`},
-		{`nodePortAddresses: ["localhost"]`, `nodePortAddresses[0]: "localhost" alone`},
+		{`nodePortAddresses: ["all", "10.0.0.0/8", "all"]`, `nodePortAddresses[2]: "all" is given twice`},
 		{`healthzBindAddress: "foo:bar"`, `healthzBindAddress: "foo:bar": "foo" is not an IP address`},
 		{`metricsBindAddress: "127.0.0.1:0"`, `metricsBindAddress: "127.0.0.1:0": "0" is not a port`},
-		{`detectLocalMode: NodeCIDR`, `detectLocalMode: "NodeCIDR" is not supported by nftproxy`},
+		{`detectLocalMode: BridgeInterface`, `detectLocal.bridgeInterface: must not be empty (detectLocalMode is BridgeInterface)`},
+		{"detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: a-very-long-interface}", `detectLocal.interfaceNamePrefix: "a-very-long-interface" is longer than an interface name`},
 		{`detectLocalMode: Nonsense`, `detectLocalMode: "Nonsense" is not one of`},
 		{`logging: {format: xml}`, `logging.format: "xml" is not text or json`},
 		{`clientConnection: {burst: -3}`, `clientConnection.burst: -3 must not be negative`},
@@ -233,13 +235,77 @@ func TestLoadMissingFile(t *testing.T) {
 	}
 }
 
-func TestNormalizeNodePortAddresses(t *testing.T) {
-	out, notes := NormalizeNodePortAddresses([]string{"all", "localhost", "10.0.0.0/8"})
-	if want := []string{"0.0.0.0/0", "::/0", "10.0.0.0/8"}; !reflect.DeepEqual(out, want) {
-		t.Errorf("out = %q, want %q", out, want)
+// nodePortAddresses as kube-proxy v1.37 parses it: keywords and CIDRs in any
+// combination, each keyword once, "primary" the default.
+func TestParseNodePortAddresses(t *testing.T) {
+	pfx := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
 	}
-	if len(notes) != 1 || !strings.Contains(notes[0], "localhost") {
-		t.Errorf("notes = %q", notes)
+	for _, tc := range []struct {
+		in   []string
+		want NodePortAddresses
+	}{
+		{nil, NodePortAddresses{Primary: true}},
+		{[]string{"primary"}, NodePortAddresses{Primary: true}},
+		{[]string{"primary", "10.1.2.3/8"}, NodePortAddresses{Primary: true, CIDRs: pfx("10.0.0.0/8")}},
+		{[]string{"all", "localhost", "10.0.0.0/8", "0.0.0.0/0"}, NodePortAddresses{Localhost: true, CIDRs: pfx("0.0.0.0/0", "::/0", "127.0.0.0/8", "::1/128", "10.0.0.0/8")}},
+	} {
+		got, err := ParseNodePortAddresses("n", tc.in)
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%q: got %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+	for _, in := range [][]string{{"primary", "primary"}, {"10.0.0.0/8", "bogus"}, {"10.0.0.0"}} {
+		if _, err := ParseNodePortAddresses("n", in); err == nil {
+			t.Errorf("%q accepted", in)
+		}
+	}
+}
+
+// Resolve gives kube-proxy's nftables-mode meaning per family.
+func TestNodePortAddressesResolve(t *testing.T) {
+	a := netip.MustParseAddr
+	local := func() ([]netip.Addr, error) {
+		return []netip.Addr{a("127.0.0.1"), a("::1"), a("192.0.2.10"), a("10.1.0.5"), a("2001:db8::10")}, nil
+	}
+	nodeIPs := []netip.Addr{a("192.0.2.10")}
+	for _, tc := range []struct {
+		in    []string
+		v6    bool
+		all   bool
+		addrs string
+	}{
+		{nil, false, false, "[192.0.2.10]"},
+		{nil, true, true, "[]"}, // no IPv6 node IP: all local IPv6 addresses, as kube-proxy
+		{[]string{"10.0.0.0/8"}, false, false, "[10.1.0.5]"},
+		{[]string{"10.0.0.0/8"}, true, true, "[]"},  // the list names no IPv6 range
+		{[]string{"localhost"}, false, false, "[]"}, // loopback never answers
+		{[]string{"localhost"}, true, false, "[]"},
+		{[]string{"localhost", "primary"}, false, false, "[192.0.2.10]"},
+		{[]string{"all"}, false, true, "[]"},
+		{[]string{"all"}, true, true, "[]"},
+		{[]string{"primary", "2001:db8::/64"}, true, false, "[2001:db8::10]"},
+	} {
+		n, err := ParseNodePortAddresses("n", tc.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := n.Resolve(tc.v6, nodeIPs, local)
+		if err != nil || r.AllLocal != tc.all || fmt.Sprint(r.Addrs) != tc.addrs {
+			t.Errorf("%q v6=%v: got all=%v %v (%v), want all=%v %s", tc.in, tc.v6, r.AllLocal, r.Addrs, err, tc.all, tc.addrs)
+		}
+	}
+	n, _ := ParseNodePortAddresses("n", []string{"localhost"})
+	n2, _ := ParseNodePortAddresses("n", []string{"10.0.0.0/8"})
+	notes := strings.Join(append(n.Notes(), n2.Notes()...), "\n")
+	for _, want := range []string{`"localhost" has no effect`, "contains only IPv4 addresses; NodePort connections will be accepted on all local IPv6 IPs"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
 	}
 }
 

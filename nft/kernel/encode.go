@@ -38,6 +38,23 @@ func stmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
 	switch s := s.(type) {
 	case nft.MatchPrefix:
 		return prefixMatch(fam, s), nil
+	case nft.MatchIifname:
+		if len(s.Name) > 15 || s.Name == "" {
+			return nil, fmt.Errorf("iifname %q: not 1 to 15 bytes", s.Name)
+		}
+		name := []byte(s.Name) // a prefix compares only its bytes
+		if !s.Prefix {
+			name = make([]byte, 16) // a whole name compares the NUL-padded IFNAMSIZ bytes
+			copy(name, s.Name)
+		}
+		op := expr.CmpOpEq
+		if s.Op == nft.OpNeq {
+			op = expr.CmpOpNeq
+		}
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+			&expr.Cmp{Op: op, Register: reg1, Data: name},
+		}, nil
 	case nft.MatchL4Proto:
 		return []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
