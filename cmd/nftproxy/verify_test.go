@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -106,7 +108,13 @@ func TestVerifyOnce(t *testing.T) {
 	}
 
 	// another masquerade bit
-	res, err = verifyOnce(ctx, client, proxyFlags(t, append(flags, "--iptables-masquerade-bit", "15")...), k)
+	// (the bit is nftables.masqueradeBit of --config: --iptables-masquerade-bit has no
+	// effect in nftables mode, as in kube-proxy)
+	bitFile := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(bitFile, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 10.244.0.0/16,fd00:244::/56\nnftables: {masqueradeBit: 15}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res, err = verifyOnce(ctx, client, proxyFlags(t, "--hostname-override", "node-1", "--config", bitFile), k)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,20 +43,23 @@ const (
 // Values are the settings of a KubeProxyConfiguration that nftproxy uses. Each has a
 // command-line flag of the same meaning.
 type Values struct {
-	Kubeconfig         string        // clientConnection.kubeconfig
-	KubeAPIQPS         float32       // clientConnection.qps
-	KubeAPIBurst       int32         // clientConnection.burst
-	KubeAPIContentType string        // clientConnection.contentType
-	HostnameOverride   string        // hostnameOverride
-	ClusterCIDR        string        // clusterCIDR
-	NodePortAddresses  []string      // nodePortAddresses
-	MasqueradeAll      bool          // nftables.masqueradeAll, else iptables.masqueradeAll
-	MasqueradeBit      int32         // nftables.masqueradeBit, else iptables.masqueradeBit
-	SyncPeriod         time.Duration // nftables.syncPeriod, else iptables.syncPeriod
-	MinSyncPeriod      time.Duration // nftables.minSyncPeriod, else iptables.minSyncPeriod
-	HealthzBindAddress string        // healthzBindAddress
-	MetricsBindAddress string        // metricsBindAddress
-	DetectLocalMode    string        // detectLocalMode
+	Kubeconfig         string   // clientConnection.kubeconfig
+	KubeAPIQPS         float32  // clientConnection.qps
+	KubeAPIBurst       int32    // clientConnection.burst
+	KubeAPIContentType string   // clientConnection.contentType
+	HostnameOverride   string   // hostnameOverride
+	ClusterCIDR        string   // clusterCIDR
+	NodePortAddresses  []string // nodePortAddresses
+	MasqueradeAll      bool     // nftables.masqueradeAll, else iptables.masqueradeAll
+	MasqueradeBit      int32    // nftables.masqueradeBit, else iptables.masqueradeBit
+	// IPTablesMasqueradeBit is iptables.masqueradeBit (--iptables-masquerade-bit): as in
+	// kube-proxy's nftables mode it marks nothing; it is kept for --write-config-to.
+	IPTablesMasqueradeBit int32
+	SyncPeriod            time.Duration // nftables.syncPeriod, else iptables.syncPeriod
+	MinSyncPeriod         time.Duration // nftables.minSyncPeriod, else iptables.minSyncPeriod
+	HealthzBindAddress    string        // healthzBindAddress
+	MetricsBindAddress    string        // metricsBindAddress
+	DetectLocalMode       string        // detectLocalMode
 	// BridgeInterface and InterfaceNamePrefix are detectLocal.*, used by the
 	// BridgeInterface and InterfaceNamePrefix modes.
 	BridgeInterface     string    // detectLocal.bridgeInterface
@@ -211,14 +214,15 @@ func Parse(data []byte) (*File, error) {
 	return &File{Config: cfg, Values: vals, Parsed: parsed, Notes: notes}, nil
 }
 
-// presentFields returns the dotted paths of every field the document sets.
-func presentFields(data []byte) (map[string]bool, error) {
+// presentFields returns the dotted paths of every field the document sets, with the
+// value the document gives.
+func presentFields(data []byte) (map[string]any, error) {
 	var m map[string]any
 	if err := yaml.Unmarshal(data, &m); err != nil {
 		return nil, err
 	}
-	out := map[string]bool{}
-	flatten("", m, func(path string, _ any) { out[path] = true })
+	out := map[string]any{}
+	flatten("", m, func(path string, v any) { out[path] = v })
 	return out, nil
 }
 
@@ -334,19 +338,23 @@ func AppendPortIfNeeded(addr string, port int) string {
 
 // resolve picks the values nftproxy uses, validating each and naming the field it came
 // from in errors.
-func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Values, Parsed, []string, error) {
+func resolve(c *v1alpha1.KubeProxyConfiguration, doc map[string]any) (Values, Parsed, []string, error) {
+	present := func(path string) bool { _, ok := doc[path]; return ok }
+	// unset: the document leaves the field out or gives it its zero, which is what
+	// kube-proxy writes for the sections of modes it does not run
+	unset := func(path string) bool { v, ok := doc[path]; return !ok || v == "0s" || v == false }
 	var notes []string
 	set := leaves(c)
 	// pick returns the nftables.* field if the file sets it, else the iptables.* one.
 	pick := func(name string) string {
 		nft, ipt := "nftables."+name, "iptables."+name
-		if present[nft] {
-			if present[ipt] && !reflect.DeepEqual(set[nft], set[ipt]) {
+		if present(nft) {
+			if !unset(ipt) && !reflect.DeepEqual(set[nft], set[ipt]) {
 				notes = append(notes, fmt.Sprintf("config file: %s is used; %s is ignored", nft, ipt))
 			}
 			return nft
 		}
-		if present[ipt] {
+		if !unset(ipt) {
 			return ipt
 		}
 		return nft
@@ -383,6 +391,7 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 	} else {
 		v.MasqueradeBit = *c.IPTables.MasqueradeBit
 	}
+	v.IPTablesMasqueradeBit = *c.IPTables.MasqueradeBit
 	v.MasqueradeAll = c.NFTables.MasqueradeAll
 	if strings.HasPrefix(allField, "iptables") {
 		v.MasqueradeAll = c.IPTables.MasqueradeAll
@@ -397,6 +406,8 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 
 	if err := CheckMasqueradeBit(v.MasqueradeBit); err != nil {
 		fail(bitField, "%v", err)
+	} else if err := CheckMasqueradeBit(v.IPTablesMasqueradeBit); err != nil {
+		fail("iptables.masqueradeBit", "%v", err)
 	}
 	if v.SyncPeriod <= 0 {
 		fail(syncField, "%v must be greater than 0", v.SyncPeriod)
@@ -485,8 +496,11 @@ func leaves(c *v1alpha1.KubeProxyConfiguration) map[string]any {
 	return out
 }
 
-// Apply writes v into c, so that c read back (by nftproxy or by kube-proxy) yields v:
-// mode becomes nftables and the proxy settings go into both nftables.* and iptables.*.
+// Apply writes v into c as kube-proxy v1.37 in nftables mode writes its configuration
+// (--write-config-to): mode nftables; the sync periods and masqueradeAll in the nftables
+// section only (those of iptables and ipvs zero); the masquerade bits each in its own
+// section; nodePortAddresses and detectLocalMode with their nftables-mode defaults. c
+// read back (by nftproxy or by kube-proxy) yields v.
 func (v Values) Apply(c *v1alpha1.KubeProxyConfiguration) {
 	c.APIVersion, c.Kind = v1alpha1.SchemeGroupVersion.String(), "KubeProxyConfiguration"
 	c.Mode = "nftables" // what nftproxy always does
@@ -497,13 +511,20 @@ func (v Values) Apply(c *v1alpha1.KubeProxyConfiguration) {
 	c.HostnameOverride = v.HostnameOverride
 	c.ClusterCIDR = v.ClusterCIDR
 	c.NodePortAddresses = slices.Clone(v.NodePortAddresses)
-	c.NFTables.MasqueradeAll, c.IPTables.MasqueradeAll = v.MasqueradeAll, v.MasqueradeAll
-	c.NFTables.MasqueradeBit, c.IPTables.MasqueradeBit = ptr(v.MasqueradeBit), ptr(v.MasqueradeBit)
-	c.NFTables.SyncPeriod.Duration, c.IPTables.SyncPeriod.Duration = v.SyncPeriod, v.SyncPeriod
-	c.NFTables.MinSyncPeriod.Duration, c.IPTables.MinSyncPeriod.Duration = v.MinSyncPeriod, v.MinSyncPeriod
+	if len(c.NodePortAddresses) == 0 {
+		c.NodePortAddresses = []string{NodePortPrimary}
+	}
+	c.NFTables.MasqueradeAll, c.IPTables.MasqueradeAll = v.MasqueradeAll, false
+	c.NFTables.MasqueradeBit, c.IPTables.MasqueradeBit = ptr(v.MasqueradeBit), ptr(v.IPTablesMasqueradeBit)
+	c.NFTables.SyncPeriod.Duration, c.NFTables.MinSyncPeriod.Duration = v.SyncPeriod, v.MinSyncPeriod
+	c.IPTables.SyncPeriod.Duration, c.IPTables.MinSyncPeriod.Duration = 0, 0
+	c.IPVS.SyncPeriod.Duration, c.IPVS.MinSyncPeriod.Duration = 0, 0
 	c.HealthzBindAddress = v.HealthzBindAddress
 	c.MetricsBindAddress = v.MetricsBindAddress
 	c.DetectLocalMode = v1alpha1.LocalMode(v.DetectLocalMode)
+	if c.DetectLocalMode == "" {
+		c.DetectLocalMode = LocalModeClusterCIDR
+	}
 	c.DetectLocal.BridgeInterface = v.BridgeInterface
 	c.DetectLocal.InterfaceNamePrefix = v.InterfaceNamePrefix
 	c.Logging.Verbosity = logsapi.VerbosityLevel(v.Verbosity)

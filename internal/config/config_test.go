@@ -45,22 +45,23 @@ logging:
   format: json
 `)
 	want := Values{
-		Kubeconfig:         "/var/lib/kube-proxy/kubeconfig.conf",
-		KubeAPIQPS:         20,
-		KubeAPIBurst:       10,
-		KubeAPIContentType: "application/vnd.kubernetes.protobuf",
-		HostnameOverride:   "node-a",
-		ClusterCIDR:        "10.244.0.0/16,fd00:10:244::/56",
-		NodePortAddresses:  []string{"10.0.0.0/8", "all"},
-		MasqueradeAll:      true,
-		MasqueradeBit:      12,
-		SyncPeriod:         10 * time.Second,
-		MinSyncPeriod:      250 * time.Millisecond,
-		HealthzBindAddress: "0.0.0.0:10256",
-		MetricsBindAddress: "127.0.0.1:10249",
-		Verbosity:          2,
-		LoggingFormat:      "json",
-		Conntrack:          DefaultConntrack(),
+		Kubeconfig:            "/var/lib/kube-proxy/kubeconfig.conf",
+		KubeAPIQPS:            20,
+		KubeAPIBurst:          10,
+		KubeAPIContentType:    "application/vnd.kubernetes.protobuf",
+		HostnameOverride:      "node-a",
+		ClusterCIDR:           "10.244.0.0/16,fd00:10:244::/56",
+		NodePortAddresses:     []string{"10.0.0.0/8", "all"},
+		MasqueradeAll:         true,
+		MasqueradeBit:         12,
+		IPTablesMasqueradeBit: 12,
+		SyncPeriod:            10 * time.Second,
+		MinSyncPeriod:         250 * time.Millisecond,
+		HealthzBindAddress:    "0.0.0.0:10256",
+		MetricsBindAddress:    "127.0.0.1:10249",
+		Verbosity:             2,
+		LoggingFormat:         "json",
+		Conntrack:             DefaultConntrack(),
 	}
 	if !reflect.DeepEqual(f.Values, want) {
 		t.Errorf("values:\n got %+v\nwant %+v", f.Values, want)
@@ -74,7 +75,7 @@ func TestDefaults(t *testing.T) {
 	f := mustParse(t, "")
 	want := Values{
 		KubeAPIQPS: 5, KubeAPIBurst: 10, KubeAPIContentType: "application/vnd.kubernetes.protobuf",
-		MasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
+		MasqueradeBit: 14, IPTablesMasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
 		HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249", LoggingFormat: "text",
 		Conntrack: Conntrack{MaxPerCore: 32 * 1024, Min: 128 * 1024, TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour},
 	}
@@ -201,7 +202,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	v := Values{
 		Kubeconfig: "/k", KubeAPIQPS: 7.5, KubeAPIBurst: 3, KubeAPIContentType: "application/json",
 		HostnameOverride: "n1", ClusterCIDR: "10.244.0.0/16", NodePortAddresses: []string{"192.0.2.0/24"},
-		MasqueradeAll: true, MasqueradeBit: 3, SyncPeriod: time.Minute, MinSyncPeriod: 3 * time.Second,
+		MasqueradeAll: true, MasqueradeBit: 3, IPTablesMasqueradeBit: 3, SyncPeriod: time.Minute, MinSyncPeriod: 3 * time.Second,
 		HealthzBindAddress: "127.0.0.1:1234", MetricsBindAddress: "", DetectLocalMode: "ClusterCIDR",
 		Verbosity: 4, LoggingFormat: "json",
 	}

@@ -79,6 +79,7 @@ type Options struct {
 	DetectLocal  compile.DetectLocal      // --detect-local-mode and its inputs
 
 	healthzPort, metricsPort int32 // kube-proxy's deprecated --healthz-port, --metrics-port
+	iptablesMasqueradeBit    int32 // --iptables-masquerade-bit: no effect (kube-proxy's nftables mode)
 
 	ignored []string     // kube-proxy flags that were set but have no effect
 	file    *config.File // the --config file, once Complete has loaded it
@@ -99,7 +100,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.StringVar(&o.ClusterCIDR, "cluster-cidr", "", "The CIDR range of the pods in the cluster (comma-separated, at most one per IP family). Traffic to a service from outside this range is masqueraded.")
 	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", nil, "A list of CIDR ranges and/or the keywords 'primary' (the node's primary IPs from its Node object; the default), 'localhost' (127.0.0.0/8 and ::1/128) and 'all' (0.0.0.0/0 and ::/0). NodePort connections are accepted on local IPs in these ranges; an IP family the list does not cover accepts them on all its local IPs, and loopback IPs never do (as kube-proxy's nftables mode).")
 	fs.BoolVar(&o.MasqueradeAll, "masquerade-all", false, "SNAT all traffic sent via Service cluster IPs.")
-	fs.Int32Var(&o.MasqueradeBit, "iptables-masquerade-bit", 14, "The bit of the packet mark (0-31) used to mark packets for masquerading, as kube-proxy's iptables and nftables modes.")
+	fs.Int32Var(&o.iptablesMasqueradeBit, "iptables-masquerade-bit", 14, "The bit of the packet mark (0-31) kube-proxy's iptables and ipvs modes mark packets to masquerade with. No effect, as in kube-proxy's nftables mode, which uses nftables.masqueradeBit of --config (default 14).")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "The minimum period between syncs of the ruleset to the kernel; changes within it are batched.")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "An interval at which the proxy syncs even without changes (a no-op when nothing changed); the whole table is rewritten once an hour, and at once when the netlink monitor sees it altered.")
 	fs.DurationVar(&o.MinSyncPeriod, "iptables-min-sync-period", time.Second, "kube-proxy's name for --min-sync-period.")
@@ -270,7 +271,8 @@ var bindings = []binding{
 	{[]string{"cluster-cidr"}, func(o *Options, v config.Values) { o.ClusterCIDR = v.ClusterCIDR }, func(o *Options, v *config.Values) { v.ClusterCIDR = o.ClusterCIDR }},
 	{[]string{"nodeport-addresses"}, func(o *Options, v config.Values) { o.NodePortAddresses = slices.Clone(v.NodePortAddresses) }, func(o *Options, v *config.Values) { v.NodePortAddresses = slices.Clone(o.NodePortAddresses) }},
 	{[]string{"masquerade-all"}, func(o *Options, v config.Values) { o.MasqueradeAll = v.MasqueradeAll }, func(o *Options, v *config.Values) { v.MasqueradeAll = o.MasqueradeAll }},
-	{[]string{"iptables-masquerade-bit"}, func(o *Options, v config.Values) { o.MasqueradeBit = v.MasqueradeBit }, func(o *Options, v *config.Values) { v.MasqueradeBit = o.MasqueradeBit }},
+	{nil, func(o *Options, v config.Values) { o.MasqueradeBit = v.MasqueradeBit }, func(o *Options, v *config.Values) { v.MasqueradeBit = o.MasqueradeBit }}, // no flag: nftables.masqueradeBit
+	{[]string{"iptables-masquerade-bit"}, func(o *Options, v config.Values) { o.iptablesMasqueradeBit = v.IPTablesMasqueradeBit }, func(o *Options, v *config.Values) { v.IPTablesMasqueradeBit = o.iptablesMasqueradeBit }},
 	{[]string{"sync-period", "iptables-sync-period", "nftables-sync-period"}, func(o *Options, v config.Values) { o.SyncPeriod = v.SyncPeriod }, func(o *Options, v *config.Values) { v.SyncPeriod = o.SyncPeriod }},
 	{[]string{"min-sync-period", "iptables-min-sync-period", "nftables-min-sync-period"}, func(o *Options, v config.Values) { o.MinSyncPeriod = v.MinSyncPeriod }, func(o *Options, v *config.Values) { v.MinSyncPeriod = o.MinSyncPeriod }},
 	{[]string{"healthz-bind-address"}, func(o *Options, v config.Values) { o.HealthzBindAddress = v.HealthzBindAddress }, func(o *Options, v *config.Values) { v.HealthzBindAddress = o.HealthzBindAddress }},
@@ -294,8 +296,15 @@ var flagsOverFile = map[string]bool{"v": true, "logging-format": true, "hostname
 // bare IP with the default port, and parses the typed values once (ClusterCIDRs,
 // ServiceCIDRs, NodePorts, DetectLocal): an invalid one is an error naming its flag.
 func (o *Options) Complete(fs *pflag.FlagSet) error {
-	if fs.Changed("hostname-override") && strings.TrimSpace(o.HostnameOverride) == "" && o.HostnameOverride != "" {
-		return fmt.Errorf("--hostname-override: empty hostname-override is invalid")
+	if o.HostnameOverride != "" { // processHostnameOverrideFlag upstream
+		if strings.TrimSpace(o.HostnameOverride) == "" {
+			return fmt.Errorf("--hostname-override: empty hostname-override is invalid")
+		}
+		o.HostnameOverride = strings.ToLower(strings.TrimSpace(o.HostnameOverride))
+	}
+	o.MasqueradeBit = 14 // nftables.masqueradeBit's default; only --config sets it
+	if fs.Changed("iptables-masquerade-bit") && o.ConfigFile == "" {
+		o.notes = append(o.notes, "--iptables-masquerade-bit has no effect (as in kube-proxy's nftables mode): the mark bit is nftables.masqueradeBit of --config, default 14")
 	}
 	if o.ConfigFile != "" {
 		f, err := config.Load(o.ConfigFile)
@@ -305,7 +314,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 		o.file = f
 		for _, b := range bindings {
 			changed := slices.ContainsFunc(b.flags, fs.Changed)
-			if changed && flagsOverFile[b.flags[0]] && (b.flags[0] != "hostname-override" || o.HostnameOverride != "") {
+			if changed && flagsOverFile[b.flags[0]] && (b.flags[0] != "hostname-override" || o.HostnameOverride != "") { // changed: b.flags is not empty
 				continue
 			}
 			b.apply(o, f.Values)
@@ -366,7 +375,7 @@ func (o *Options) NodeName() (string, error) {
 // value that came from the --config file was checked when it was loaded, with an error
 // naming its field there.
 func (o *Options) Validate() error {
-	if err := config.CheckMasqueradeBit(o.MasqueradeBit); err != nil {
+	if err := config.CheckMasqueradeBit(o.iptablesMasqueradeBit); err != nil {
 		return fmt.Errorf("--iptables-masquerade-bit: %w", err)
 	}
 	if o.SyncPeriod <= 0 {

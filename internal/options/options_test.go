@@ -44,7 +44,7 @@ func TestDefaultsWithoutConfig(t *testing.T) {
 	}
 	want := config.Values{
 		KubeAPIQPS: 5, KubeAPIBurst: 10, KubeAPIContentType: "application/vnd.kubernetes.protobuf",
-		MasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
+		MasqueradeBit: 14, IPTablesMasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
 		HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249",
 		DetectLocalMode: "ClusterCIDR", LoggingFormat: "text", Conntrack: config.DefaultConntrack(),
 	}
@@ -93,8 +93,8 @@ logging: {verbosity: 3, format: json}
 	want := config.Values{
 		Kubeconfig: "/from/file", KubeAPIQPS: 50, KubeAPIBurst: 100,
 		KubeAPIContentType: "application/vnd.kubernetes.protobuf",
-		HostnameOverride:   "Flag-Node ", ClusterCIDR: "10.1.0.0/16", NodePortAddresses: []string{"192.0.2.0/24"},
-		MasqueradeAll: true, MasqueradeBit: 9, SyncPeriod: 10 * time.Second, MinSyncPeriod: 2 * time.Second,
+		HostnameOverride:   "flag-node", ClusterCIDR: "10.1.0.0/16", NodePortAddresses: []string{"192.0.2.0/24"},
+		MasqueradeAll: true, MasqueradeBit: 9, IPTablesMasqueradeBit: 14, SyncPeriod: 10 * time.Second, MinSyncPeriod: 2 * time.Second,
 		HealthzBindAddress: "127.0.0.1:1111", MetricsBindAddress: "127.0.0.1:2222",
 		Verbosity: 1, LoggingFormat: "text", Conntrack: config.DefaultConntrack(),
 	}
@@ -201,7 +201,7 @@ func TestConfigFlagsNotIgnored(t *testing.T) {
 // The effective configuration, written and read back through --config, gives the same
 // settings: --write-config-to output is a usable config file.
 func TestEffectiveConfigRoundTrip(t *testing.T) {
-	path := writeFile(t, "mode: ipvs\nclusterCIDR: 10.1.0.0/16\nconntrack: {maxPerCore: 0}\n")
+	path := writeFile(t, "mode: ipvs\nclusterCIDR: 10.1.0.0/16\nconntrack: {maxPerCore: 0}\nnodePortAddresses: [primary]\ndetectLocalMode: ClusterCIDR\n")
 	o, err := parse(t, "--config", path, "--hostname-override", "n1")
 	if err != nil {
 		t.Fatal(err)
