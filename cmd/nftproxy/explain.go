@@ -439,9 +439,12 @@ func hasCondition(r nft.Rule) bool {
 // markReason explains the conditions of the rule that marked a packet for masquerading.
 func markReason(s trace.Step) string {
 	var saddr, daddr *nft.MatchPrefix
+	var iif *nft.MatchIifname
 	fibSaddr := false
 	for _, st := range s.Rule.Stmts {
 		switch st := st.(type) {
+		case nft.MatchIifname:
+			iif = &st
 		case nft.MatchPrefix:
 			if st.Field == nft.FieldSaddr {
 				saddr = &st
@@ -455,11 +458,17 @@ func markReason(s trace.Step) string {
 	switch {
 	case saddr != nil && saddr.Op == nft.OpNeq:
 		return fmt.Sprintf("the source is outside the cluster CIDR %s", saddr.Prefix)
+	case iif != nil && iif.Op == nft.OpNeq:
+		name := iif.Name
+		if iif.Prefix {
+			name += "*"
+		}
+		return fmt.Sprintf("the packet did not come in through the pods' interface %s (--detect-local-mode)", name)
 	case fibSaddr:
 		return "the client is the node itself"
 	case !hasCondition(s.Rule):
 		return "external traffic (node port, external or load-balancer IP) may go to an endpoint on another node, whose reply must come back through this one"
-	case daddr != nil && saddr == nil:
+	case daddr != nil && saddr == nil && iif == nil:
 		return "--masquerade-all"
 	}
 	return fmt.Sprintf("by rule %q in chain %s", s.Text, s.Chain)
