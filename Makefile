@@ -5,7 +5,7 @@ GO       ?= go
 BIN      := $(CURDIR)/bin
 PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
 
-.PHONY: all build deps test lint unit e2e soak demo bench fuzz conformance clean
+.PHONY: all build image deps test lint unit e2e soak demo bench fuzz conformance clean
 
 all: build
 
@@ -17,6 +17,11 @@ VPKG    := github.com/nftproxy/nftproxy/internal/version
 
 build:
 	$(GO) build -ldflags "-X $(VPKG).gitVersion=$(VERSION) -X $(VPKG).gitCommit=$(COMMIT)" -o $(BIN)/nftproxy ./cmd/nftproxy
+
+# The container image, stamped with the same version (podman, else docker).
+IMAGE   ?= nftproxy:$(VERSION)
+image:
+	$$(command -v podman || command -v docker) build -f Containerfile --build-arg VERSION=$(VERSION) --build-arg GIT_COMMIT=$(COMMIT) -t $(IMAGE) .
 
 deps:
 	e2e/hack/install-deps.sh

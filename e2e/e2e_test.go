@@ -9,8 +9,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -61,21 +59,7 @@ func TestServices(t *testing.T) {
 	c := e.c
 	e.setupRoutes(t)
 
-	var err error
-	e.args = []string{
-		"--kubeconfig", c.LeastPrivilegeKubeconfigT(t),
-		"--hostname-override", c.NodeName,
-		"--cluster-cidr", clusterCIDR,
-		"--min-sync-period", "100ms",
-		"-v=2",
-		"--healthz-bind-address", "0.0.0.0:10256",
-		"--metrics-bind-address", "127.0.0.1:10249",
-	}
-	e.proxy, err = c.StartProcess(c.NodeNS, "nftproxy", append([]string{e.bin}, e.args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.waitFirstSync(t)
+	e.startProxy(t, c.LeastPrivilegeKubeconfigT(t), cluster.WatchedFlags...)
 
 	e.run(t, "clusterip-sources", e.testClusterIPSources)    // a
 	e.run(t, "port-to-targetport", e.testTargetPort)         // b
@@ -127,13 +111,22 @@ func buildNftproxy(t *testing.T) string {
 	bin := filepath.Join(t.TempDir(), "nftproxy")
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/nftproxy")
-	cmd.Dir = ".." // go test runs in e2e/
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/nftproxy: %v\n%s", err, out)
+	if err := cluster.BuildNftproxy(ctx, bin); err != nil {
+		t.Fatal(err)
 	}
 	return bin
+}
+
+// startProxy starts nftproxy in node-1's namespace with the kubeconfig, the cluster CIDR
+// and extra flags (kept in e.args), and waits for its first sync.
+func (e *env) startProxy(t *testing.T, kubeconfig string, extra ...string) {
+	t.Helper()
+	e.args = cluster.NftproxyArgs(kubeconfig, e.c.NodeName, clusterCIDR, extra...)
+	var err error
+	if e.proxy, err = e.c.StartProcess(e.c.NodeNS, "nftproxy", append([]string{e.bin}, e.args...)...); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFirstSync(t)
 }
 
 // setupRoutes routes the external-IP and LB ranges from the external client to the

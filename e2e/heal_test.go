@@ -41,19 +41,9 @@ func TestSelfHealing(t *testing.T) {
 	}
 	foreignBefore := e.mustNft(t, "list", "table", "ip", "foreign")
 
-	e.args = []string{
-		"--kubeconfig", c.LeastPrivilegeKubeconfigT(t),
-		"--hostname-override", c.NodeName,
-		"--cluster-cidr", clusterCIDR,
-		"-v=2",
-		"--healthz-bind-address", "0.0.0.0:10256",
-		"--metrics-bind-address", "127.0.0.1:10249",
-	}
-	var err error
-	if e.proxy, err = c.StartProcess(c.NodeNS, "nftproxy", append([]string{e.bin}, e.args...)...); err != nil {
-		t.Fatal(err)
-	}
-	e.waitFirstSync(t)
+	// No --min-sync-period: the default applies.
+	e.startProxy(t, c.LeastPrivilegeKubeconfigT(t), "-v=2",
+		"--healthz-bind-address", "0.0.0.0:10256", "--metrics-bind-address", "127.0.0.1:10249")
 
 	svc := e.createService(t, "heal", corev1.ServiceTypeClusterIP, nil, tcpPort("http", 80, 8080))
 	e.putSlice(t, svc, endpoint(e.web[0], ready), endpoint(e.web[1], ready))

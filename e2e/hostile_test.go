@@ -56,22 +56,8 @@ func TestHostileTenant(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.args = []string{
-		"--kubeconfig", c.LeastPrivilegeKubeconfigT(t),
-		"--hostname-override", c.NodeName,
-		"--cluster-cidr", clusterCIDR,
-		"--min-sync-period", "100ms",
-		"--nodeport-addresses", "0.0.0.0/0", // covers 127.0.0.0/8 (item 6)
-		"--healthz-bind-address", "0.0.0.0:10256",
-		"--metrics-bind-address", "127.0.0.1:10249",
-		"-v=2",
-	}
-	var err error
-	e.proxy, err = c.StartProcess(c.NodeNS, "nftproxy", append([]string{e.bin}, e.args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.waitFirstSync(t)
+	// --nodeport-addresses 0.0.0.0/0 covers 127.0.0.0/8 (item 6).
+	e.startProxy(t, c.LeastPrivilegeKubeconfigT(t), append([]string{"--nodeport-addresses", "0.0.0.0/0"}, cluster.WatchedFlags...)...)
 
 	// The first namespace: web, with a cluster IP, an externalIP and a node port.
 	web := e.nsService(t, victimNS, "web", corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort,

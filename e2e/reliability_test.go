@@ -35,19 +35,7 @@ func TestReliability(t *testing.T) {
 	c := e.c
 	kubeconfig := c.LeastPrivilegeKubeconfigT(t)
 	// No --healthz-bind-address / --metrics-bind-address: kube-proxy's defaults apply.
-	e.args = []string{
-		"--kubeconfig", kubeconfig,
-		"--hostname-override", c.NodeName,
-		"--cluster-cidr", clusterCIDR,
-		"--min-sync-period", "100ms",
-		"-v=2",
-	}
-	var err error
-	e.proxy, err = c.StartProcess(c.NodeNS, "nftproxy", append([]string{e.bin}, e.args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.waitFirstSync(t)
+	e.startProxy(t, kubeconfig, "--min-sync-period", "100ms", "-v=2")
 
 	e.run(t, "default-bind-addresses", e.testDefaultBindAddresses)
 	e.run(t, "least-privilege", func(t *testing.T) { e.testLeastPrivilege(t, kubeconfig) })

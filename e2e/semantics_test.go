@@ -94,15 +94,8 @@ func TestSemantics(t *testing.T) {
 	}
 
 	for _, n := range []*cluster.Node{s.n1, s.n2} {
-		p, err := c.StartProcess(n.NS, "nftproxy-"+n.Name, s.bin,
-			"--kubeconfig", c.LeastPrivilegeKubeconfigT(t),
-			"--hostname-override", n.Name,
-			"--cluster-cidr", dualClusterCIDR,
-			"--min-sync-period", "100ms",
-			"-v=2",
-			"--healthz-bind-address", "0.0.0.0:10256",
-			"--metrics-bind-address", "127.0.0.1:10249",
-		)
+		p, err := c.StartProcess(n.NS, "nftproxy-"+n.Name, append([]string{s.bin},
+			cluster.NftproxyArgs(c.LeastPrivilegeKubeconfigT(t), n.Name, dualClusterCIDR, cluster.WatchedFlags...)...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -448,18 +441,7 @@ func clusterIP(svc *corev1.Service, family corev1.IPFamily) string {
 // timeoutSeconds of idleness.
 func (s *sem) testSessionAffinity(t *testing.T) {
 	c := s.c
-	a, b, cc := s.pods["n1-a"], s.pods["n1-b"], s.pods["n1-c"]
-	svc := s.createService(t, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "affinity"},
-		Spec: corev1.ServiceSpec{
-			Type: corev1.ServiceTypeClusterIP, Ports: []corev1.ServicePort{tcpPort("http", 80, 8080)},
-			SessionAffinity:       corev1.ServiceAffinityClientIP,
-			SessionAffinityConfig: &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](10)}},
-		},
-	})
-	s.put4(t, svc, s.ep(a, ready), s.ep(b, ready), s.ep(cc, ready))
-	addr := hostPort(svc.Spec.ClusterIP, 80)
-	all := []*cluster.Pod{a, b, cc}
+	svc, addr, all := s.affinityService(t, "affinity", 10)
 
 	s.waitFor(t, "affinity service answers", s.client1.NS, "tcp", addr, allOK)
 	res := s.probe(t, s.client1.NS, "tcp", addr, 20, time.Second)
@@ -496,22 +478,30 @@ func (s *sem) testSessionAffinity(t *testing.T) {
 	s.testAffinityExpiry(t)
 }
 
+// affinityService creates ClusterIP service name (TCP 80 -> 8080, ClientIP affinity with
+// timeoutSeconds) with endpoints n1-a, n1-b and n1-c; it returns the service, its address
+// and the endpoints' pods.
+func (s *sem) affinityService(t *testing.T, name string, timeoutSeconds int32) (*corev1.Service, string, []*cluster.Pod) {
+	t.Helper()
+	a, b, cc := s.pods["n1-a"], s.pods["n1-b"], s.pods["n1-c"]
+	svc := s.createService(t, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeClusterIP, Ports: []corev1.ServicePort{tcpPort("http", 80, 8080)},
+			SessionAffinity:       corev1.ServiceAffinityClientIP,
+			SessionAffinityConfig: &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To(timeoutSeconds)}},
+		},
+	})
+	s.put4(t, svc, s.ep(a, ready), s.ep(b, ready), s.ep(cc, ready))
+	return svc, hostPort(svc.Spec.ClusterIP, 80), []*cluster.Pod{a, b, cc}
+}
+
 // testAffinityExpiry: with timeoutSeconds 1, back-to-back connections stick, and a client
 // idle for longer is drawn anew: each draw keeps the old endpoint with probability 1/3,
 // so 8 idle rounds that all keep it (0.015% by chance) mean the affinity never expired.
 // A separate service, so that no earlier affinity entry is involved.
 func (s *sem) testAffinityExpiry(t *testing.T) {
-	a, b, cc := s.pods["n1-a"], s.pods["n1-b"], s.pods["n1-c"]
-	svc := s.createService(t, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "affinity-expiry"},
-		Spec: corev1.ServiceSpec{
-			Type: corev1.ServiceTypeClusterIP, Ports: []corev1.ServicePort{tcpPort("http", 80, 8080)},
-			SessionAffinity:       corev1.ServiceAffinityClientIP,
-			SessionAffinityConfig: &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](1)}},
-		},
-	})
-	s.put4(t, svc, s.ep(a, ready), s.ep(b, ready), s.ep(cc, ready))
-	addr := hostPort(svc.Spec.ClusterIP, 80)
+	_, addr, _ := s.affinityService(t, "affinity-expiry", 1)
 	s.waitFor(t, "affinity-expiry service answers", s.client2.NS, "tcp", addr, allOK)
 	var seen []string
 	for round := 0; round <= 8; round++ {
@@ -835,19 +825,12 @@ func (s *sem) testUDPConntrack(t *testing.T) {
 		s.waitStream(t, run, time.Time{}, "5 answers in a row from "+oldPod.Name, func(res []cluster.ProbeResult) bool {
 			return len(res) >= 5 && only(oldPod)(res[len(res)-5:])
 		})
-		t0 := time.Now()
-		s.put4(t, svc, s.ep(newPod, ready))
-		if err := c.RemovePod(oldPod); err != nil {
-			t.Fatal(err)
-		}
-		s.waitStream(t, run, t0, "10 answers from "+newPod.Name, func(res []cluster.ProbeResult) bool {
-			return answeredBy(res)[newPod.Name] >= 10
+		s.streamMovesTo(t, run, newPod, s.client1.IP.String()+":"+fmt.Sprint(sport), func() {
+			s.put4(t, svc, s.ep(newPod, ready))
+			if err := c.RemovePod(oldPod); err != nil {
+				t.Fatal(err)
+			}
 		})
-		res, err := run.Stop()
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkStream(t, res, t0, newPod, s.client1.IP.String()+":"+fmt.Sprint(sport))
 	})
 
 	// The case as a black box. (With nftproxy's ruleset the rejection is never
@@ -867,17 +850,8 @@ func (s *sem) testUDPConntrack(t *testing.T) {
 		s.waitStream(t, run, time.Time{}, "3 rejections in a row", func(res []cluster.ProbeResult) bool {
 			return len(res) >= 3 && allRefused(res[len(res)-3:])
 		})
-		t0 := time.Now()
 		a := s.pods["n1-a"]
-		s.put4(t, svc, s.ep(a, ready))
-		s.waitStream(t, run, t0, "10 answers from "+a.Name, func(res []cluster.ProbeResult) bool {
-			return answeredBy(res)[a.Name] >= 10
-		})
-		res, err := run.Stop()
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkStream(t, res, t0, a, s.client1.IP.String()+":"+fmt.Sprint(sport))
+		s.streamMovesTo(t, run, a, s.client1.IP.String()+":"+fmt.Sprint(sport), func() { s.put4(t, svc, s.ep(a, ready)) })
 	})
 	// The rejection really is cached here: before the service exists, datagrams to the
 	// node port reach the node's own stack (ICMP port unreachable from the kernel) and
@@ -908,17 +882,9 @@ func (s *sem) testUDPConntrack(t *testing.T) {
 		if res := run.Results(); !allRefused(res[len(res)-3:]) {
 			t.Fatalf("service without endpoints: want the stream refused: %s", timeline(res, time.Now()))
 		}
-		t0 := time.Now()
 		a := s.pods["n1-a"]
-		s.put4(t, svc, s.ep(a, ready))
-		s.waitStream(t, run, t0, "10 answers from "+a.Name, func(res []cluster.ProbeResult) bool {
-			return answeredBy(res)[a.Name] >= 10
-		})
-		res, err := run.Stop()
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkStream(t, res, t0, a, "") // masqueraded (fully random port): no client check
+		// Masqueraded (fully random port): no client check.
+		s.streamMovesTo(t, run, a, "", func() { s.put4(t, svc, s.ep(a, ready)) })
 	})
 }
 
@@ -960,6 +926,22 @@ func (s *sem) waitStream(t *testing.T, run *cluster.ProbeRun, t0 time.Time, what
 		s.checkProxies(t, what)
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// streamMovesTo makes change at t0, waits for 10 answers from want on the stream, stops
+// it and checks it (checkStream with client).
+func (s *sem) streamMovesTo(t *testing.T, run *cluster.ProbeRun, want *cluster.Pod, client string, change func()) {
+	t.Helper()
+	t0 := time.Now()
+	change()
+	s.waitStream(t, run, t0, "10 answers from "+want.Name, func(res []cluster.ProbeResult) bool {
+		return answeredBy(res)[want.Name] >= 10
+	})
+	res, err := run.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkStream(t, res, t0, want, client)
 }
 
 // checkStream: after the change at t0, want answers from want within 2 s, every later

@@ -56,19 +56,7 @@ func TestChurnSoak(t *testing.T) {
 	e := newEnv(t, 2)
 	ctx, c := t.Context(), e.c
 	kubeconfig := c.LeastPrivilegeKubeconfigT(t)
-	e.args = []string{
-		"--kubeconfig", kubeconfig,
-		"--hostname-override", c.NodeName,
-		"--cluster-cidr", clusterCIDR,
-		"--min-sync-period", "100ms",
-		"--metrics-bind-address", "127.0.0.1:10249",
-	}
-	var err error
-	e.proxy, err = c.StartProcess(c.NodeNS, "nftproxy", append([]string{e.bin}, e.args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.waitFirstSync(t)
+	e.startProxy(t, kubeconfig, "--min-sync-period", "100ms", "--metrics-bind-address", "127.0.0.1:10249")
 	verifyArgs := []string{e.bin, "verify", "--kubeconfig", kubeconfig, "--hostname-override", c.NodeName, "--cluster-cidr", clusterCIDR}
 
 	stable := e.createService(t, "stable", corev1.ServiceTypeClusterIP, nil, tcpPort("http", 80, 8080))

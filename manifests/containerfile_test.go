@@ -103,14 +103,24 @@ func shellWords(s string) ([]string, error) {
 }
 
 // buildCommand finds the build stage's `go build` RUN and splits it into environment
-// assignments and the go command's arguments.
-func buildCommand(t *testing.T, st stage) (env, args []string, out string) {
+// assignments and the go command's arguments, with the stage's ARGs expanded: their
+// defaults, overridden by buildArgs (as `--build-arg`).
+func buildCommand(t *testing.T, st stage, buildArgs map[string]string) (env, goArgs []string, out string) {
 	t.Helper()
+	args := map[string]string{}
 	for _, in := range st.instrs {
+		if in.cmd == "ARG" {
+			name, def, _ := strings.Cut(in.args, "=")
+			args[name] = def
+			if v, ok := buildArgs[name]; ok {
+				args[name] = v
+			}
+			continue
+		}
 		if in.cmd != "RUN" || !strings.Contains(in.args, "go build") {
 			continue
 		}
-		words, err := shellWords(in.args)
+		words, err := shellWords(os.Expand(in.args, func(k string) string { return args[k] }))
 		if err != nil {
 			t.Fatalf("line %d: %v", in.line, err)
 		}
@@ -120,11 +130,11 @@ func buildCommand(t *testing.T, st stage) (env, args []string, out string) {
 		if len(words) < 2 || words[0] != "go" || words[1] != "build" {
 			t.Fatalf("line %d: not a plain `go build`: %q", in.line, in.args)
 		}
-		args = words[1:]
-		if i := slices.Index(args, "-o"); i >= 0 && i+1 < len(args) {
-			out = args[i+1]
+		goArgs = words[1:]
+		if i := slices.Index(goArgs, "-o"); i >= 0 && i+1 < len(goArgs) {
+			out = goArgs[i+1]
 		}
-		return env, args, out
+		return env, goArgs, out
 	}
 	t.Fatalf("stage %s has no RUN go build", st.name)
 	return nil, nil, ""
@@ -156,7 +166,8 @@ func TestContainerfile(t *testing.T) {
 		}
 	}
 
-	env, args, out := buildCommand(t, build)
+	const version, commit = "v9.8.7-containerfile-test", "0123456789abcdef"
+	env, args, out := buildCommand(t, build, map[string]string{"VERSION": version, "GIT_COMMIT": commit})
 	if !slices.Contains(env, "CGO_ENABLED=0") {
 		t.Errorf("go build without CGO_ENABLED=0: env %q", env)
 	}
@@ -237,6 +248,13 @@ func TestContainerfile(t *testing.T) {
 		t.Fatalf("go %s: %v\n%s", strings.Join(a, " "), err, outp)
 	}
 	checkStatic(t, bin)
+
+	// The build arguments stamp the version (make image passes git's).
+	if got, err := exec.Command(bin, "--version=raw").Output(); err != nil {
+		t.Errorf("%s --version=raw: %v", bin, err)
+	} else if !strings.Contains(string(got), `GitVersion:"`+version+`"`) || !strings.Contains(string(got), `GitCommit:"`+commit+`"`) {
+		t.Errorf("built with VERSION=%s GIT_COMMIT=%s, --version=raw says %s", version, commit, got)
+	}
 }
 
 func checkStatic(t *testing.T, bin string) {

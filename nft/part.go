@@ -14,11 +14,24 @@ import (
 // in the hairpin set) only with identical elements; the set holds it once, for as long
 // as any part adds it.
 type Part struct {
-	Owner    string // unique within the ruleset
+	// Owner is the part's key: unique within the ruleset, it is how the kernel applier
+	// matches a part with the one it last wrote. It is a name, not meaning: what the
+	// part is for is in Tag.
+	Owner    string
+	Tag      Tag // what the part is for (nftproxy: the service port); never sent to the kernel
 	Chains   []*Chain
 	Sets     []*Set
 	Elements []SetElements
 }
+
+// A Tag says what a part, rule or set element is for, in the terms of the program that
+// built the ruleset: nftproxy's compiler tags them with the service port they serve and
+// their purpose (compile.Tag). nft only carries tags: the renderer and the kernel
+// encoder never read them (comments are what a human reading "nft list" sees), and the
+// kernel never stores them. They let the program's other readers — the controller, the
+// metrics, explain — switch on types instead of parsing names and comments. A tag's
+// dynamic type must be comparable; nil says nothing. String is for logs and errors.
+type Tag interface{ String() string }
 
 // SetElements are elements of one shared set.
 type SetElements struct {

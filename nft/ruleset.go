@@ -77,10 +77,12 @@ func (h HookPoint) String() string {
 	return [...]string{"prerouting", "input", "forward", "output", "postrouting"}[h]
 }
 
-// Rule is a sequence of statements evaluated left to right, with an optional comment.
+// Rule is a sequence of statements evaluated left to right, with an optional comment
+// (for humans) and an optional Tag (for programs; see Tag).
 type Rule struct {
 	Stmts   []Stmt
 	Comment string
+	Tag     Tag
 }
 
 // Datatype is the type of one field of a set key or map value.
@@ -125,7 +127,8 @@ type Element struct {
 	Key     []Value
 	Data    []Value  // address/port map values
 	Verdict *Verdict // verdict map values
-	Comment string
+	Comment string   // for humans reading "nft list"
+	Tag     Tag      // for programs (see Tag); never sent to the kernel
 }
 
 // Value is one field of a key or value. Which member is meaningful depends on the

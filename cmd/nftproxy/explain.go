@@ -157,8 +157,7 @@ func fromAPI(ctx context.Context, client kubernetes.Interface, cfg controller.Co
 	}
 	// The machine running explain need not be the node: --nodeport-addresses ranges
 	// select among the node's addresses from its Node object.
-	nodeSnap, _ := model.Build(nil, nil, state.node)
-	nodeIPs := nodeSnap.Node.IPs
+	nodeIPs := model.NodeOf(state.node).IPs
 	cfg.LocalAddrs = func() ([]netip.Addr, error) { return nodeIPs, nil }
 	return state.compile(cfg)
 }
@@ -307,7 +306,7 @@ func formatResult(w io.Writer, res *trace.Result, sc scene) {
 func hasAffinity(res *trace.Result) bool {
 	for _, o := range res.Outcomes {
 		for _, s := range o.Path {
-			if _, ok := stmtOf[nft.UpdateSaddr](s.Rule); ok {
+			if compile.PurposeOf(s.Rule.Tag) == compile.PurposeAffinityRecord {
 				return true
 			}
 		}
@@ -357,24 +356,26 @@ func stmtOf[T nft.Stmt](r nft.Rule) (T, bool) {
 	return zero, false
 }
 
-// serviceOf names the service an outcome went through: the comment of the verdict-map
-// entry that routed it (service frontends carry their service's name), else of its DNAT
-// rule, else of any element it matched.
+// serviceOf names the service port an outcome went through, from the compiler's tags:
+// of the verdict-map entry that routed it, else of its DNAT rule, else of any element it
+// matched.
 func serviceOf(o trace.Outcome) string {
-	if m, ok := lastVerdictEntry(o); ok && m.Element.Comment != "" {
-		return m.Element.Comment
+	if m, ok := lastVerdictEntry(o); ok {
+		if sp, ok := compile.ServicePortOf(m.Element.Tag); ok {
+			return sp.String()
+		}
 	}
 	for _, s := range o.Path {
-		_, dnat := stmtOf[nft.DNATTo](s.Rule)
-		_, dnatMap := stmtOf[nft.DNATNumgenMap](s.Rule)
-		if (dnat || dnatMap) && s.Rule.Comment != "" {
-			return s.Rule.Comment
+		if compile.PurposeOf(s.Rule.Tag) == compile.PurposeEndpointDNAT {
+			if sp, ok := compile.ServicePortOf(s.Rule.Tag); ok {
+				return sp.String()
+			}
 		}
 	}
 	for _, s := range o.Path {
 		for _, m := range s.Matched {
-			if m.Element.Comment != "" {
-				return m.Element.Comment
+			if sp, ok := compile.ServicePortOf(m.Element.Tag); ok {
+				return sp.String()
 			}
 		}
 	}
@@ -407,81 +408,45 @@ func serviceOfResult(res *trace.Result) string {
 // (hairpin), or the rule that marked the packet for it.
 func masqueradeReason(o trace.Outcome) string {
 	for _, s := range o.Path {
-		_, masq := stmtOf[nft.Masquerade](s.Rule)
-		l, lookup := stmtOf[nft.Lookup](s.Rule)
-		if masq && lookup && slices.Contains(l.Fields, nft.FieldSaddr) && slices.Contains(l.Fields, nft.FieldDaddr) {
+		if compile.PurposeOf(s.Rule.Tag) == compile.PurposeHairpin {
 			return "hairpin: the client is the endpoint itself, so the reply must come back through the service"
 		}
 	}
-	for i, s := range o.Path {
-		if m, ok := stmtOf[nft.SetMarkBits](s.Rule); ok && !m.Xor {
-			if !hasCondition(s.Rule) && i > 0 {
-				s = o.Path[i-1] // the rule that jumped to the marking chain
+	for _, s := range o.Path {
+		switch compile.PurposeOf(s.Rule.Tag) {
+		case compile.PurposeMarkOffCluster:
+			for _, st := range s.Rule.Stmts {
+				if m, ok := st.(nft.MatchPrefix); ok && m.Field == nft.FieldSaddr {
+					return fmt.Sprintf("the source is outside the cluster CIDR %s", m.Prefix)
+				}
+				if m, ok := st.(nft.MatchIifname); ok { // --detect-local-mode with interfaces
+					name := m.Name
+					if m.Prefix {
+						name += "*"
+					}
+					return fmt.Sprintf("the packet did not come in through the pods' interface %s (--detect-local-mode)", name)
+				}
 			}
-			return markReason(s)
+			return "the source is outside the cluster CIDR"
+		case compile.PurposeMarkLocalSource:
+			return "the client is the node itself"
+		case compile.PurposeMarkExternal:
+			return "external traffic (node port, external or load-balancer IP) may go to an endpoint on another node, whose reply must come back through this one"
+		case compile.PurposeMarkAll:
+			return "--masquerade-all"
 		}
 	}
 	return "by the masquerading rules"
 }
 
-// hasCondition reports whether r has a statement other than a verdict or a mark.
-func hasCondition(r nft.Rule) bool {
-	for _, s := range r.Stmts {
-		switch s.(type) {
-		case nft.Verdict, nft.SetMarkBits, nft.Counter:
-		default:
-			return true
-		}
-	}
-	return false
-}
-
-// markReason explains the conditions of the rule that marked a packet for masquerading.
-func markReason(s trace.Step) string {
-	var saddr, daddr *nft.MatchPrefix
-	var iif *nft.MatchIifname
-	fibSaddr := false
-	for _, st := range s.Rule.Stmts {
-		switch st := st.(type) {
-		case nft.MatchIifname:
-			iif = &st
-		case nft.MatchPrefix:
-			if st.Field == nft.FieldSaddr {
-				saddr = &st
-			} else {
-				daddr = &st
-			}
-		case nft.MatchFibSaddrLocal:
-			fibSaddr = true
-		}
-	}
-	switch {
-	case saddr != nil && saddr.Op == nft.OpNeq:
-		return fmt.Sprintf("the source is outside the cluster CIDR %s", saddr.Prefix)
-	case iif != nil && iif.Op == nft.OpNeq:
-		name := iif.Name
-		if iif.Prefix {
-			name += "*"
-		}
-		return fmt.Sprintf("the packet did not come in through the pods' interface %s (--detect-local-mode)", name)
-	case fibSaddr:
-		return "the client is the node itself"
-	case !hasCondition(s.Rule):
-		return "external traffic (node port, external or load-balancer IP) may go to an endpoint on another node, whose reply must come back through this one"
-	case daddr != nil && saddr == nil && iif == nil:
-		return "--masquerade-all"
-	}
-	return fmt.Sprintf("by rule %q in chain %s", s.Text, s.Chain)
-}
-
 // rejectReason: a service frontend routed to reject (no endpoints), or a cluster IP
 // port that no service defines.
 func rejectReason(o trace.Outcome, p trace.Packet, sc scene) string {
-	if m, ok := lastVerdictEntry(o); ok && m.Element.Comment != "" && !o.DNAT.IsValid() {
+	if m, ok := lastVerdictEntry(o); ok && compile.PurposeOf(m.Element.Tag) == compile.PurposeRejectNoEndpoints {
 		return "no endpoints: the service has no ready endpoints"
 	}
 	last := o.Path[len(o.Path)-1]
-	if l, ok := stmtOf[nft.Lookup](last.Rule); ok && slices.Equal(l.Fields, []nft.Field{nft.FieldDaddr}) {
+	if compile.PurposeOf(last.Rule.Tag) == compile.PurposeUndefinedPort {
 		return notAPort(p, sc)
 	}
 	return fmt.Sprintf("by rule %q in chain %s", last.Text, last.Chain)
@@ -491,16 +456,16 @@ func rejectReason(o trace.Outcome, p trace.Packet, sc scene) string {
 // loadBalancerSourceRanges, or an unallocated service IP.
 func dropReason(o trace.Outcome, p trace.Packet, sc scene) string {
 	last := o.Path[len(o.Path)-1]
-	if m, ok := lastVerdictEntry(o); ok && m.Element.Comment != "" {
-		if m.Element.Verdict.Kind == nft.Drop {
-			return "no local endpoints: the service's traffic policy for this traffic is Local and none of its ready endpoints runs on this node"
-		}
-		if strings.HasSuffix(last.Rule.Comment, "source ranges") {
-			return fmt.Sprintf("the source %s is not in the service's loadBalancerSourceRanges", p.Saddr)
-		}
+	if m, ok := lastVerdictEntry(o); ok && compile.PurposeOf(m.Element.Tag) == compile.PurposeDropNoLocalEndpoints {
+		return "no local endpoints: the service's traffic policy for this traffic is Local and none of its ready endpoints runs on this node"
 	}
-	if m, ok := stmtOf[nft.MatchPrefix](last.Rule); ok && m.Field == nft.FieldDaddr && len(sc.services[p.Daddr]) == 0 {
-		return fmt.Sprintf("no service uses this address (an unallocated address of the service CIDR %s)", m.Prefix)
+	switch compile.PurposeOf(last.Rule.Tag) {
+	case compile.PurposeSourceRangeDrop:
+		return fmt.Sprintf("the source %s is not in the service's loadBalancerSourceRanges", p.Saddr)
+	case compile.PurposeUnallocatedServiceIP:
+		if m, ok := stmtOf[nft.MatchPrefix](last.Rule); ok && len(sc.services[p.Daddr]) == 0 {
+			return fmt.Sprintf("no service uses this address (an unallocated address of the service CIDR %s)", m.Prefix)
+		}
 	}
 	return fmt.Sprintf("by rule %q in chain %s", last.Text, last.Chain)
 }

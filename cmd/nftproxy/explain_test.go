@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/trace"
 )
@@ -30,12 +32,19 @@ func rule(comment string, stmts ...nft.Stmt) nft.Rule {
 	return nft.Rule{Stmts: stmts, Comment: comment}
 }
 
+// tagged gives a rule the compiler's tag.
+func tagged(r nft.Rule, sp model.ServicePortName, p compile.Purpose) nft.Rule {
+	r.Tag = &compile.Tag{Port: sp, Purpose: p}
+	return r
+}
+
 func jump(c string) nft.Verdict { return nft.Verdict{Kind: nft.Jump, Chain: c} }
 
 // TestFormatResult formats a fixed Result: a cluster IP reached from outside the cluster
 // CIDR, two endpoints, masqueraded.
 func TestFormatResult(t *testing.T) {
 	svcIPs := &nft.Set{Name: "service-ips"}
+	echo := model.ServicePortName{Namespace: "default", Name: "echo", Port: "http", Protocol: model.ProtoTCP}
 	eps := &nft.Set{Name: "endpoints-0"}
 	outcome := func(slot int, ep string) trace.Outcome {
 		return trace.Outcome{
@@ -43,13 +52,13 @@ func TestFormatResult(t *testing.T) {
 			Path: []trace.Step{
 				step("nat-prerouting", rule("", jump("services"))),
 				step("services", rule("", nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: "service-ips"}),
-					trace.Match{Set: svcIPs, Element: nft.Element{Comment: "default/echo:http"}, Text: `10.96.0.10 . tcp . 80 comment "default/echo:http" : goto svc-default/echo/tcp/http`}),
-				step("svc-default/echo/tcp/http", rule("",
+					trace.Match{Set: svcIPs, Element: nft.Element{Comment: "default/echo:http", Tag: &compile.Tag{Port: echo, Purpose: compile.PurposeDispatch}}, Text: `10.96.0.10 . tcp . 80 comment "default/echo:http" : goto svc-default/echo/tcp/http`}),
+				step("svc-default/echo/tcp/http", tagged(rule("",
 					nft.MatchPrefix{Field: nft.FieldDaddr, Prefix: netip.MustParsePrefix("10.96.0.10/32")},
 					nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("10.244.0.0/16")},
-					jump("mark-for-masquerade"))),
+					jump("mark-for-masquerade")), echo, compile.PurposeMarkOffCluster)),
 				step("mark-for-masquerade", rule("", nft.SetMarkBits{Bits: 0x4000})),
-				step("svc-default/echo/tcp/http", rule("default/echo:http", nft.MatchL4Proto{Proto: 6}, nft.DNATNumgenMap{Mod: 2, Map: "endpoints-0"}),
+				step("svc-default/echo/tcp/http", tagged(rule("default/echo:http", nft.MatchL4Proto{Proto: 6}, nft.DNATNumgenMap{Mod: 2, Map: "endpoints-0"}), echo, compile.PurposeEndpointDNAT),
 					trace.Match{Set: eps, Text: []string{"0 : 10.244.1.2 . 8080", "1 : 10.244.1.3 . 8080"}[slot]}),
 				step("nat-postrouting", rule("", jump("masquerading"))),
 				step("masquerading", rule("", nft.SetMarkBits{Bits: 0x4000, Xor: true})),
@@ -102,7 +111,8 @@ func TestFormatReject(t *testing.T) {
 		Outcomes: []trace.Outcome{{Probability: 1, Verdict: trace.Reject, Path: []trace.Step{
 			step("filter-output", rule("", nft.MatchCtStateNew{}, jump("service-endpoints-check"))),
 			step("service-endpoints-check", rule("", nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: noEps.Name}),
-				trace.Match{Set: noEps, Element: nft.Element{Comment: "kube-system/dns", Verdict: &nft.Verdict{Kind: nft.Goto, Chain: "reject-chain"}}}),
+				trace.Match{Set: noEps, Element: nft.Element{Comment: "kube-system/dns", Verdict: &nft.Verdict{Kind: nft.Goto, Chain: "reject-chain"},
+					Tag: &compile.Tag{Port: model.ServicePortName{Namespace: "kube-system", Name: "dns", Protocol: model.ProtoUDP}, Purpose: compile.PurposeRejectNoEndpoints}}}),
 			step("reject-chain", rule("", nft.Reject{})),
 		}}},
 	}

@@ -67,3 +67,40 @@ func TestNeverStartsAProcess(t *testing.T) {
 		}
 	}
 }
+
+// TestOnlyNftTalksNfTables: the libraries that speak nf_tables over netlink are
+// imported by packages under nft/ only, so that the whole wire protocol (sockets,
+// attribute layouts, the ruleset generation) has one home (nft/wire) and its users
+// (nft/kernel, nft/monitor, nft/readback). Other netlink families (conntrack,
+// addresses: github.com/vishvananda/netlink) are not nf_tables and are not covered.
+func TestOnlyNftTalksNfTables(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go tool not found")
+	}
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}|{{join .Imports \" \"}}", "github.com/nftproxy/nftproxy/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	nfTables := []string{"github.com/google/nftables", "github.com/mdlayher/netlink"}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imports, _ := strings.Cut(line, "|")
+		if !strings.HasPrefix(pkg, "github.com/nftproxy/nftproxy/") {
+			continue
+		}
+		checked++
+		if strings.HasPrefix(pkg, "github.com/nftproxy/nftproxy/nft/") {
+			continue
+		}
+		for _, imp := range strings.Fields(imports) {
+			for _, lib := range nfTables {
+				if imp == lib || strings.HasPrefix(imp, lib+"/") {
+					t.Errorf("%s imports %s: only packages under nft/ may speak nf_tables", pkg, imp)
+				}
+			}
+		}
+	}
+	if checked < 10 {
+		t.Fatalf("only %d of our packages listed: the check saw nothing", checked)
+	}
+}

@@ -18,7 +18,8 @@ import (
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/readback"
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // nftproxy list shows what is programmed, read from the kernel's tables, not what the API
@@ -44,9 +45,9 @@ const (
 	frontendNodePort  = "NodePort"
 )
 
-// tableReader reads a table back from the kernel (kernel.Applier; a namespace's in tests).
+// tableReader reads a table back from the kernel (readback.Reader; an encoded ruleset in tests).
 type tableReader interface {
-	ReadBack(fam nft.Family, table string) (*kernel.TableState, error)
+	ReadBack(fam nft.Family, table string) (*wire.TableState, error)
 }
 
 // listedPort is one service port as programmed in one family's table.
@@ -88,7 +89,7 @@ type listedEndpoint struct {
 
 // runList implements "nftproxy list [-o text|json]".
 func runList(args []string, stdout, stderr io.Writer) int {
-	return listCommand(args, kernel.New(), stdout, stderr)
+	return listCommand(args, readback.Reader{}, stdout, stderr)
 }
 
 func listCommand(args []string, r tableReader, stdout, stderr io.Writer) int {
@@ -130,7 +131,7 @@ func listCommand(args []string, r tableReader, stdout, stderr io.Writer) int {
 			continue
 		}
 		found++
-		rs, undecoded := kernel.Decode(st)
+		rs, undecoded := wire.Decode(st)
 		for _, u := range undecoded {
 			fmt.Fprintf(stderr, "nftproxy list: %s %s: %s is not a rule nftproxy writes; ignored\n", fam, compile.TableName, u)
 		}

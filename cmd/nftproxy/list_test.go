@@ -13,6 +13,8 @@ import (
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/readback"
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // listPort returns a TCP service port "default/name:http" with n endpoints from
@@ -88,12 +90,12 @@ default/sticky:http  tcp    10.96.0.2:80     ClusterIP  Cluster  ClientIP 10800s
 // encodedTables reads back what a ruleset encodes to, without a kernel.
 type encodedTables map[nft.Family]*nft.Ruleset
 
-func (e encodedTables) ReadBack(fam nft.Family, table string) (*kernel.TableState, error) {
+func (e encodedTables) ReadBack(fam nft.Family, table string) (*wire.TableState, error) {
 	rs := e[fam]
 	if rs == nil || rs.Table != table {
-		return &kernel.TableState{Family: fam, Name: table}, nil
+		return &wire.TableState{Family: fam, Name: table}, nil
 	}
-	return kernel.EncodeState(rs)
+	return wire.EncodeState(rs)
 }
 
 // TestListFormat lists the encoding of a compiled ruleset: the aligned table, and the
@@ -156,7 +158,7 @@ func TestListKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errs bytes.Buffer
-	if code := listCommand(nil, a, &out, &errs); code != 0 {
+	if code := listCommand(nil, readback.Reader{NetNS: ns.FD}, &out, &errs); code != 0 {
 		t.Fatalf("exit %d: %s", code, errs.String())
 	}
 	if out.String() != wantList {
@@ -180,7 +182,7 @@ func TestListKernel(t *testing.T) {
 		}
 	}
 	out.Reset()
-	if code := listCommand(nil, a, &out, &errs); code != 0 {
+	if code := listCommand(nil, readback.Reader{NetNS: ns.FD}, &out, &errs); code != 0 {
 		t.Fatalf("exit %d: %s", code, errs.String())
 	}
 	var lines []string // columns single-spaced: the IPv6 address widens them

@@ -41,6 +41,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/version"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
 // gcPercent is nftproxy's default GOGC.
@@ -82,7 +83,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o, log); err != nil {
+	if err := run(ctx, o, fs, log); err != nil {
 		log.Error(err, "nftproxy failed")
 		flushLogs()
 		os.Exit(1)
@@ -176,7 +177,7 @@ type clientGoGates map[clientfeatures.Feature]bool
 
 func (g clientGoGates) Enabled(f clientfeatures.Feature) bool { return g[f] }
 
-func run(ctx context.Context, o *options.Options, log logr.Logger) error {
+func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Logger) error {
 	started := time.Now()
 	applier := kernel.New()
 	if o.Cleanup {
@@ -225,13 +226,19 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	hc := healthcheck.New(net.Listen, "", log.WithName("healthcheck")) // healthCheckNodePorts
 	defer hc.Close()
 	cfg.HealthChecks = hc
+	applied := &metrics.AppliedParts{} // the parts last applied, for the counters
+	cfg.Applied = applied.Publish
 	rec := metrics.New(metrics.Options{
 		// per-service counters, attributed by element key, read at most once per
 		// interval however often scraped
-		ServiceCounters:         metrics.KernelCounters(applier, controller.Families),
+		ServiceCounters:         metrics.KernelCounters(applier, controller.Families, applied),
 		NoServiceCounters:       !o.ServiceCounters,
 		ServiceCountersInterval: o.ServiceCountersMinInterval,
 		Log:                     log,
+		// client-go's rest_client_* and the Go and process metrics, from
+		// component-base's registry as kube-proxy serves them
+		Also:             metrics.Legacy(),
+		NoRuntimeMetrics: true,
 	})
 	rec.Registry().MustRegister(version.NewCollector())
 	cfg.Metrics = rec
@@ -249,7 +256,7 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 		}
 		// repairs back off while another process keeps changing the tables
 		repairs := controller.NewRepairer(p, controller.RepairBackoff{})
-		mon := kernel.NewMonitor(controller.Tables(), repairs.Changed, kernel.MonitorOwnWrites(applier))
+		mon := monitor.New(controller.Tables(), repairs.Changed, monitor.IgnoreWritesOf(applier))
 		if err := mon.Start(ctx); err != nil {
 			log.Error(err, "Cannot watch nftables for changes by other processes; drift is only repaired by the hourly full sync")
 			return
@@ -267,12 +274,23 @@ func run(ctx context.Context, o *options.Options, log logr.Logger) error {
 	if err := serve.Start(ctx, log, "healthz", o.HealthzBindAddress, health.Handler(), httplimit.Health); err != nil {
 		return err
 	}
-	if err := serve.Start(ctx, log, "metrics", o.MetricsBindAddress, serve.MetricsMux(rec.Handler(), o.EffectiveConfig()), httplimit.Metrics); err != nil {
+	configz := o.EffectiveConfig()
+	configz.EnableProfiling = o.Profiling
+	pages := serve.MetricsPages{Metrics: rec.Handler(), Config: configz, Flags: func() map[string]string { return flagValues(fs) },
+		Started: started, Version: version.Get().GitVersion, Profiling: o.Profiling}
+	if err := serve.Start(ctx, log, "metrics", o.MetricsBindAddress, pages.Handler(), httplimit.Metrics); err != nil {
 		return err
 	}
 	err = p.Run(ctx)
 	log.Info("Stopped; nftables rules are left in place for the next nftproxy to take over")
 	return err
+}
+
+// flagValues is every flag of the command line with its value, for /flagz.
+func flagValues(fs *pflag.FlagSet) map[string]string {
+	out := map[string]string{}
+	fs.VisitAll(func(f *pflag.Flag) { out[f.Name] = f.Value.String() })
+	return out
 }
 
 // proxyConfig is the controller configuration the flags (and --config) give; nftproxy

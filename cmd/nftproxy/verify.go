@@ -2,19 +2,26 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/kube-proxy/config/v1alpha1"
 
+	"github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/options"
+	"github.com/nftproxy/nftproxy/internal/serve"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/readback"
 )
 
 // Exit codes of nftproxy verify.
@@ -24,58 +31,87 @@ const (
 	verifyError     = 2
 )
 
-// verifier reads the kernel back and compares (kernel.Applier; a fake in tests).
+// verifier reads the kernel back and compares (readback.Reader; a fake in tests).
 type verifier interface {
-	Verify(expected *nft.Ruleset, opts ...kernel.VerifyOption) (kernel.Diff, error)
+	Verify(expected *nft.Ruleset, opts ...readback.Option) (readback.Diff, error)
+}
+
+// slotsByContent compares the compiler's endpoint slot maps by what each service's
+// rule selects from them, not by slot number: the proxy's slot numbers depend on the
+// order in which services came and went (compile.Slots), which a fresh compile cannot
+// know.
+var slotsByContent = readback.MapsByContent(isEndpointSlotMap)
+
+// isEndpointSlotMap recognises compile's endpoint slot maps: the only maps keyed by a
+// numgen integer (slot → endpoint address . port).
+func isEndpointSlotMap(s *nft.Set) bool {
+	return s.IsMap() && len(s.Key) == 1 && s.Key[0] == nft.TypeNumgen
 }
 
 // runVerify implements "nftproxy verify [flags]": list the API once, compile exactly as
 // the proxy does with the same flags, read nftproxy's tables back from the kernel and
 // print every difference. Exit 0 when equal, 1 when different, 2 on error.
 func runVerify(args []string, stdout, stderr io.Writer) int {
-	fs, o := options.NewFlagSet()
-	wait := fs.Duration("wait", 0, "Keep comparing (listing the API again each second) for up to this long until the kernel matches: the proxy may not have synced the latest changes yet. 0: compare once.")
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: nftproxy verify [flags]\n\n"+
-			"Compares nftproxy's tables in the kernel with what the Services, EndpointSlices and\n"+
-			"Node in the API compile to, with the proxy's flags (or --config). Prints every\n"+
-			"difference, rules and elements in nft syntax as the kernel holds them (a rule\n"+
-			"nftproxy never writes by its expressions); exits 0 when equal, 1 when different,\n"+
-			"2 on error.\n\n%s", fs.FlagUsages())
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return verifyEqual
-		}
-		fmt.Fprintln(stderr, "nftproxy verify:", err)
-		return verifyError
-	}
-	if fs.NArg() != 0 {
-		fmt.Fprintf(stderr, "nftproxy verify: unexpected arguments %q\n", fs.Args())
-		return verifyError
-	}
-	if err := o.Complete(fs); err != nil {
-		fmt.Fprintln(stderr, "nftproxy verify:", err)
-		return verifyError
-	}
-	if err := o.Validate(); err != nil {
-		fmt.Fprintln(stderr, "nftproxy verify:", err)
-		return verifyError
-	}
-	cfg, err := proxyConfig(o)
-	if err != nil {
-		fmt.Fprintln(stderr, "nftproxy verify:", err)
-		return verifyError
+	o, cfg, wait, code := verifySettings(args, stderr)
+	if o == nil {
+		return code
 	}
 	client, err := newClient(o)
 	if err != nil {
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
 		return verifyError
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *wait+2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), wait+2*time.Minute)
 	defer cancel()
-	return verifyLoop(ctx, client, cfg, kernel.New(), *wait, stdout, stderr)
+	return verifyLoop(ctx, client, cfg, readback.Reader{}, wait, stdout, stderr)
+}
+
+// verifySettings parses verify's command line and reads the running proxy's settings
+// (see proxySettings): the options, the proxy's controller configuration and --wait.
+// On --help or an error it returns nil options and the exit code.
+func verifySettings(args []string, stderr io.Writer) (*options.Options, controller.Config, time.Duration, int) {
+	var none controller.Config
+	fs, o := options.NewFlagSet()
+	wait := fs.Duration("wait", 0, "Keep comparing (listing the API again each second) for up to this long until the kernel matches: the proxy may not have synced the latest changes yet. 0: compare once.")
+	fromProxy := fs.Bool("from-configz", true, "Read the running proxy's settings from its /configz on --metrics-bind-address (default the local 127.0.0.1:10249), so its flags need not be repeated; flags given here override them. Not with --config.")
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: nftproxy verify [flags]\n\n"+
+			"Compares nftproxy's tables in the kernel with what the Services, EndpointSlices and\n"+
+			"Node in the API compile to, with the running proxy's settings (read from its\n"+
+			"/configz; flags given here override them, --config replaces them). Prints every\n"+
+			"difference, rules and elements in nft syntax as the kernel holds them (a rule\n"+
+			"nftproxy never writes by its expressions); exits 0 when equal, 1 when different,\n"+
+			"2 on error.\n\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil, none, 0, verifyEqual
+		}
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return nil, none, 0, verifyError
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "nftproxy verify: unexpected arguments %q\n", fs.Args())
+		return nil, none, 0, verifyError
+	}
+	if *fromProxy && !fs.Changed("config") {
+		defer proxySettings(o, stderr)()
+	}
+	if err := o.Complete(fs); err != nil {
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return nil, none, 0, verifyError
+	}
+	if err := o.Validate(); err != nil {
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return nil, none, 0, verifyError
+	}
+	cfg, err := proxyConfig(o)
+	if err != nil {
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return nil, none, 0, verifyError
+	}
+	return o, cfg, *wait, 0
 }
 
 // verifyLoop compares until equal or until wait has passed, then reports.
@@ -104,7 +140,7 @@ func verifyLoop(ctx context.Context, client kubernetes.Interface, cfg controller
 type verifyResult struct {
 	tables       []string // "ip nftproxy", …
 	servicePorts int
-	diff         kernel.Diff
+	diff         readback.Diff
 	attempts     int
 }
 
@@ -123,7 +159,7 @@ func verifyOnce(ctx context.Context, client kubernetes.Interface, cfg controller
 	}
 	res.servicePorts = len(snap.Services)
 	for _, rs := range rulesets {
-		d, err := v.Verify(rs, kernel.EndpointSlotsByContent())
+		d, err := v.Verify(rs, slotsByContent)
 		if err != nil {
 			return res, fmt.Errorf("reading %s %s back from the kernel: %w", rs.Family, rs.Table, err)
 		}
@@ -148,4 +184,87 @@ func (r verifyResult) report(w io.Writer) int {
 	}
 	fmt.Fprintf(w, "different: %d differences between the kernel's tables %s and the API's %d service ports%s\n", len(r.diff), strings.Join(r.tables, ", "), r.servicePorts, tries)
 	return verifyDifferent
+}
+
+// configzTimeout bounds the request for the running proxy's /configz.
+const configzTimeout = 5 * time.Second
+
+// proxySettings reads the running proxy's settings from /configz on
+// --metrics-bind-address and makes them o's configuration file, so that Complete loads
+// them under the flags given (which win, as over any --config). The API client and
+// logging settings are verify's own: the proxy's kubeconfig path is the pod's, not the
+// operator's. When /configz cannot be read, it says so and the flags alone count. The
+// returned function removes the temporary file.
+func proxySettings(o *options.Options, stderr io.Writer) (cleanup func()) {
+	cleanup = func() {}
+	addr := config.AppendPortIfNeeded(o.MetricsBindAddress, config.MetricsPort)
+	if addr == "" {
+		fmt.Fprintln(stderr, "nftproxy verify: no --metrics-bind-address: comparing with the flags given alone")
+		return cleanup
+	}
+	url := "http://" + dialable(addr) + "/configz"
+	c, err := fetchConfigz(url)
+	if err != nil {
+		fmt.Fprintf(stderr, "nftproxy verify: could not read the running proxy's settings (%v); comparing with the flags given alone\n", err)
+		return cleanup
+	}
+	def := config.Defaulted()
+	c.ClientConnection, c.Logging = def.ClientConnection, def.Logging
+	f, err := os.CreateTemp("", "nftproxy-verify-configz-*.yaml")
+	if err != nil {
+		fmt.Fprintf(stderr, "nftproxy verify: %v; comparing with the flags given alone\n", err)
+		return cleanup
+	}
+	_ = f.Close()
+	cleanup = func() { _ = os.Remove(f.Name()) }
+	if err := config.WriteFile(f.Name(), c); err != nil {
+		fmt.Fprintf(stderr, "nftproxy verify: %v; comparing with the flags given alone\n", err)
+		return cleanup
+	}
+	o.ConfigFile, o.FlagsOverFile = f.Name(), true
+	fmt.Fprintf(stderr, "nftproxy verify: using the running proxy's settings from %s (flags given here override them)\n", url)
+	return cleanup
+}
+
+// dialable turns a bind address into one to connect to: an unspecified host (all
+// addresses) is reached on loopback.
+func dialable(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	switch host {
+	case "", "0.0.0.0":
+		host = "127.0.0.1"
+	case "::":
+		host = "::1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// fetchConfigz reads and checks a proxy's /configz (kube-proxy's shape: the
+// KubeProxyConfiguration under "kubeproxy.config.k8s.io").
+func fetchConfigz(url string) (*v1alpha1.KubeProxyConfiguration, error) {
+	client := &http.Client{Timeout: configzTimeout}
+	resp, err := client.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	var body map[string]json.RawMessage
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&body); err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	raw, ok := body[serve.ConfigzKey]
+	if !ok {
+		return nil, fmt.Errorf("GET %s: no %q in the answer", url, serve.ConfigzKey)
+	}
+	f, err := config.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	return f.Config, nil
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,8 +16,10 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/options"
+	"github.com/nftproxy/nftproxy/internal/serve"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/readback"
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // TestVerifyReport formats both outcomes and returns their exit codes.
@@ -26,7 +30,7 @@ func TestVerifyReport(t *testing.T) {
 		t.Errorf("equal: code %d, output %q", code, out.String())
 	}
 	out.Reset()
-	r.diff = kernel.Diff{"ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9", "ip nftproxy: chain intruder extra (0 rules)"}
+	r.diff = readback.Diff{"ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9", "ip nftproxy: chain intruder extra (0 rules)"}
 	r.attempts = 4
 	want := "ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9\n" +
 		"ip nftproxy: chain intruder extra (0 rules)\n" +
@@ -38,19 +42,19 @@ func TestVerifyReport(t *testing.T) {
 
 // kernelOf is a fake kernel holding what other rulesets encode to.
 type kernelOf struct {
-	tables map[nft.Family]*kernel.TableState
+	tables map[nft.Family]*wire.TableState
 	seen   int
 }
 
-func (k *kernelOf) Verify(rs *nft.Ruleset, opts ...kernel.VerifyOption) (kernel.Diff, error) {
+func (k *kernelOf) Verify(rs *nft.Ruleset, opts ...readback.Option) (readback.Diff, error) {
 	k.seen++
-	return kernel.Compare(k.tables[rs.Family], rs, opts...)
+	return readback.Compare(k.tables[rs.Family], rs, opts...)
 }
 
 func fakeKernel(t *testing.T, rulesets []*nft.Ruleset) *kernelOf {
-	k := &kernelOf{tables: map[nft.Family]*kernel.TableState{}}
+	k := &kernelOf{tables: map[nft.Family]*wire.TableState{}}
 	for _, rs := range rulesets {
-		st, err := kernel.EncodeState(rs)
+		st, err := wire.EncodeState(rs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -141,5 +145,69 @@ func TestVerifyOnce(t *testing.T) {
 	var out bytes.Buffer
 	if code := verifyLoop(ctx, client, cfg, k, 0, &out, &out); code != 1 || !strings.Contains(out.String(), "different: ") {
 		t.Errorf("verifyLoop: code %d\n%s", code, out.String())
+	}
+}
+
+// TestVerifyReadsRunningProxySettings: verify given only the proxy's metrics address
+// reads its settings from /configz (here a non-default --cluster-cidr and the node
+// name) and finds no difference; flags given override them; an unreachable /configz is
+// said and the flags alone count.
+func TestVerifyReadsRunningProxySettings(t *testing.T) {
+	ctx := context.Background()
+	srv := httptest.NewUnstartedServer(nil)
+	addr := srv.Listener.Addr().String()
+	proxyArgs := []string{"--hostname-override", "node-1", "--cluster-cidr", "10.99.0.0/16,fd00:99::/56", "--metrics-bind-address", addr}
+	fs, o := options.NewFlagSet()
+	if err := fs.Parse(proxyArgs); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Complete(fs); err != nil {
+		t.Fatal(err)
+	}
+	srv.Config.Handler = serve.MetricsPages{Metrics: http.NotFoundHandler(), Config: o.EffectiveConfig()}.Handler()
+	srv.Start()
+
+	client := fake.NewClientset(cluster()...)
+	state, err := listAPI(ctx, client, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, programmed, _, err := state.compile(proxyFlags(t, proxyArgs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fakeKernel(t, programmed)
+
+	compare := func(args ...string) (readback.Diff, string) {
+		t.Helper()
+		var stderr bytes.Buffer
+		o, cfg, _, code := verifySettings(args, &stderr)
+		if o == nil {
+			t.Fatalf("%q: exit %d: %s", args, code, stderr.String())
+		}
+		res, err := verifyOnce(ctx, client, cfg, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.diff, stderr.String()
+	}
+	diff, msg := compare("--metrics-bind-address", addr)
+	if !diff.Empty() || !strings.Contains(msg, "using the running proxy's settings from http://"+addr+"/configz") {
+		t.Errorf("settings from /configz: %q, differences:\n%s", msg, diff)
+	}
+	// an explicit flag wins over /configz: the proxy's cluster CIDR is not the default
+	if diff, _ := compare("--metrics-bind-address", addr, "--cluster-cidr", "10.244.0.0/16,fd00:244::/56"); diff.Empty() {
+		t.Error("--cluster-cidr given to verify was not used")
+	}
+	// without /configz (switched off, or the proxy unreachable), the flags alone count
+	if diff, _ := compare("--metrics-bind-address", addr, "--from-configz=false", "--hostname-override", "node-1"); diff.Empty() {
+		t.Error("--from-configz=false still read the proxy's settings")
+	} else {
+		t.Logf("flags alone: %d false differences", len(diff))
+	}
+	srv.Close()
+	diff, msg = compare("--metrics-bind-address", addr, "--hostname-override", "node-1")
+	if diff.Empty() || !strings.Contains(msg, "could not read the running proxy's settings") || !strings.Contains(msg, "comparing with the flags given alone") {
+		t.Errorf("unreachable /configz: %q, %d differences", msg, len(diff))
 	}
 }

@@ -43,13 +43,28 @@ type Options struct {
 	ChurnSize    int // N at which churn runs (must be one of Sizes); 0: none
 	ChurnRate    int // endpoint changes per second
 	ChurnFor     time.Duration
-	Repeats      int           // one-change repetitions per kind
+	Repeats      int // one-change repetitions per kind
+	// ExposeRepeats is the number of new Service + EndpointSlice pairs (the expose
+	// scenario), each written ExposeGap after the previous pair.
+	ExposeRepeats int
+	ExposeGap     time.Duration
+	// Scenarios restricts what is measured after each cold start (names in
+	// AllScenarios); empty: all of them.
+	Scenarios    []string
 	DataPathFor  time.Duration // per load-client run
 	DataPathConc int           // load-client parallel loops
 	Bound        time.Duration // gives up on a cold start after this long ("> bound")
 	Samples      int           // ClusterIPs probed per cold start (first and last included)
 	Proxies      []string      // subset of proxy names; empty: all three
 	Logf         func(format string, args ...any)
+}
+
+// AllScenarios are the measurements Options.Scenarios can choose (the cold start always
+// runs: every other measurement needs a programmed proxy).
+var AllScenarios = []string{"footprint", "datapath", "onechange", "expose", "churn"}
+
+func (o Options) has(scenario string) bool {
+	return len(o.Scenarios) == 0 || slices.Contains(o.Scenarios, scenario)
 }
 
 // Results is what the suite writes to results.json.
@@ -69,23 +84,28 @@ type Host struct {
 	CPUs      int    `json:"cpus"`
 	Kernel    string `json:"kernel"`
 	Commit    string `json:"nftproxy_commit"`
-	KubeProxy string `json:"kube_proxy"`
+	Nftproxy  string `json:"nftproxy"`   // `nftproxy --version`
+	KubeProxy string `json:"kube_proxy"` // `kube-proxy --version`
+	Load      string `json:"load,omitempty"`
 	Nft       string `json:"nft"`
 	Iptables  string `json:"iptables"`
 }
 
 // Opts is the JSON form of Options.
 type Opts struct {
-	Sizes        []int   `json:"sizes"`
-	Endpoints    int     `json:"endpoints_per_service"`
-	SmallSize    int     `json:"small_size"`
-	BigSize      int     `json:"big_size"`
-	BigEndpoints int     `json:"big_endpoints_per_service"`
-	ChurnSize    int     `json:"churn_size"`
-	ChurnRate    int     `json:"churn_rate_per_s"`
-	ChurnSeconds float64 `json:"churn_seconds"`
-	Repeats      int     `json:"one_change_repeats"`
-	BoundSeconds float64 `json:"bound_seconds"`
+	Sizes        []int    `json:"sizes"`
+	Endpoints    int      `json:"endpoints_per_service"`
+	SmallSize    int      `json:"small_size"`
+	BigSize      int      `json:"big_size"`
+	BigEndpoints int      `json:"big_endpoints_per_service"`
+	ChurnSize    int      `json:"churn_size"`
+	ChurnRate    int      `json:"churn_rate_per_s"`
+	ChurnSeconds float64  `json:"churn_seconds"`
+	Repeats      int      `json:"one_change_repeats"`
+	BoundSeconds float64  `json:"bound_seconds"`
+	Expose       int      `json:"expose_repeats,omitempty"`
+	ExposeGapS   float64  `json:"expose_gap_seconds,omitempty"`
+	Scenarios    []string `json:"scenarios,omitempty"`
 }
 
 // Pop records how long writing the API objects took.
@@ -105,6 +125,7 @@ type Run struct {
 	Footprint      *Footprint `json:"footprint,omitempty"`
 	AddService     *Latency   `json:"add_service,omitempty"`
 	EndpointChange *Latency   `json:"endpoint_change,omitempty"`
+	Expose         *Latency   `json:"expose,omitempty"` // new Service, then its EndpointSlice
 	Churn          *Churn     `json:"churn,omitempty"`
 	Memory         *Memory    `json:"memory,omitempty"`
 	DataPath       *DataPath  `json:"data_path,omitempty"`
@@ -135,6 +156,9 @@ type Latency struct {
 	Max      float64 `json:"max_ms"`
 	KernelMS float64 `json:"kernel_p50_ms"` // the proxy's kernel metric (kube-proxy: whole sync), per sync
 	SyncMS   float64 `json:"sync_p50_ms"`   // kubeproxy_sync_proxy_rules_duration_seconds, per sync
+	// expose only: syncs per change (p50) and the Service → EndpointSlice write gap (p50)
+	Syncs      float64 `json:"syncs_p50,omitempty"`
+	WriteGapMS float64 `json:"write_gap_p50_ms,omitempty"`
 }
 
 // Churn is endpoint churn at one N.
@@ -235,15 +259,18 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 	s.res = &Results{Started: start, Host: hostInfo(ctx, bins), Options: Opts{
 		Sizes: o.Sizes, Endpoints: o.Endpoints, SmallSize: o.SmallSize, BigSize: o.BigSize, BigEndpoints: o.BigEndpoints,
 		ChurnSize: o.ChurnSize, ChurnRate: o.ChurnRate, ChurnSeconds: o.ChurnFor.Seconds(), Repeats: o.Repeats,
-		BoundSeconds: o.Bound.Seconds(),
+		BoundSeconds: o.Bound.Seconds(), Scenarios: o.Scenarios,
 	}}
+	if o.has("expose") {
+		s.res.Options.Expose, s.res.Options.ExposeGapS = o.ExposeRepeats, o.ExposeGap.Seconds()
+	}
 	if err := s.setup(ctx); err != nil {
 		return nil, err
 	}
 	defer s.pool.Close()
 
 	sizes := slices.Clone(o.Sizes)
-	if o.SmallSize > 0 {
+	if o.SmallSize > 0 && o.has("datapath") {
 		sizes = append([]int{o.SmallSize}, sizes...)
 	}
 	have := 0
@@ -261,9 +288,11 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 				continue
 			}
 			opts := runOpts{
-				oneChange: true,
-				dataPath:  n == o.SmallSize || n == maxN,
-				churn:     n == o.ChurnSize,
+				footprint: o.has("footprint"),
+				oneChange: o.has("onechange"),
+				expose:    o.has("expose") && o.ExposeRepeats > 0,
+				dataPath:  o.has("datapath") && (n == o.SmallSize || n == maxN),
+				churn:     o.has("churn") && n == o.ChurnSize,
 			}
 			if err := s.runProxy(ctx, p, r, opts); err != nil {
 				return s.res, err
@@ -287,7 +316,8 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 			}
 			r := &Run{Proxy: p.Name, N: o.BigSize, Endpoints: ep}
 			s.res.Runs = append(s.res.Runs, r)
-			if err := s.runProxy(ctx, p, r, runOpts{oneChange: true}); err != nil {
+			if err := s.runProxy(ctx, p, r, runOpts{footprint: o.has("footprint"), oneChange: o.has("onechange"),
+				expose: o.has("expose") && o.ExposeRepeats > 0}); err != nil {
 				return s.res, err
 			}
 		}
@@ -295,6 +325,7 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 	s.res.Ratios = ratios(s.res.Runs)
 	s.res.Notes = notes()
 	s.res.Seconds = time.Since(start).Seconds()
+	s.res.Host.Load += ", at the end " + loadAvg()
 	return s.res, nil
 }
 
@@ -350,7 +381,7 @@ func (s *suite) grow(ctx context.Context, from, to, eps int) error {
 	return nil
 }
 
-type runOpts struct{ oneChange, dataPath, churn bool }
+type runOpts struct{ footprint, oneChange, expose, dataPath, churn bool }
 
 // runProxy measures one proxy at the current size, then stops it and removes its rules.
 // Its error is fatal for the suite (the node could not be cleaned).
@@ -384,10 +415,12 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 			errf("proxy exited; log tail:\n%s", proc.Tail(20))
 		}
 	} else {
-		if fp, err := s.footprint(ctx, n); err != nil {
-			errf("footprint: %v", err)
-		} else {
-			r.Footprint = fp
+		if o.footprint {
+			if fp, err := s.footprint(ctx, n); err != nil {
+				errf("footprint: %v", err)
+			} else {
+				r.Footprint = fp
+			}
 		}
 		if o.dataPath {
 			if dp, err := s.dataPath(ctx); err != nil {
@@ -398,6 +431,9 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 		}
 		if o.oneChange {
 			r.AddService, r.EndpointChange = s.oneChange(ctx, p, n, errf)
+		}
+		if o.expose {
+			r.Expose = s.expose(ctx, p, n, errf)
 		}
 		if o.churn {
 			if ch, err := s.churn(ctx, p, proc, n); err != nil {
@@ -726,6 +762,92 @@ func (s *suite) oneChange(ctx context.Context, p Proxy, n int, errf func(string,
 	return add, change
 }
 
+// exposeBase is the first index of the services the expose scenario adds.
+const exposeBase = extraBase + 3000
+
+// expose measures what a rollout plus `kubectl expose` produces: a new Service and, as
+// soon as that write returns, its EndpointSlice (milliseconds apart), from the Service
+// write to the first successful connection to its ClusterIP. Each pair is written
+// ExposeGap after the previous one and after the proxy has no pending change, so the
+// proxy starts each from the same idle state.
+func (s *suite) expose(ctx context.Context, p Proxy, n int, errf func(string, ...any)) *Latency {
+	const (
+		interval = 5 * time.Millisecond
+		attemptT = 100 * time.Millisecond
+		bound    = 2 * time.Minute
+	)
+	var lat, kernel, syncMS, syncs, gaps []float64
+	failed := 0
+	reps := s.o.ExposeRepeats
+	defer func() {
+		for rep := range reps {
+			if err := s.a.deleteService(ctx, exposeBase+rep); err != nil {
+				errf("expose: delete: %v", err)
+			}
+		}
+		s.settle(ctx, time.Now())
+	}()
+	s.settle(ctx, time.Now())
+	last := time.Now()
+	syncHist := "kubeproxy_sync_proxy_rules_duration_seconds"
+	for rep := range reps {
+		if ctx.Err() != nil {
+			break
+		}
+		if d := time.Until(last.Add(s.o.ExposeGap)); d > 0 {
+			time.Sleep(d)
+		}
+		s.settle(ctx, last)
+		idx := exposeBase + rep
+		before, err := s.scrape(ctx)
+		if err != nil {
+			errf("expose %d: scrape: %v", rep, err)
+		}
+		t0 := time.Now()
+		last = t0
+		if err := s.a.createService(ctx, idx); err != nil {
+			errf("expose %d: service: %v", rep, err)
+			failed++
+			continue
+		}
+		t1 := time.Now()
+		if err := s.a.createSlice(ctx, idx, s.a.endpoints(idx, s.o.Endpoints)); err != nil {
+			errf("expose %d: slice: %v", rep, err)
+			failed++
+			continue
+		}
+		gaps = append(gaps, ms(t1.Sub(t0)))
+		seen, err := s.pool.waitAnswer(ctx, s.a.addr(idx), func(string) bool { return true }, interval, attemptT, bound)
+		if err != nil {
+			errf("expose %d: %v", rep, err)
+			failed++
+			continue
+		}
+		lat = append(lat, ms(seen.Sub(t0)))
+		// The syncs that made it reachable: those finished by now (a later one may
+		// still run for a change that came in meanwhile; the bench writes none).
+		if after, err := s.scrape(ctx); err == nil && before != nil {
+			hs := after.histogram(syncHist).sub(before.histogram(syncHist))
+			hk := after.histogram(p.KernelMetric).sub(before.histogram(p.KernelMetric))
+			if hs.Count > 0 && hk.Count > 0 {
+				syncs = append(syncs, hs.Count)
+				syncMS = append(syncMS, 1000*hs.Sum/hs.Count)
+				kernel = append(kernel, 1000*hk.Sum/hk.Count)
+			}
+		}
+	}
+	l := summarize(lat, kernel, syncMS, failed)
+	if len(syncs) > 0 {
+		l.Syncs = pct(syncs, 0.5)
+	}
+	if len(gaps) > 0 {
+		l.WriteGapMS = pct(gaps, 0.5)
+	}
+	s.logf("bench: %s N=%d expose (Service, then EndpointSlice %.1f ms later): p50 %.1f ms p99 %.1f ms max %.1f ms over %d (%d failed); %.0f syncs p50, sync %.1f ms, kernel %.2f ms",
+		p.Name, n, l.WriteGapMS, l.P50, l.P99, l.Max, l.Samples, l.Failed, l.Syncs, l.SyncMS, l.KernelMS)
+	return l
+}
+
 func summarize(lat, kernel, sync []float64, failed int) *Latency {
 	l := &Latency{Samples: len(lat), Failed: failed}
 	if len(lat) > 0 {
@@ -972,7 +1094,7 @@ func BuildBinaries(ctx context.Context, dir string) (Binaries, error) {
 	build := func(out, pkg string) error {
 		var last error
 		for attempt := range 10 {
-			cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+			cmd := exec.CommandContext(ctx, "go", "build", "-ldflags", versionLDFlags(ctx, root), "-o", out, pkg)
 			cmd.Dir = root
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			o, err := cmd.CombinedOutput()
@@ -1008,6 +1130,36 @@ func BuildBinaries(ctx context.Context, dir string) (Binaries, error) {
 	return b, nil
 }
 
+// versionLDFlags stamps the version and commit as `make build` does (the nearest tag,
+// else v0.0.0-<commit>), so the report names the nftproxy it measured.
+func versionLDFlags(ctx context.Context, root string) string {
+	git := func(args ...string) string {
+		cmd := exec.CommandContext(ctx, "git", args...)
+		cmd.Dir = root
+		out, _ := cmd.Output()
+		return strings.TrimSpace(string(out))
+	}
+	v := git("describe", "--tags", "--dirty")
+	if v == "" {
+		v = "v0.0.0-" + git("describe", "--always", "--dirty")
+	}
+	const pkg = "github.com/nftproxy/nftproxy/internal/version"
+	return fmt.Sprintf("-X %s.gitVersion=%s -X %s.gitCommit=%s", pkg, v, pkg, git("rev-parse", "HEAD"))
+}
+
+// loadAvg is the first three fields of /proc/loadavg.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
 func hostInfo(ctx context.Context, bins Binaries) Host {
 	h := Host{CPUs: numCPU()}
 	run := func(name string, args ...string) string {
@@ -1021,6 +1173,8 @@ func hostInfo(ctx context.Context, bins Binaries) Host {
 	h.Kernel = run("uname", "-r")
 	h.Commit = run("git", "describe", "--always", "--dirty")
 	h.KubeProxy = run(bins.KubeProxy, "--version")
+	h.Nftproxy = run(bins.Nftproxy, "--version")
+	h.Load = "load average at the start " + loadAvg()
 	h.Nft = run("nft", "--version")
 	h.Iptables = run("iptables", "--version")
 	return h

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,6 +23,9 @@ import (
 //	BENCH_PROXIES     comma-separated subset of nftproxy,kube-proxy-nftables,kube-proxy-iptables
 //	BENCH_OUT         output directory (default docs/bench of the repository)
 //	BENCH_BOUND       per cold start (default 10m)
+//	BENCH_SCENARIOS   comma-separated subset of footprint,datapath,onechange,expose,churn (default all)
+//	BENCH_EXPOSE_REPEATS  new Service + EndpointSlice pairs per proxy and N (default 20)
+//	BENCH_NFTPROXY_BIN    a prebuilt nftproxy to measure instead of building the tree
 func TestSideBySide(t *testing.T) {
 	if os.Getenv("NFTPROXY_BENCH") != "1" {
 		t.Skip("set NFTPROXY_BENCH=1 to run the side-by-side benchmark (root; about an hour at full size)")
@@ -35,7 +39,8 @@ func TestSideBySide(t *testing.T) {
 		SmallSize: 10,
 		BigSize:   intEnv(t, "BENCH_BIG", 50000), BigEndpoints: 5,
 		ChurnSize: intEnv(t, "BENCH_CHURN_SIZE", 10000), ChurnRate: 50, ChurnFor: 60 * time.Second,
-		Repeats:     10,
+		Repeats:       10,
+		ExposeRepeats: intEnv(t, "BENCH_EXPOSE_REPEATS", 20), ExposeGap: 3 * time.Second,
 		DataPathFor: 5 * time.Second, DataPathConc: 4,
 		Bound:   durEnv(t, "BENCH_BOUND", 10*time.Minute),
 		Samples: 22,
@@ -43,6 +48,14 @@ func TestSideBySide(t *testing.T) {
 	}
 	if p := os.Getenv("BENCH_PROXIES"); p != "" {
 		o.Proxies = strings.Split(p, ",")
+	}
+	if sc := os.Getenv("BENCH_SCENARIOS"); sc != "" {
+		for _, name := range strings.Split(sc, ",") {
+			if !slices.Contains(AllScenarios, name) {
+				t.Fatalf("BENCH_SCENARIOS=%q: %q is not one of %v", sc, name, AllScenarios)
+			}
+			o.Scenarios = append(o.Scenarios, name)
+		}
 	}
 	out := os.Getenv("BENCH_OUT")
 	switch {
@@ -66,7 +79,8 @@ func TestSideBySideSmoke(t *testing.T) {
 	o := Options{
 		Sizes: []int{100}, Endpoints: 10,
 		ChurnSize: 100, ChurnRate: 20, ChurnFor: 5 * time.Second,
-		Repeats:     2,
+		Repeats:       2,
+		ExposeRepeats: 2, ExposeGap: 2 * time.Second,
 		DataPathFor: time.Second, DataPathConc: 2,
 		Bound:   2 * time.Minute,
 		Samples: 8,
@@ -99,6 +113,9 @@ func TestSideBySideSmoke(t *testing.T) {
 			t.Errorf("%s: footprint %+v", r.Proxy, f)
 		} else if f.PerService < 1 {
 			t.Errorf("%s: %.2f kernel objects per service", r.Proxy, f.PerService)
+		}
+		if l := r.Expose; l == nil || l.Samples != o.ExposeRepeats || l.Failed != 0 || !(l.P50 > 0 && l.P99 >= l.P50) || l.Syncs < 1 || l.SyncMS <= 0 || l.WriteGapMS <= 0 {
+			t.Errorf("%s: expose %+v", r.Proxy, l)
 		}
 		for name, l := range map[string]*Latency{"add-service": r.AddService, "endpoint-change": r.EndpointChange} {
 			if l == nil || l.Samples != o.Repeats || l.Failed != 0 || !(l.P50 > 0 && l.P99 >= l.P50) || l.KernelMS <= 0 || l.SyncMS <= 0 {
@@ -148,6 +165,9 @@ func runSuite(t *testing.T, o Options) *Results {
 	bins, err := BuildBinaries(ctx, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
+	}
+	if b := os.Getenv("BENCH_NFTPROXY_BIN"); b != "" {
+		bins.Nftproxy = b // e.g. an earlier commit's build, for a before/after pair
 	}
 	// etcd on tmpfs: tens of thousands of writes without fsync cost.
 	etcdDir, err := os.MkdirTemp("/dev/shm", "nftproxy-bench-etcd-")

@@ -3,18 +3,15 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 )
 
 // apiserverProcess returns the most recently started kube-apiserver process (the one
 // startControlPlane or StartAPIServer started; its log is WorkDir/kube-apiserver.log).
 func (c *Cluster) apiserverProcess() *Process {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	log := filepath.Join(c.WorkDir, "kube-apiserver.log")
-	for i := len(c.procs) - 1; i >= 0; i-- {
-		if c.procs[i].Log == log {
-			return c.procs[i]
+	procs := c.h.Processes()
+	for i := len(procs) - 1; i >= 0; i-- {
+		if procs[i].Name == "kube-apiserver" {
+			return procs[i]
 		}
 	}
 	return nil
@@ -22,11 +19,8 @@ func (c *Cluster) apiserverProcess() *Process {
 
 // etcdProcess returns the etcd process.
 func (c *Cluster) etcdProcess() *Process {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	log := filepath.Join(c.WorkDir, "etcd.log")
-	for _, p := range c.procs {
-		if p.Log == log {
+	for _, p := range c.h.Processes() {
+		if p.Name == "etcd" {
 			return p
 		}
 	}
@@ -89,7 +83,7 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, startupTimeout)
 	defer cancel()
-	return c.waitFor(ctx, "kube-apiserver /readyz after restart", []*Process{etcd, p}, func(ctx context.Context) error {
+	return c.h.WaitFor(ctx, "kube-apiserver /readyz after restart", []*Process{etcd, p}, func(ctx context.Context) error {
 		_, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err
 	})

@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -80,16 +79,13 @@ type Cluster struct {
 	Client        kubernetes.Interface // for the test process (dials through NodeNS)
 	WorkDir       string
 
-	logf       func(format string, args ...any)
-	echoBin    string
-	ownWorkDir bool
+	h       *Harness // processes, namespaces and the work directory
+	logf    func(format string, args ...any)
+	echoBin string
 
-	mu      sync.Mutex
-	procs   []*Process
-	netns   []string // created namespaces, in creation order
-	pods    map[string]*Pod
-	nodes   []*Node // nodes[0] is node-1
-	stopped bool
+	mu    sync.Mutex
+	pods  map[string]*Pod
+	nodes []*Node // nodes[0] is node-1
 }
 
 // Start creates the namespaces, starts etcd and kube-apiserver inside the node
@@ -102,20 +98,22 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := CheckPrerequisites(); err != nil {
 		return nil, err
 	}
+	h, err := NewHarness("cluster", "np"+randHex(3), cfg.WorkDir, "nftproxy-e2e-", cfg.Logf)
+	if err != nil {
+		return nil, err
+	}
 	c := &Cluster{
-		Prefix:        "np" + randHex(3),
+		h:             h,
+		Prefix:        h.Prefix,
 		ExternalIP:    externalIP,
 		ExternalIPv6:  externalIPv6,
 		PodCIDR:       podCIDR,
 		PodCIDRv6:     podCIDRv6,
 		ServiceCIDR:   serviceCIDR,
 		ServiceCIDRv6: serviceCIDRv6,
-		WorkDir:       cfg.WorkDir,
-		logf:          cfg.Logf,
+		WorkDir:       h.WorkDir,
+		logf:          h.logf,
 		pods:          map[string]*Pod{},
-	}
-	if c.logf == nil {
-		c.logf = func(string, ...any) {}
 	}
 	n1 := c.newNode(1, "node-1")
 	c.nodes = []*Node{n1}
@@ -123,14 +121,6 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	c.NodeIP, c.NodeIPv6 = n1.IP, n1.IPv6
 	c.NodePodCIDR, c.NodePodCIDRv6 = n1.PodCIDR, n1.PodCIDRv6
 	c.ExternalNS = c.Prefix + "-ext"
-	if c.WorkDir == "" {
-		if c.WorkDir, err = os.MkdirTemp("", "nftproxy-e2e-"); err != nil {
-			return nil, err
-		}
-		c.ownWorkDir = true
-	} else if err := os.MkdirAll(c.WorkDir, 0o755); err != nil {
-		return nil, err
-	}
 	defer func() {
 		if err != nil {
 			c.Stop()
@@ -207,16 +197,10 @@ func (c *Cluster) setupNetwork(ctx context.Context) error {
 // addNetns creates a namespace with lo up and IPv6 duplicate address detection off
 // (addresses are usable at once instead of "tentative" for a second or two).
 func (c *Cluster) addNetns(ctx context.Context, ns string) error {
-	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns add %s: %w: %s", ns, err, out)
-	}
-	c.mu.Lock()
-	c.netns = append(c.netns, ns)
-	c.mu.Unlock()
-	if err := c.sysctl(ctx, ns, "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"); err != nil {
+	if err := c.h.AddNetns(ctx, ns); err != nil {
 		return err
 	}
-	return c.ip(ctx, ns, "link set lo up")
+	return c.sysctl(ctx, ns, "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
 }
 
 // sysctl sets kernel parameters inside namespace ns (never in the root namespace).
@@ -227,68 +211,17 @@ func (c *Cluster) sysctl(ctx context.Context, ns string, kvs ...string) error {
 	return nil
 }
 
-func (c *Cluster) delNetns(ns string) error {
-	if out, err := exec.Command("ip", "netns", "delete", ns).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns delete %s: %w: %s", ns, err, out)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i, n := range c.netns {
-		if n == ns {
-			c.netns = append(c.netns[:i], c.netns[i+1:]...)
-			break
-		}
-	}
-	return nil
-}
+func (c *Cluster) delNetns(ns string) error { return c.h.DelNetns(ns) }
 
-// ip runs `ip -n ns -batch -` with the given commands, stopping at the first failure.
 func (c *Cluster) ip(ctx context.Context, ns string, cmds ...string) error {
-	cmd := exec.CommandContext(ctx, "ip", "-n", ns, "-batch", "-")
-	cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("ip -n %s: %w: %s\ncommands:\n%s", ns, err, out, strings.Join(cmds, "\n"))
-	}
-	return nil
+	return c.h.IP(ctx, ns, cmds...)
 }
 
-// Stop kills every process started through the cluster, deletes its namespaces and
-// removes the work directory if Start created it (unless KEEP_E2E_WORKDIR=1).
-// It is safe to call more than once.
-func (c *Cluster) Stop() {
-	c.mu.Lock()
-	if c.stopped {
-		c.mu.Unlock()
-		return
-	}
-	c.stopped = true
-	procs := append([]*Process(nil), c.procs...)
-	c.mu.Unlock()
-
-	// Reverse start order: workloads and nftproxy first, etcd last.
-	for i := len(procs) - 1; i >= 0; i-- {
-		procs[i].Stop()
-	}
-
-	c.mu.Lock()
-	nss := append([]string(nil), c.netns...)
-	c.mu.Unlock()
-	var errs []error
-	for i := len(nss) - 1; i >= 0; i-- {
-		errs = append(errs, c.delNetns(nss[i]))
-	}
-	if err := errors.Join(errs...); err != nil {
-		c.logf("cluster %s: stop: %v", c.Prefix, err)
-	}
-	switch {
-	case os.Getenv("KEEP_E2E_WORKDIR") == "1":
-		c.logf("cluster %s: keeping workdir %s", c.Prefix, c.WorkDir)
-	case c.ownWorkDir:
-		if err := os.RemoveAll(c.WorkDir); err != nil {
-			c.logf("cluster %s: remove workdir: %v", c.Prefix, err)
-		}
-	}
-}
+// Stop kills every process started through the cluster (in reverse start order:
+// workloads and nftproxy first, etcd last), deletes its namespaces and removes the work
+// directory if Start created it (unless KEEP_E2E_WORKDIR=1). It is safe to call more
+// than once.
+func (c *Cluster) Stop() { c.h.Stop(nil) }
 
 func randHex(n int) string {
 	b := make([]byte, n)
@@ -297,3 +230,6 @@ func randHex(n int) string {
 	}
 	return hex.EncodeToString(b)
 }
+
+// Tails returns the last n lines of every process log (for a failed test).
+func (c *Cluster) Tails(n int) string { return c.h.Tails(n) }

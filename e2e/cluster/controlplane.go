@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -58,101 +59,126 @@ func (c *Cluster) startControlPlane(ctx context.Context, etcdBin, apiserverBin s
 	if err := os.WriteFile(tokenFile, []byte(token+`,admin,admin,"system:masters"`+"\n"), 0o600); err != nil {
 		return err
 	}
-
-	etcdData := cfg.EtcdDataDir
-	if etcdData == "" {
-		etcdData = filepath.Join(c.WorkDir, "etcd")
+	cs, err := StartControlPlane(ctx, c.h, ControlPlane{
+		NS:               c.NodeNS,
+		Etcd:             etcdBin,
+		EtcdDataDir:      cfg.EtcdDataDir,
+		APIServer:        apiserverBin,
+		AdvertiseAddress: c.NodeIP.String(),
+		ServiceCIDRs:     c.ServiceCIDR.String() + "," + c.ServiceCIDRv6.String(),
+		TokenFile:        tokenFile,
+		Token:            token,
+		SAKeyFile:        saKey,
+		APIServerArgs: append([]string{
+			"--endpoint-reconciler-type=none",
+			"--cert-dir=" + pki, // a self-signed serving certificate
+			"--service-account-issuer=https://kubernetes.default.svc",
+		}, cfg.APIServerArgs...),
+		QPS: 100, Burst: 200,
+		Timeout: startupTimeout,
+	})
+	if err != nil {
+		return err
 	}
-	etcd, err := c.StartProcess(c.NodeNS, "etcd", etcdBin,
+	c.Client = cs
+	c.Kubeconfig = filepath.Join(c.WorkDir, "kubeconfig")
+	if err := os.WriteFile(c.Kubeconfig, []byte(Kubeconfig(c.apiserverURL(), nil, "admin", token)), 0o600); err != nil {
+		return err
+	}
+	return c.registerNode(ctx, c.nodes[0])
+}
+
+// apiserverURL is where processes in any node namespace reach kube-apiserver.
+func (c *Cluster) apiserverURL() string {
+	return fmt.Sprintf("https://%s", net.JoinHostPort(c.NodeIP.String(), fmt.Sprint(apiserverPort)))
+}
+
+// ControlPlane says how StartControlPlane runs etcd and kube-apiserver.
+type ControlPlane struct {
+	NS          string // network namespace both run in
+	Etcd        string // etcd binary
+	EtcdDataDir string // default WorkDir/etcd
+	EtcdArgs    []string
+	APIServer   string // kube-apiserver binary
+	// AdvertiseAddress is the apiserver's address in NS; it listens on every address,
+	// port 6443.
+	AdvertiseAddress string
+	ServiceCIDRs     string // --service-cluster-ip-range
+	TokenFile        string // --token-auth-file; holds Token for a system:masters user
+	Token            string
+	SAKeyFile        string // service-account signing key
+	// CAFile verifies the apiserver's serving certificate (APIServerArgs name it); empty:
+	// the client does not verify it.
+	CAFile        string
+	APIServerArgs []string // appended after the common flags
+	QPS           float32  // of the returned client
+	Burst         int
+	Timeout       time.Duration // for /readyz and namespace default
+}
+
+// StartControlPlane starts etcd and kube-apiserver in cp.NS as h's processes "etcd" and
+// "kube-apiserver", and returns an admin client for the test process (dialling from
+// cp.NS) once /readyz answers and namespace default exists.
+func StartControlPlane(ctx context.Context, h *Harness, cp ControlPlane) (kubernetes.Interface, error) {
+	dataDir := cp.EtcdDataDir
+	if dataDir == "" {
+		dataDir = filepath.Join(h.WorkDir, "etcd")
+	}
+	etcd, err := h.Start("etcd", nil, InNetns(cp.NS, append([]string{cp.Etcd,
 		"--name=default",
-		"--data-dir="+etcdData,
+		"--data-dir=" + dataDir,
 		"--listen-client-urls=http://127.0.0.1:2379",
 		"--advertise-client-urls=http://127.0.0.1:2379",
 		"--listen-peer-urls=http://127.0.0.1:2380",
 		"--initial-advertise-peer-urls=http://127.0.0.1:2380",
 		"--initial-cluster=default=http://127.0.0.1:2380",
 		"--listen-metrics-urls=http://127.0.0.1:2381",
-	)
+	}, cp.EtcdArgs...)...)...)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	apiserverArgs := []string{apiserverBin,
-		"--advertise-address=" + c.NodeIP.String(),
+	apiserver, err := h.Start("kube-apiserver", nil, InNetns(cp.NS, append([]string{cp.APIServer,
+		"--advertise-address=" + cp.AdvertiseAddress,
 		"--bind-address=0.0.0.0",
 		fmt.Sprintf("--secure-port=%d", apiserverPort),
 		"--etcd-servers=http://127.0.0.1:2379",
-		"--service-cluster-ip-range=" + c.ServiceCIDR.String() + "," + c.ServiceCIDRv6.String(),
-		"--endpoint-reconciler-type=none",
+		"--service-cluster-ip-range=" + cp.ServiceCIDRs,
 		"--authorization-mode=Node,RBAC",
-		"--token-auth-file=" + tokenFile,
-		"--cert-dir=" + pki,
-		"--service-account-key-file=" + saKey,
-		"--service-account-signing-key-file=" + saKey,
-		"--service-account-issuer=https://kubernetes.default.svc",
-	}
-	apiserver, err := c.StartProcess(c.NodeNS, "kube-apiserver", append(apiserverArgs, cfg.APIServerArgs...)...)
+		"--token-auth-file=" + cp.TokenFile,
+		"--service-account-key-file=" + cp.SAKeyFile,
+		"--service-account-signing-key-file=" + cp.SAKeyFile,
+	}, cp.APIServerArgs...)...)...)
 	if err != nil {
-		return err
+		return nil, err
 	}
-
-	server := fmt.Sprintf("https://%s", net.JoinHostPort(c.NodeIP.String(), fmt.Sprint(apiserverPort)))
-	c.Kubeconfig = filepath.Join(c.WorkDir, "kubeconfig")
-	if err := os.WriteFile(c.Kubeconfig, []byte(kubeconfig(server, "admin", token)), 0o600); err != nil {
-		return err
-	}
+	tls := rest.TLSClientConfig{CAFile: cp.CAFile, Insecure: cp.CAFile == ""}
 	cs, err := kubernetes.NewForConfig(&rest.Config{
-		Host:            server,
-		BearerToken:     token,
-		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
-		Dial:            nsDialer(c.NodeNS),
-		QPS:             100,
-		Burst:           200,
+		Host:            fmt.Sprintf("https://%s", net.JoinHostPort(cp.AdvertiseAddress, fmt.Sprint(apiserverPort))),
+		BearerToken:     cp.Token,
+		TLSClientConfig: tls,
+		Dial:            NSDialer(cp.NS),
+		QPS:             cp.QPS,
+		Burst:           cp.Burst,
 		Timeout:         30 * time.Second,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	c.Client = cs
-
-	ctx, cancel := context.WithTimeout(ctx, startupTimeout)
+	ctx, cancel := context.WithTimeout(ctx, cp.Timeout)
 	defer cancel()
-	if err := c.waitFor(ctx, "kube-apiserver /readyz", []*Process{etcd, apiserver}, func(ctx context.Context) error {
+	if err := h.WaitFor(ctx, "kube-apiserver /readyz", []*Process{etcd, apiserver}, func(ctx context.Context) error {
 		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	if err := c.waitFor(ctx, "namespace default", []*Process{apiserver}, func(ctx context.Context) error {
+	if err := h.WaitFor(ctx, "namespace default", []*Process{apiserver}, func(ctx context.Context) error {
 		_, err := cs.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
 		return err
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	return c.registerNode(ctx, c.nodes[0])
-}
-
-// waitFor polls check until it succeeds, ctx expires or one of procs exits.
-func (c *Cluster) waitFor(ctx context.Context, what string, procs []*Process, check func(context.Context) error) error {
-	start := time.Now()
-	for {
-		attempt, cancel := context.WithTimeout(ctx, 3*time.Second)
-		err := check(attempt)
-		cancel()
-		if err == nil {
-			c.logf("cluster %s: %s after %v", c.Prefix, what, time.Since(start).Round(time.Millisecond))
-			return nil
-		}
-		for _, p := range procs {
-			if !p.Running() {
-				return fmt.Errorf("waiting for %s: %s exited; log %s:\n%s", what, filepath.Base(p.Log), p.Log, p.Tail(20))
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), err)
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+	return cs, nil
 }
 
 func writeRSAKey(path string) error {
@@ -164,31 +190,36 @@ func writeRSAKey(path string) error {
 	return os.WriteFile(path, der, 0o600)
 }
 
-// kubeconfig is a kubeconfig for user with a bearer token.
-func kubeconfig(server, user, token string) string {
+// Kubeconfig is a kubeconfig for user with a bearer token; without ca the server's
+// certificate is not verified.
+func Kubeconfig(server string, ca []byte, user, token string) string {
+	trust := "insecure-skip-tls-verify: true"
+	if ca != nil {
+		trust = "certificate-authority-data: " + base64.StdEncoding.EncodeToString(ca)
+	}
 	return fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - name: e2e
   cluster:
     server: %s
-    insecure-skip-tls-verify: true
+    %s
 users:
-- name: %[2]s
+- name: %s
   user:
-    token: %[3]s
+    token: %s
 contexts:
 - name: e2e
   context:
     cluster: e2e
-    user: %[2]s
+    user: %[3]s
 current-context: e2e
-`, server, user, token)
+`, server, trust, user, token)
 }
 
-// nsDialer dials from inside the named network namespace: the socket is created on a
+// NSDialer dials from inside the named network namespace: the socket is created on a
 // locked OS thread switched into the namespace, so no root-namespace route is needed.
-func nsDialer(nsName string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func NSDialer(nsName string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		type result struct {
 			conn net.Conn

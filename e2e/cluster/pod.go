@@ -117,7 +117,8 @@ func (c *Cluster) wirePod(ctx context.Context, p *Pod) error {
 	for i, port := range EchoPorts {
 		ports[i] = strconv.Itoa(port)
 	}
-	echo, err := c.startProcess(p.NS, "pod-"+p.Name, []string{"POD_NAME=" + p.Name}, c.echoBin, "serve", "--ports", strings.Join(ports, ","))
+	echo, err := c.h.Start("pod-"+p.Name, []string{"POD_NAME=" + p.Name},
+		InNetns(p.NS, c.echoBin, "serve", "--ports", strings.Join(ports, ","))...)
 	if err != nil {
 		return err
 	}
@@ -311,7 +312,7 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 func (c *Cluster) HTTPGet(ctx context.Context, ns, url string) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	client := &http.Client{Transport: &http.Transport{DialContext: nsDialer(ns), DisableKeepAlives: true}}
+	client := &http.Client{Transport: &http.Transport{DialContext: NSDialer(ns), DisableKeepAlives: true}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return 0, nil, err

@@ -12,49 +12,58 @@ import (
 	"time"
 )
 
-// Process is a background process started by StartProcess.
+// Process is a background process started by StartProcess (or Harness.Start).
 type Process struct {
-	Cmd *exec.Cmd
-	Log string // file receiving stdout and stderr
+	Name string
+	Cmd  *exec.Cmd
+	Log  string // file receiving stdout and stderr
 
 	done chan struct{} // closed once Cmd.Wait returned
 }
 
 // Exec runs `ip netns exec ns args...` and returns its combined output.
 func (c *Cluster) Exec(ctx context.Context, ns string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
-	cmd.WaitDelay = time.Second
-	return cmd.CombinedOutput()
+	return c.ExecInput(ctx, ns, "", args...)
 }
 
 // ExecInput is Exec with stdin (e.g. `nft -f -` with a ruleset for a harness namespace).
 func (c *Cluster) ExecInput(ctx context.Context, ns, stdin string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
+	cmd := exec.CommandContext(ctx, "ip", InNetns(ns, args...)[1:]...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
 	cmd.WaitDelay = time.Second
 	return cmd.CombinedOutput()
+}
+
+// InNetns is argv run with `ip netns exec ns`.
+func InNetns(ns string, argv ...string) []string {
+	return append([]string{"ip", "netns", "exec", ns}, argv...)
 }
 
 // StartProcess starts args in namespace ns in the background, appending its stdout and
 // stderr to WorkDir/<name>.log. Stop kills it if it is still running.
 func (c *Cluster) StartProcess(ns, name string, args ...string) (*Process, error) {
-	return c.startProcess(ns, name, nil, args...)
+	return c.h.Start(name, nil, InNetns(ns, args...)...)
 }
 
-func (c *Cluster) startProcess(ns, name string, env []string, args ...string) (*Process, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopped {
-		return nil, fmt.Errorf("cluster %s is stopped", c.Prefix)
+// Start runs argv in the background with env added to the test's environment, appending
+// its stdout and stderr to WorkDir/<name>.log. The child is killed if the test binary
+// dies; Stop stops it.
+func (h *Harness) Start(name string, env []string, argv ...string) (*Process, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped {
+		return nil, fmt.Errorf("%s %s is stopped", h.Kind, h.Prefix)
 	}
-	logPath := filepath.Join(c.WorkDir, name+".log")
+	logPath := filepath.Join(h.WorkDir, name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(f, "=== %s: ip netns exec %s %s\n", time.Now().Format(time.RFC3339Nano), ns, strings.Join(args, " "))
-	// `ip netns exec` execs the command, so Cmd.Process is the command itself.
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	fmt.Fprintf(f, "=== %s: %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(argv, " "))
+	// `ip netns exec` and nsenter exec the command, so Cmd.Process is the command itself.
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
 	// Do not outlive the test binary if it dies without running Stop.
@@ -63,14 +72,14 @@ func (c *Cluster) startProcess(ns, name string, env []string, args ...string) (*
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &Process{Cmd: cmd, Log: logPath, done: make(chan struct{})}
+	p := &Process{Name: name, Cmd: cmd, Log: logPath, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		f.Close()
 		close(p.done)
 	}()
-	c.procs = append(c.procs, p)
-	c.logf("cluster %s: started %s (pid %d) in %s, log %s", c.Prefix, name, p.PID(), ns, logPath)
+	h.procs = append(h.procs, p)
+	h.Logf("started %s (pid %d), log %s", name, p.PID(), logPath)
 	return p, nil
 }
 

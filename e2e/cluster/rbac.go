@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -135,8 +134,7 @@ func (c *Cluster) LeastPrivilegeKubeconfig(ctx context.Context) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("token for %s: %w", r.Username(), err)
 	}
-	server := fmt.Sprintf("https://%s", net.JoinHostPort(c.NodeIP.String(), fmt.Sprint(apiserverPort)))
-	kc := kubeconfig(server, sa.Name, tr.Status.Token)
+	kc := Kubeconfig(c.apiserverURL(), nil, sa.Name, tr.Status.Token)
 	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
 		return "", err
 	}
@@ -200,7 +198,7 @@ func (c *Cluster) ClientFor(path string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.Dial = nsDialer(c.NodeNS)
+	cfg.Dial = NSDialer(c.NodeNS)
 	cfg.Timeout = 30 * time.Second
 	return kubernetes.NewForConfig(cfg)
 }

@@ -16,10 +16,8 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"syscall"
@@ -35,10 +33,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/cluster"
 )
 
-const (
-	ns          = "default"
-	clusterCIDR = "10.244.0.0/16"
-)
+const ns = metav1.NamespaceDefault
 
 func main() {
 	verbose := flag.Bool("v", false, "also print the harness's own log lines")
@@ -68,10 +63,6 @@ func run(ctx context.Context, verbose bool) (err error) {
 	if os.Geteuid() != 0 {
 		return errors.New("must run as root (it creates network namespaces)")
 	}
-	root, err := repoRoot()
-	if err != nil {
-		return err
-	}
 	tmp, err := os.MkdirTemp("", "nftproxy-demo-")
 	if err != nil {
 		return err
@@ -87,11 +78,8 @@ func run(ctx context.Context, verbose bool) (err error) {
 
 	heading("Build")
 	bin := filepath.Join(tmp, "nftproxy")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/nftproxy")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/nftproxy: %w\n%s", err, out)
+	if err := cluster.BuildNftproxy(ctx, bin); err != nil {
+		return err
 	}
 	echo, err := cluster.BuildBinaries(ctx, filepath.Join(workDir, "bin")) // reused by Start
 	if err != nil {
@@ -132,15 +120,8 @@ func run(ctx context.Context, verbose bool) (err error) {
 	fmt.Printf("    pod %-6s %s  (sends the in-cluster requests)\n", client.Name, client.IP)
 
 	heading("nftproxy (in the node netns)")
-	proxy, err := c.StartProcess(c.NodeNS, "nftproxy", bin,
-		"--kubeconfig", c.Kubeconfig,
-		"--hostname-override", c.NodeName,
-		"--cluster-cidr", clusterCIDR,
-		"--min-sync-period", "100ms",
-		"-v=2",
-		"--healthz-bind-address", "0.0.0.0:10256",
-		"--metrics-bind-address", "127.0.0.1:10249",
-	)
+	proxy, err := c.StartProcess(c.NodeNS, "nftproxy", append([]string{bin},
+		cluster.NftproxyArgs(c.Kubeconfig, c.NodeName, c.PodCIDR.String(), cluster.WatchedFlags...)...)...)
 	if err != nil {
 		return err
 	}
@@ -339,19 +320,4 @@ func keys(m map[string]int) string {
 		return "-"
 	}
 	return strings.Join(ks, ",")
-}
-
-// repoRoot is the module root: two levels above this file, or where `go env GOMOD` is.
-func repoRoot() (string, error) {
-	if _, file, _, ok := runtime.Caller(0); ok {
-		dir := filepath.Dir(filepath.Dir(filepath.Dir(file)))
-		if _, err := os.Stat(filepath.Join(dir, "cmd", "nftproxy")); err == nil {
-			return dir, nil
-		}
-	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
-		return "", errors.New("cannot find the nftproxy module: run from the repository root")
-	}
-	return filepath.Dir(strings.TrimSpace(string(out))), nil
 }

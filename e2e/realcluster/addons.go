@@ -65,7 +65,7 @@ func (c *Cluster) InstallNftproxy(ctx context.Context, image string) error {
 	if out, err := c.KubectlInput(ctx, y, "apply", "-f", "-"); err != nil {
 		return err
 	} else {
-		c.logf("realcluster %s: applied manifests/:\n%s", c.Prefix, strings.TrimSpace(out))
+		c.h.Logf("applied manifests/:\n%s", strings.TrimSpace(out))
 	}
 	return c.WaitDaemonSet(ctx, "kube-system", "nftproxy", 3*time.Minute)
 }
@@ -85,7 +85,7 @@ func (c *Cluster) InstallKubeProxy(ctx context.Context) error {
 func (c *Cluster) WaitDaemonSet(ctx context.Context, ns, name string, timeout time.Duration) error {
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return c.waitFor(wctx, "DaemonSet "+ns+"/"+name+" ready", nil, func(ctx context.Context) error {
+	return c.h.WaitFor(wctx, "DaemonSet "+ns+"/"+name+" ready", nil, func(ctx context.Context) error {
 		ds, err := c.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -107,7 +107,7 @@ func (c *Cluster) WaitDaemonSet(ctx context.Context, ns, name string, timeout ti
 func (c *Cluster) deployCoreDNS(ctx context.Context) error {
 	img := c.CoreDNSImage()
 	if img == "" {
-		c.logf("realcluster %s: no CoreDNS image; cluster DNS is not deployed", c.Prefix)
+		c.h.Logf("no CoreDNS image; cluster DNS is not deployed")
 		return nil
 	}
 	y := strings.ReplaceAll(corednsManifest, "COREDNS_IMAGE", img)

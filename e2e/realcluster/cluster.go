@@ -15,9 +15,9 @@ import (
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
+
+	"github.com/nftproxy/nftproxy/e2e/cluster"
 )
 
 // Fixed addressing (documentation and private ranges, inside the cluster's namespaces only).
@@ -58,15 +58,11 @@ type Cluster struct {
 	Nodes      []*Node
 	Bins       Binaries
 
-	logf       func(format string, args ...any)
-	ownWorkDir bool
+	h          *cluster.Harness // processes, namespaces and the work directory
 	adminToken string
 	images     map[string]string
 
-	mu      sync.Mutex
-	procs   []*Process
-	netns   []string
-	stopped bool
+	mu sync.Mutex // guards Nodes
 }
 
 // Binaries are the Kubernetes binaries from e2e/hack/build-k8s.sh.
@@ -84,17 +80,13 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := CheckPrerequisites(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{Prefix: "rc" + randHex(3), logf: cfg.Logf, WorkDir: cfg.WorkDir}
-	if c.logf == nil {
-		c.logf = func(string, ...any) {}
+	h, err := cluster.NewHarness("realcluster", "rc"+randHex(3), cfg.WorkDir, "nftproxy-rc-", cfg.Logf)
+	if err != nil {
+		return nil, err
 	}
+	h.AttemptTimeout = 5 * time.Second
+	c := &Cluster{h: h, Prefix: h.Prefix, WorkDir: h.WorkDir}
 	c.CPNS = c.Prefix + "-cp"
-	if c.WorkDir == "" {
-		if c.WorkDir, err = os.MkdirTemp("", "nftproxy-rc-"); err != nil {
-			return nil, err
-		}
-		c.ownWorkDir = true
-	}
 	defer func() {
 		if err != nil {
 			c.Stop()
@@ -110,7 +102,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	for ref, path := range cfg.Images {
 		c.images[ref] = path
 	}
-	c.logf("realcluster %s: binaries and images ready after %v; workdir %s", c.Prefix, time.Since(t0).Round(time.Second), c.WorkDir)
+	c.h.Logf("binaries and images ready after %v; workdir %s", time.Since(t0).Round(time.Second), c.WorkDir)
 	if err := c.setupLAN(ctx); err != nil {
 		return nil, err
 	}
@@ -132,7 +124,7 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := c.deployCoreDNS(ctx); err != nil {
 		return nil, fmt.Errorf("coredns: %w", err)
 	}
-	c.logf("realcluster %s: %d nodes registered after %v", c.Prefix, len(c.Nodes), time.Since(t0).Round(time.Second))
+	c.h.Logf("%d nodes registered after %v", len(c.Nodes), time.Since(t0).Round(time.Second))
 	return c, nil
 }
 
@@ -170,23 +162,10 @@ func (c *Cluster) setupLAN(ctx context.Context) error {
 	)
 }
 
-func (c *Cluster) addNetns(ctx context.Context, ns string) error {
-	if _, err := run(ctx, "ip", "netns", "add", ns); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	c.netns = append(c.netns, ns)
-	c.mu.Unlock()
-	return c.ip(ctx, ns, "link set lo up")
-}
+func (c *Cluster) addNetns(ctx context.Context, ns string) error { return c.h.AddNetns(ctx, ns) }
 
 func (c *Cluster) ip(ctx context.Context, ns string, cmds ...string) error {
-	cmd := exec.CommandContext(ctx, "ip", "-n", ns, "-batch", "-")
-	cmd.Stdin = strings.NewReader(strings.Join(cmds, "\n") + "\n")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("ip -n %s: %w: %s\ncommands:\n%s", ns, err, out, strings.Join(cmds, "\n"))
-	}
-	return nil
+	return c.h.IP(ctx, ns, cmds...)
 }
 
 func (c *Cluster) startControlPlane(ctx context.Context) error {
@@ -209,68 +188,42 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err := c.writeKubeconfig(c.Kubeconfig, "admin", c.adminToken); err != nil {
 		return err
 	}
-	etcd, err := c.start("etcd", inNetns(c.CPNS, "etcd",
-		"--name=default", "--data-dir="+filepath.Join(c.WorkDir, "etcd"),
-		"--listen-client-urls=http://127.0.0.1:2379", "--advertise-client-urls=http://127.0.0.1:2379",
-		"--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-		"--initial-cluster=default=http://127.0.0.1:2380", "--listen-metrics-urls=http://127.0.0.1:2381",
-		"--unsafe-no-fsync"))
+	var err error
+	c.Client, err = cluster.StartControlPlane(ctx, c.h, cluster.ControlPlane{
+		NS:               c.CPNS,
+		Etcd:             "etcd",
+		EtcdArgs:         []string{"--unsafe-no-fsync"},
+		APIServer:        c.Bins.APIServer,
+		AdvertiseAddress: APIAddr,
+		ServiceCIDRs:     ServiceCIDR,
+		TokenFile:        filepath.Join(pki, "tokens.csv"),
+		Token:            c.adminToken,
+		SAKeyFile:        filepath.Join(pki, "sa.key"),
+		CAFile:           filepath.Join(pki, "ca.crt"),
+		APIServerArgs: []string{
+			"--allow-privileged=true",
+			"--client-ca-file=" + filepath.Join(pki, "ca.crt"),
+			"--tls-cert-file=" + filepath.Join(pki, "apiserver.crt"),
+			"--tls-private-key-file=" + filepath.Join(pki, "apiserver.key"),
+			"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+			"--kubelet-preferred-address-types=InternalIP",
+			"--enable-admission-plugins=NodeRestriction",
+		},
+		QPS: 50, Burst: 100,
+		Timeout: 2 * time.Minute,
+	})
 	if err != nil {
 		return err
 	}
-	apiserver, err := c.start("kube-apiserver", inNetns(c.CPNS, c.Bins.APIServer,
-		"--advertise-address="+APIAddr,
-		"--bind-address=0.0.0.0",
-		fmt.Sprintf("--secure-port=%d", APIPort),
-		"--etcd-servers=http://127.0.0.1:2379",
-		"--service-cluster-ip-range="+ServiceCIDR,
-		"--authorization-mode=Node,RBAC",
-		"--allow-privileged=true",
-		"--token-auth-file="+filepath.Join(pki, "tokens.csv"),
-		"--client-ca-file="+filepath.Join(pki, "ca.crt"),
-		"--tls-cert-file="+filepath.Join(pki, "apiserver.crt"),
-		"--tls-private-key-file="+filepath.Join(pki, "apiserver.key"),
-		"--service-account-key-file="+filepath.Join(pki, "sa.key"),
-		"--service-account-signing-key-file="+filepath.Join(pki, "sa.key"),
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--kubelet-preferred-address-types=InternalIP",
-		"--enable-admission-plugins=NodeRestriction",
-	))
-	if err != nil {
-		return err
-	}
-	cfg := &rest.Config{
-		Host:            APIServerURL,
-		BearerToken:     c.adminToken,
-		TLSClientConfig: rest.TLSClientConfig{CAFile: filepath.Join(pki, "ca.crt")},
-		Dial:            nsDial(c.CPNS),
-		QPS:             50,
-		Burst:           100,
-		Timeout:         30 * time.Second,
-	}
-	if c.Client, err = kubernetes.NewForConfig(cfg); err != nil {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	if err := c.waitFor(wctx, "kube-apiserver /readyz", []*Process{etcd, apiserver}, func(ctx context.Context) error {
-		_, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err
-	}); err != nil {
-		return err
-	}
-	if err := c.waitFor(wctx, "namespace default", []*Process{apiserver}, func(ctx context.Context) error {
-		_, err := c.Client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
-		return err
-	}); err != nil {
-		return err
-	}
-	if _, err := c.start("kube-controller-manager", inNetns(c.CPNS, c.Bins.ControllerManager,
-		"--kubeconfig="+c.Kubeconfig,
-		"--authentication-kubeconfig="+c.Kubeconfig,
-		"--authorization-kubeconfig="+c.Kubeconfig,
+	// Both run in the control-plane namespace with the admin kubeconfig, locally bound.
+	common := []string{
+		"--kubeconfig=" + c.Kubeconfig,
+		"--authentication-kubeconfig=" + c.Kubeconfig,
+		"--authorization-kubeconfig=" + c.Kubeconfig,
 		"--bind-address=127.0.0.1",
 		"--leader-elect=false",
+	}
+	if _, err := c.h.Start("kube-controller-manager", nil, cluster.InNetns(c.CPNS, append(append([]string{c.Bins.ControllerManager}, common...),
 		"--use-service-account-credentials=true",
 		"--service-account-private-key-file="+filepath.Join(pki, "sa.key"),
 		"--root-ca-file="+filepath.Join(pki, "ca.crt"),
@@ -278,16 +231,10 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--cluster-signing-key-file="+filepath.Join(pki, "ca.key"),
 		"--allocate-node-cidrs=false",
 		"--controllers=*,-nodeipam",
-	)); err != nil {
+	)...)...); err != nil {
 		return err
 	}
-	if _, err := c.start("kube-scheduler", inNetns(c.CPNS, c.Bins.Scheduler,
-		"--kubeconfig="+c.Kubeconfig,
-		"--authentication-kubeconfig="+c.Kubeconfig,
-		"--authorization-kubeconfig="+c.Kubeconfig,
-		"--bind-address=127.0.0.1",
-		"--leader-elect=false",
-	)); err != nil {
+	if _, err := c.h.Start("kube-scheduler", nil, cluster.InNetns(c.CPNS, append([]string{c.Bins.Scheduler}, common...)...)...); err != nil {
 		return err
 	}
 	return nil
@@ -301,62 +248,17 @@ func (c *Cluster) writeKubeconfig(path, user, token string) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, []byte(kubeconfig(APIServerURL, ca, user, token)), 0o600)
-}
-
-func kubeconfig(server string, ca []byte, user, token string) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: realcluster
-  cluster:
-    server: %s
-    certificate-authority-data: %s
-users:
-- name: %s
-  user:
-    token: %s
-contexts:
-- name: realcluster
-  context:
-    cluster: realcluster
-    user: %[3]s
-current-context: realcluster
-`, server, b64(ca), user, token)
-}
-
-// waitFor polls check every 500 ms until it succeeds, ctx ends or one of procs exits.
-func (c *Cluster) waitFor(ctx context.Context, what string, procs []*Process, check func(context.Context) error) error {
-	start := time.Now()
-	for {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := check(actx)
-		cancel()
-		if err == nil {
-			c.logf("realcluster %s: %s after %v", c.Prefix, what, time.Since(start).Round(time.Millisecond))
-			return nil
-		}
-		for _, p := range procs {
-			if !p.Running() {
-				return fmt.Errorf("waiting for %s: %s exited:\n%s", what, p.Name, p.Tail(20))
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), err)
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+	return os.WriteFile(path, []byte(cluster.Kubeconfig(APIServerURL, ca, user, token)), 0o600)
 }
 
 // Kubectl runs kubectl with the admin kubeconfig inside the control-plane namespace.
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
-	return run(ctx, inNetns(c.CPNS, append([]string{c.Bins.Kubectl, "--kubeconfig=" + c.Kubeconfig}, args...)...)...)
+	return run(ctx, cluster.InNetns(c.CPNS, append([]string{c.Bins.Kubectl, "--kubeconfig=" + c.Kubeconfig}, args...)...)...)
 }
 
 // KubectlInput is Kubectl with stdin (e.g. `apply -f -`).
 func (c *Cluster) KubectlInput(ctx context.Context, stdin string, args ...string) (string, error) {
-	argv := inNetns(c.CPNS, append([]string{c.Bins.Kubectl, "--kubeconfig=" + c.Kubeconfig}, args...)...)
+	argv := cluster.InNetns(c.CPNS, append([]string{c.Bins.Kubectl, "--kubeconfig=" + c.Kubeconfig}, args...)...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Stdin = strings.NewReader(stdin)
 	cmd.WaitDelay = time.Second
@@ -371,54 +273,20 @@ func (c *Cluster) KubectlInput(ctx context.Context, stdin string, args ...string
 // mount namespace and cgroups), the control plane, the namespaces, and the work
 // directory unless KEEP_E2E_WORKDIR=1. Safe to call more than once.
 func (c *Cluster) Stop() {
-	c.mu.Lock()
-	if c.stopped {
+	c.h.Stop(func() error {
+		c.mu.Lock()
+		nodes := append([]*Node(nil), c.Nodes...)
 		c.mu.Unlock()
-		return
-	}
-	c.stopped = true
-	procs := append([]*Process(nil), c.procs...)
-	nodes := append([]*Node(nil), c.Nodes...)
-	c.mu.Unlock()
-	var errs []error
-	for _, n := range nodes {
-		errs = append(errs, n.teardown())
-	}
-	for i := len(procs) - 1; i >= 0; i-- {
-		procs[i].Stop(3 * time.Second)
-	}
-	c.mu.Lock()
-	nss := append([]string(nil), c.netns...)
-	c.mu.Unlock()
-	for i := len(nss) - 1; i >= 0; i-- {
-		if out, err := exec.Command("ip", "netns", "delete", nss[i]).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("ip netns delete %s: %w: %s", nss[i], err, out))
+		var errs []error
+		for _, n := range nodes {
+			errs = append(errs, n.teardown())
 		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		c.logf("realcluster %s: stop: %v", c.Prefix, err)
-	}
-	switch {
-	case os.Getenv("KEEP_E2E_WORKDIR") == "1":
-		c.logf("realcluster %s: keeping workdir %s", c.Prefix, c.WorkDir)
-	case c.ownWorkDir:
-		if err := os.RemoveAll(c.WorkDir); err != nil {
-			c.logf("realcluster %s: remove workdir: %v", c.Prefix, err)
-		}
-	}
+		return errors.Join(errs...)
+	})
 }
 
 // Tails returns the last n lines of every process log (for a failed test).
-func (c *Cluster) Tails(n int) string {
-	c.mu.Lock()
-	procs := append([]*Process(nil), c.procs...)
-	c.mu.Unlock()
-	var b strings.Builder
-	for _, p := range procs {
-		fmt.Fprintf(&b, "--- tail of %s:\n%s\n", p.Log, p.Tail(n))
-	}
-	return b.String()
-}
+func (c *Cluster) Tails(n int) string { return c.h.Tails(n) }
 
 // e2eDir is the repository's e2e/ directory (this file is e2e/realcluster/cluster.go).
 func e2eDir() string {

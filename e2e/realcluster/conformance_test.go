@@ -103,7 +103,7 @@ func conformanceRun(t *testing.T, proxy, focus string) []SpecResult {
 	if c.CoreDNSImage() != "" {
 		wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 		defer cancel()
-		if err := c.waitFor(wctx, "CoreDNS ready", nil, func(ctx2 context.Context) error {
+		if err := c.h.WaitFor(wctx, "CoreDNS ready", nil, func(ctx2 context.Context) error {
 			d, err := c.Client.AppsV1().Deployments("kube-system").Get(ctx2, "coredns", metav1.GetOptions{})
 			if err != nil {
 				return err

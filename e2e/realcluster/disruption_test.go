@@ -194,7 +194,7 @@ func disruption(t *testing.T, proxy string) {
 		var after *corev1.Pod
 		wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
 		defer wcancel()
-		if err := c.waitFor(wctx, dsName+" restarted on node-2", nil, func(ctx context.Context) error {
+		if err := c.h.WaitFor(wctx, dsName+" restarted on node-2", nil, func(ctx context.Context) error {
 			p, err := proxyPodOn(ctx, c, dsName, "node-2")
 			if err != nil {
 				return err
@@ -208,7 +208,7 @@ func disruption(t *testing.T, proxy string) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.waitFor(wctx, dsName+" log on node-2", nil, func(ctx context.Context) error {
+		if err := c.h.WaitFor(wctx, dsName+" log on node-2", nil, func(ctx context.Context) error {
 			var err error
 			started, err = firstLogTime(ctx, c, after.Name)
 			return err
@@ -279,7 +279,7 @@ func echoBackends(ctx context.Context, c *Cluster) (*corev1.Service, error) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	return svc, c.waitFor(wctx, "web backends ready", nil, func(ctx context.Context) error {
+	return svc, c.h.WaitFor(wctx, "web backends ready", nil, func(ctx context.Context) error {
 		d, err := c.Client.AppsV1().Deployments("default").Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -309,7 +309,7 @@ func probePod(ctx context.Context, c *Cluster, name, addr string, count int, int
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return c.waitFor(wctx, "probe pod "+name+" running", nil, func(ctx context.Context) error {
+	return c.h.WaitFor(wctx, "probe pod "+name+" running", nil, func(ctx context.Context) error {
 		p, err := c.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -325,7 +325,7 @@ func probePod(ctx context.Context, c *Cluster, name, addr string, count int, int
 func probeLogs(ctx context.Context, c *Cluster, name string, timeout time.Duration) ([]probeResult, error) {
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := c.waitFor(wctx, "probe pod "+name+" done", nil, func(ctx context.Context) error {
+	if err := c.h.WaitFor(wctx, "probe pod "+name+" done", nil, func(ctx context.Context) error {
 		p, err := c.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -358,7 +358,7 @@ func parseProbe(out string) []probeResult {
 
 // netnsProbe runs `echo probe` (250 ms timeout, 50 ms apart) in a harness netns.
 func netnsProbe(ctx context.Context, echoBin, ns, addr string, count int) ([]probeResult, error) {
-	argv := inNetns(ns, echoBin, "probe", "--proto", "tcp", "--addr", addr, "--count", fmt.Sprint(count),
+	argv := cluster.InNetns(ns, echoBin, "probe", "--proto", "tcp", "--addr", addr, "--count", fmt.Sprint(count),
 		"--interval", "50ms", "--timeout", "250ms")
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	out, err := cmd.Output()

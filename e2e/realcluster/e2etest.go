@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nftproxy/nftproxy/e2e/cluster"
 )
 
 // SpecResult is one e2e.test spec's outcome.
@@ -52,14 +54,14 @@ func (c *Cluster) RunE2E(ctx context.Context, bin, reportDir, focus, skip string
 	if skip != "" {
 		args = append(args, "--ginkgo.skip="+skip)
 	}
-	argv := inNetns(c.CPNS, args...)
+	argv := cluster.InNetns(c.CPNS, args...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = reportDir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.WaitDelay = 5 * time.Second
 	t0 := time.Now()
 	runErr := cmd.Run()
-	c.logf("realcluster %s: e2e.test (focus %q) exited after %v: %v; log %s", c.Prefix, focus, time.Since(t0).Round(time.Second), runErr, logf.Name())
+	c.h.Logf("e2e.test (focus %q) exited after %v: %v; log %s", focus, time.Since(t0).Round(time.Second), runErr, logf.Name())
 	res, err := readGinkgoReport(report)
 	if err != nil {
 		return nil, fmt.Errorf("e2e.test: %v; report: %w; log tail:\n%s", runErr, err, tailFile(logf.Name(), 30))
@@ -133,6 +135,6 @@ func (c *Cluster) Verify(ctx context.Context, n *Node, bin string) (string, erro
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		return "", err
 	}
-	return run(ctx, inNetns(n.NS, bin, "verify", "--config="+path, "--kubeconfig="+c.Kubeconfig,
+	return run(ctx, cluster.InNetns(n.NS, bin, "verify", "--config="+path, "--kubeconfig="+c.Kubeconfig,
 		"--hostname-override="+n.Name, "--wait=30s")...)
 }

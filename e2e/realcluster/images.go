@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,8 +18,6 @@ const (
 	KubeProxyImage = "registry.k8s.io/kube-proxy:v1.37.0"
 	corednsPrefix  = "registry.k8s.io/coredns/coredns:"
 )
-
-func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
 
 func cacheDir() string {
 	if d := os.Getenv("NFTPROXY_CACHE"); d != "" {

@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nftproxy/nftproxy/e2e/cluster"
 )
 
 const cniBinDir = "/usr/lib/cni"
@@ -35,7 +37,7 @@ type Node struct {
 	CgroupRoot string // the kubelet's cgroupRoot, in every cgroup v1 hierarchy
 
 	c                           *Cluster
-	holder, containerd, kubelet *Process
+	holder, containerd, kubelet *cluster.Process
 	boots                       int
 }
 
@@ -82,7 +84,7 @@ func (c *Cluster) addNode(ctx context.Context, i int) (*Node, error) {
 	}
 	// A router for its pods; bridged pod-to-pod traffic goes through netfilter (as on a
 	// node with br_netfilter), so a service answer from a pod on the same bridge is un-NATed.
-	if _, err := run(ctx, inNetns(n.NS, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1")...); err != nil {
+	if _, err := run(ctx, cluster.InNetns(n.NS, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1")...); err != nil {
 		return nil, err
 	}
 	if err := n.writeConfigs(); err != nil {
@@ -239,14 +241,14 @@ func (n *Node) boot(ctx context.Context) error {
 		"mount -t tmpfs tmpfs /run/netns; mount -t tmpfs tmpfs /run/containerd; mount -t tmpfs tmpfs /var/lib/cni; " +
 		"exec sleep 2147483647"
 	var err error
-	n.holder, err = c.start(n.Name+"-holder", []string{"unshare", "-m", "--propagation", "private", "--",
-		"nsenter", "--net=/run/netns/" + n.NS, "--", "sh", "-c", script})
+	n.holder, err = c.h.Start(n.Name+"-holder", nil, []string{"unshare", "-m", "--propagation", "private", "--",
+		"nsenter", "--net=/run/netns/" + n.NS, "--", "sh", "-c", script}...)
 	if err != nil {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := c.waitFor(wctx, n.Name+" mount namespace", []*Process{n.holder}, func(context.Context) error {
+	if err := c.h.WaitFor(wctx, n.Name+" mount namespace", []*cluster.Process{n.holder}, func(context.Context) error {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", n.holder.PID()))
 		if err != nil || strings.TrimSpace(string(b)) != "sleep" {
 			return fmt.Errorf("holder not ready (%q)", b)
@@ -257,13 +259,13 @@ func (n *Node) boot(ctx context.Context) error {
 	}
 	enter := []string{"nsenter", "-t", strconv.Itoa(n.holder.PID()), "-m", "-n", "--"}
 	_ = os.Remove(n.Socket)
-	n.containerd, err = c.start(n.Name+"-containerd", append(enter, "containerd", "--config", filepath.Join(n.Dir, "containerd.toml")))
+	n.containerd, err = c.h.Start(n.Name+"-containerd", nil, append(enter, "containerd", "--config", filepath.Join(n.Dir, "containerd.toml"))...)
 	if err != nil {
 		return err
 	}
 	cctx, cancel2 := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel2()
-	if err := c.waitFor(cctx, n.Name+" containerd", []*Process{n.containerd}, func(ctx context.Context) error {
+	if err := c.h.WaitFor(cctx, n.Name+" containerd", []*cluster.Process{n.containerd}, func(ctx context.Context) error {
 		_, err := run(ctx, "ctr", "--address", n.Socket, "version")
 		return err
 	}); err != nil {
@@ -271,7 +273,7 @@ func (n *Node) boot(ctx context.Context) error {
 	}
 	// The CRI plugin initialises after containerd says it booted; a kubelet started
 	// before that exits ("server is not initialized yet"). Its last step is logged.
-	if err := c.waitFor(cctx, n.Name+" CRI ready", []*Process{n.containerd}, func(context.Context) error {
+	if err := c.h.WaitFor(cctx, n.Name+" CRI ready", []*cluster.Process{n.containerd}, func(context.Context) error {
 		b, err := os.ReadFile(n.containerd.Log)
 		if err != nil {
 			return err
@@ -295,9 +297,9 @@ func (n *Node) boot(ctx context.Context) error {
 				return fmt.Errorf("import %s: %w", ref, err)
 			}
 		}
-		c.logf("realcluster %s: %s: %d images imported in %v", c.Prefix, n.Name, len(refs), time.Since(t0).Round(time.Millisecond))
+		c.h.Logf("%s: %d images imported in %v", n.Name, len(refs), time.Since(t0).Round(time.Millisecond))
 	}
-	n.kubelet, err = c.start(n.Name+"-kubelet", append(enter, c.Bins.Kubelet,
+	n.kubelet, err = c.h.Start(n.Name+"-kubelet", nil, append(enter, c.Bins.Kubelet,
 		"--config="+filepath.Join(n.Dir, "kubelet.yaml"),
 		"--kubeconfig="+filepath.Join(n.Dir, "kubelet.kubeconfig"),
 		"--root-dir="+filepath.Join(n.Dir, "kubelet"),
@@ -305,7 +307,7 @@ func (n *Node) boot(ctx context.Context) error {
 		"--hostname-override="+n.Name,
 		"--node-ip="+n.IP,
 		"--v=2",
-	))
+	)...)
 	return err
 }
 
@@ -318,7 +320,7 @@ func (n *Node) ImportImage(ctx context.Context, tarball string) error {
 func (c *Cluster) waitNodeRegistered(ctx context.Context, n *Node) error {
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := c.waitFor(wctx, n.Name+" registered", []*Process{n.kubelet, n.containerd}, func(ctx context.Context) error {
+	if err := c.h.WaitFor(wctx, n.Name+" registered", []*cluster.Process{n.kubelet, n.containerd}, func(ctx context.Context) error {
 		_, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		return err
 	}); err != nil {
@@ -342,7 +344,7 @@ func (c *Cluster) waitNodeRegistered(ctx context.Context, n *Node) error {
 func (c *Cluster) WaitNodesReady(ctx context.Context, timeout time.Duration) error {
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return c.waitFor(wctx, "nodes Ready", nil, func(ctx context.Context) error {
+	return c.h.WaitFor(wctx, "nodes Ready", nil, func(ctx context.Context) error {
 		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
@@ -373,7 +375,7 @@ func (n *Node) Reboot(ctx context.Context) error {
 	if err := n.killAll(); err != nil {
 		return err
 	}
-	if _, err := run(ctx, inNetns(n.NS, "nft", "flush", "ruleset")...); err != nil {
+	if _, err := run(ctx, cluster.InNetns(n.NS, "nft", "flush", "ruleset")...); err != nil {
 		return err
 	}
 	return n.boot(ctx)
@@ -384,10 +386,10 @@ func (n *Node) Reboot(ctx context.Context) error {
 // all their descendants (containers, which have mount namespaces of their own).
 func (n *Node) killAll() error {
 	if n.kubelet != nil {
-		n.kubelet.Stop(3 * time.Second)
+		n.kubelet.Stop()
 	}
 	if n.containerd != nil {
-		n.containerd.Stop(3 * time.Second)
+		n.containerd.Stop()
 	}
 	if n.holder == nil {
 		return nil
@@ -408,7 +410,7 @@ func (n *Node) killAll() error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	<-n.holder.done
+	n.holder.Kill() // already SIGKILLed: waits for it to be reaped
 	return nil
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nftproxy/nftproxy/e2e/cluster"
 )
 
 // Proxy names accepted by installProxy.
@@ -104,7 +106,7 @@ func TestRealClusterSmoke(t *testing.T) {
 	}
 
 	for _, n := range c.Nodes {
-		out, err := run(ctx, inNetns(n.NS, "nft", "list", "tables")...)
+		out, err := run(ctx, cluster.InNetns(n.NS, "nft", "list", "tables")...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,35 +8,15 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-)
 
-// StartT checks prerequisites, skips unless NFTPROXY_E2E=1, starts a cluster logging to t
-// and tears it down in t.Cleanup (logging every process's tail first if the test failed).
-func StartT(t testing.TB, cfg Config) *Cluster {
-	t.Helper()
-	Require(t)
-	if cfg.Logf == nil {
-		cfg.Logf = t.Logf
-	}
-	c, err := Start(t.Context(), cfg)
-	if err != nil {
-		t.Fatalf("start real cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(c.Tails(40))
-		}
-		c.Stop()
-	})
-	return c
-}
+	"github.com/nftproxy/nftproxy/e2e/cluster"
+)
 
 // WebApp creates Deployment `name` (agnhost netexec, HTTP on 8080, `replicas` pods pinned
 // to node) and a NodePort Service `name` (80 -> 8080). It returns the Service once its
@@ -78,7 +58,7 @@ func (c *Cluster) WebApp(ctx context.Context, ns, name string, replicas int32, n
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	err = c.waitFor(wctx, "deployment "+name+" ready", nil, func(ctx context.Context) error {
+	err = c.h.WaitFor(wctx, "deployment "+name+" ready", nil, func(ctx context.Context) error {
 		d, err := c.Client.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -109,7 +89,7 @@ func (c *Cluster) ClientPod(ctx context.Context, ns, name, node string) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	return c.waitFor(wctx, "pod "+name+" ready", nil, func(ctx context.Context) error {
+	return c.h.WaitFor(wctx, "pod "+name+" ready", nil, func(ctx context.Context) error {
 		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -143,7 +123,7 @@ func (c *Cluster) HTTPFrom(ctx context.Context, ns, pod, addr, path string, time
 	}
 	q := url.Values{"request": {strings.TrimPrefix(path, "/")}, "host": {host}, "port": {port}, "protocol": {"http"}, "tries": {"1"}}
 	u := fmt.Sprintf("http://%s/dial?%s", net.JoinHostPort(p.Status.PodIP, "8080"), q.Encode())
-	hc := &http.Client{Timeout: timeout + 5*time.Second, Transport: &http.Transport{DialContext: nsDial(c.CPNS), DisableKeepAlives: true}}
+	hc := &http.Client{Timeout: timeout + 5*time.Second, Transport: &http.Transport{DialContext: cluster.NSDialer(c.CPNS), DisableKeepAlives: true}}
 	resp, err := hc.Get(u)
 	if err != nil {
 		return "", err

@@ -51,8 +51,10 @@ type Config struct {
 	DetectLocal   DetectLocal
 	MasqueradeAll bool
 	MasqueradeBit uint32 // mark bit index, kube-proxy's default is 14
-	// NodePortAddrs are the local addresses node ports answer on. When NodePortAllLocal
-	// is set, node ports answer on every local address instead ("fib daddr type local").
+	// NodePortAddrs are fixed local addresses node ports answer on, besides the
+	// snapshot's NodePortAddrs (the proxy resolves --nodeport-addresses into those; a
+	// fixed list is for compiling without it). When NodePortAllLocal is set, node ports
+	// answer on every local address instead ("fib daddr type local").
 	NodePortAddrs    []netip.Addr
 	NodePortAllLocal bool
 	// NoExternalIPs is the feature gate AllowServiceExternalIPs=false: no externalIP is
@@ -137,10 +139,11 @@ func Compile(snap *model.Snapshot, cfg Config, slots *Slots) (*nft.Ruleset, []mo
 // services that changed (plus a cheap pass over all of them). A Compiler must be used
 // by one goroutine at a time.
 type Compiler struct {
-	cfg   Config
-	slots *Slots
-	node  model.Node
-	parts []*compiledPart // of the previous call, in service port order
+	cfg           Config
+	slots         *Slots
+	node          model.Node
+	nodePortAddrs []netip.Addr    // the snapshot's, of the previous call
+	parts         []*compiledPart // of the previous call, in service port order
 	// every service's cluster IPs (all families), each with the number of service ports
 	// holding it, kept up to date from the difference between calls (services holds
 	// the previous call's service ports: snapshots are immutable)
@@ -237,6 +240,8 @@ type compiledPart struct {
 	pages  []uint32                // endpoint map pages it adds elements to
 	// problems found compiling it (endpoints skipped), reported on every call
 	problems []model.Problem
+	tags     []*Tag // one per purpose, shared by its rules and elements
+	tagBlock []Tag  // where they are made
 }
 
 // claims are the frontends and node port a service port won.
@@ -263,15 +268,23 @@ func NewCompiler(cfg Config, slots *Slots) *Compiler {
 // it resolved, like the package's Compile.
 func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem) {
 	prev := cc.parts
-	if !sameNode(cc.node, snap.Node) {
-		prev = nil // topology and firewall rules depend on the node: compile everything
-		cc.node = snap.Node
+	if !sameNode(cc.node, snap.Node) || !slices.Equal(cc.nodePortAddrs, snap.NodePortAddrs) {
+		// topology and firewall rules depend on the node, the frontends a service may
+		// claim on the node's addresses: compile everything
+		prev = nil
+		cc.node, cc.nodePortAddrs = snap.Node, snap.NodePortAddrs
 	}
 	c := &compiler{
 		cfg: cc.cfg, slots: cc.slots, v6: cc.cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
-		local:     cc.cfg.DetectLocal.resolve(cc.cfg.Family == nft.IPv6, snap.Node),
-		frontends: make(map[frontendKey]model.ServicePortName, len(snap.Services)),
-		nodePorts: map[nodePortKey]model.ServicePortName{},
+		local:         cc.cfg.DetectLocal.resolve(cc.cfg.Family == nft.IPv6, snap.Node),
+		nodePortAddrs: cc.cfg.NodePortAddrs,
+		frontends:     make(map[frontendKey]model.ServicePortName, len(snap.Services)),
+		nodePorts:     map[nodePortKey]model.ServicePortName{},
+	}
+	for _, a := range snap.NodePortAddrs {
+		if !slices.Contains(c.nodePortAddrs, a) {
+			c.nodePortAddrs = append(slices.Clip(c.nodePortAddrs), a)
+		}
 	}
 	c.init()
 	services := snap.Services
@@ -532,7 +545,7 @@ func (c *compiler) refused(sp *model.ServicePort, what string, ip netip.Addr) bo
 
 // ownAddr reports whether ip is one of this node's addresses that nftproxy knows.
 func (c *compiler) ownAddr(ip netip.Addr) bool {
-	return slices.Contains(c.node.IPs, ip) || slices.Contains(c.cfg.NodePortAddrs, ip) || slices.Contains(c.cfg.OwnAddrs, ip)
+	return slices.Contains(c.node.IPs, ip) || slices.Contains(c.nodePortAddrs, ip) || slices.Contains(c.cfg.OwnAddrs, ip)
 }
 
 // problem records p once per call (one Service's ports share their addresses).
@@ -574,7 +587,8 @@ type compiler struct {
 	serviceCounters, nodePortCounters                     *nft.Set
 	node                                                  model.Node
 	serviceCIDRs                                          []netip.Prefix
-	local                                                 localCheck // DetectLocal for this family and node
+	local                                                 localCheck   // DetectLocal for this family and node
+	nodePortAddrs                                         []netip.Addr // the configuration's and the snapshot's
 
 	// keys already used, so that conflicting input never produces a duplicate element
 	frontends map[frontendKey]model.ServicePortName
@@ -646,7 +660,7 @@ func (c *compiler) init() {
 	c.serviceCounters = &nft.Set{Name: SetServiceCounters, Key: frontend, Counter: true, Comment: "packets and bytes sent to each service address"}
 	c.nodePortCounters = &nft.Set{Name: SetNodePortCounters, Key: port, Counter: true, Comment: "packets and bytes sent to each node port"}
 	c.hairpin = &nft.Set{Name: setHairpin, Key: []nft.Datatype{a, a}, Comment: "endpoint . endpoint: hairpin traffic to masquerade"}
-	for _, ip := range c.cfg.NodePortAddrs {
+	for _, ip := range c.nodePortAddrs {
 		if ip.Is6() == c.v6 && !ip.IsLoopback() {
 			c.nodePortIPs.Elements = append(c.nodePortIPs.Elements, nft.Element{Key: []nft.Value{nft.Addr(ip)}})
 		}
@@ -682,11 +696,12 @@ func ChainName(kind string, sp model.ServicePortName) string {
 // servicePort compiles one service port, given the frontends and node port it won.
 func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart {
 	cp := &compiledPart{in: *sp, claims: won, part: &nft.Part{Owner: ChainName("port", sp.Name)}}
+	cp.part.Tag = cp.tag(PurposeServicePort)
 	comment := truncateComment(sp.Name.String())
 	lbIPs := model.AddrsOf(sp.LoadBalancerIPs, c.v6)
 	clusterIPs := model.AddrsOf(sp.ClusterIPs, c.v6)
 	for _, ip := range clusterIPs {
-		cp.add(setClusterIPs, nft.Element{Key: []nft.Value{nft.Addr(ip)}})
+		cp.add(setClusterIPs, nft.Element{Key: []nft.Value{nft.Addr(ip)}, Tag: cp.tag(PurposeClusterIP)})
 	}
 	internal, external, nodePort := won.internal, won.external, won.nodePort
 
@@ -723,7 +738,7 @@ func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart 
 		c.endpointChain(cp, p.localChain, sp, localSlotOwner(sp.Name), cat.Local, p.internalChain == p.localChain, internal, comment)
 	}
 	if cat.HasAny && accessible {
-		cp.part.Chains = append(cp.part.Chains, c.externalChain(sp, p))
+		cp.part.Chains = append(cp.part.Chains, c.externalChain(cp, sp, p))
 	}
 	c.frontendElements(cp, sp, p, cat.HasAny, internal, external, nodePort, comment)
 	// only the load-balancer IPs this port won: another service's source ranges guard
@@ -762,36 +777,43 @@ func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p p
 		internalVerdict = &nft.Verdict{Kind: nft.Goto, Chain: ChainReject}
 		externalVerdict = internalVerdict
 	}
+	count, dispatch := cp.tag(PurposeCount), cp.tag(PurposeDispatch)
+	noEndpoints := func(v *nft.Verdict) *Tag {
+		if v.Kind == nft.Drop {
+			return cp.tag(PurposeDropNoLocalEndpoints)
+		}
+		return cp.tag(PurposeRejectNoEndpoints)
+	}
 	for _, ip := range append(internal, external...) {
-		cp.add(SetServiceCounters, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Comment: comment})
+		cp.add(SetServiceCounters, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Comment: comment, Tag: count})
 	}
 	if nodePort != 0 {
-		cp.add(SetNodePortCounters, nft.Element{Key: []nft.Value{proto, nft.Num(uint32(nodePort))}, Comment: comment})
+		cp.add(SetNodePortCounters, nft.Element{Key: []nft.Value{proto, nft.Num(uint32(nodePort))}, Comment: comment, Tag: count})
 	}
 	for _, ip := range internal {
 		key := []nft.Value{nft.Addr(ip), proto, port}
 		if p.hasInternal {
-			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.internalChain}, Comment: comment})
+			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.internalChain}, Comment: comment, Tag: dispatch})
 		} else {
-			cp.add(mapNoEndpointServices, nft.Element{Key: key, Verdict: internalVerdict, Comment: comment})
+			cp.add(mapNoEndpointServices, nft.Element{Key: key, Verdict: internalVerdict, Comment: comment, Tag: noEndpoints(internalVerdict)})
 		}
 	}
 	for _, ip := range external {
 		key := []nft.Value{nft.Addr(ip), proto, port}
 		if hasAny {
-			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment})
+			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment, Tag: dispatch})
 		}
 		if !p.hasExternal {
-			cp.add(mapNoEndpointServices, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment})
+			cp.add(mapNoEndpointServices, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment, Tag: noEndpoints(externalVerdict)})
 		}
 	}
 	if nodePort != 0 {
 		key := []nft.Value{proto, nft.Num(uint32(nodePort))}
 		if hasAny {
-			cp.add(mapServiceNodePorts, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment})
+			cp.add(mapServiceNodePorts, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment, Tag: dispatch})
 		}
 		if !p.hasExternal {
-			cp.add(mapNoEndpointNodePorts, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment})
+			cp.add(mapNoEndpointNodePorts, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment, Tag: noEndpoints(externalVerdict)})
 		}
 	}
 }
@@ -800,25 +822,28 @@ func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p p
 // the Cluster policy it is masqueraded (it may leave the node); under the Local policy
 // the client address is kept, except that pods and the node itself short-circuit to
 // the cluster-wide endpoints, as if they had gone out to a load balancer and back.
-func (c *compiler) externalChain(sp *model.ServicePort, p policy) *nft.Chain {
+func (c *compiler) externalChain(cp *compiledPart, sp *model.ServicePort, p policy) *nft.Chain {
 	jump := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Jump, Chain: ch} }
 	goTo := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Goto, Chain: ch} }
 	ch := &nft.Chain{Name: p.extChain}
 	if !sp.ExternalPolicyLocal {
-		ch.Rules = []nft.Rule{{Stmts: []nft.Stmt{jump(chainMarkMasq)}}, {Stmts: []nft.Stmt{goTo(p.svcChain)}}}
+		ch.Rules = []nft.Rule{
+			{Stmts: []nft.Stmt{jump(chainMarkMasq)}, Tag: cp.tag(PurposeMarkExternal)},
+			{Stmts: []nft.Stmt{goTo(p.svcChain)}, Tag: cp.tag(PurposeToEndpoints)},
+		}
 		return ch
 	}
 	if c.local.ok() {
 		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
 			c.local.match(true), goTo(p.svcChain),
-		}, Comment: "short-circuit pod traffic"})
+		}, Comment: "short-circuit pod traffic", Tag: cp.tag(PurposeShortCircuitPods)})
 	}
 	ch.Rules = append(ch.Rules,
-		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, jump(chainMarkMasq)}, Comment: "masquerade local traffic"},
-		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, goTo(p.svcChain)}, Comment: "short-circuit local traffic"},
+		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, jump(chainMarkMasq)}, Comment: "masquerade local traffic", Tag: cp.tag(PurposeMarkLocalSource)},
+		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, goTo(p.svcChain)}, Comment: "short-circuit local traffic", Tag: cp.tag(PurposeShortCircuitLocal)},
 	)
 	if p.hasExternal {
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{goTo(p.localChain)}})
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{goTo(p.localChain)}, Tag: cp.tag(PurposeToEndpoints)})
 	}
 	return ch
 }
@@ -831,23 +856,26 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 	if internalEntry {
 		for _, ip := range clusterIPs {
 			match := []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}}
+			purpose := PurposeMarkAll
 			switch {
 			case c.cfg.MasqueradeAll:
 			case c.local.ok():
 				match = append(match, c.local.match(false))
+				purpose = PurposeMarkOffCluster
 			default:
 				continue
 			}
-			ch.Rules = append(ch.Rules, nft.Rule{Stmts: append(match, nft.Verdict{Kind: nft.Jump, Chain: chainMarkMasq})})
+			ch.Rules = append(ch.Rules, nft.Rule{Stmts: append(match, nft.Verdict{Kind: nft.Jump, Chain: chainMarkMasq}), Tag: cp.tag(purpose)})
 		}
 	}
 	// one allocation for the hairpin elements and one for their values
 	hairpin := make([]nft.Element, len(eps))
 	hvals := make([]nft.Value, 2*len(eps))
+	hairpinTag := cp.tag(PurposeHairpin)
 	for i, e := range eps {
 		v := hvals[2*i : 2*i+2 : 2*i+2]
 		v[0], v[1] = nft.Addr(e.Addr), nft.Addr(e.Addr)
-		hairpin[i] = nft.Element{Key: v}
+		hairpin[i] = nft.Element{Key: v, Tag: hairpinTag}
 	}
 	cp.add(setHairpin, hairpin...)
 	cp.part.Chains = append(cp.part.Chains, ch)
@@ -861,17 +889,18 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 	epMap := endpointMapName(page)
 	elems := make([]nft.Element, len(eps))
 	vals := make([]nft.Value, 3*len(eps))
+	slotTag := cp.tag(PurposeEndpointSlot)
 	for i, e := range eps {
 		v := vals[3*i : 3*i+3 : 3*i+3]
 		v[0], v[1], v[2] = nft.Num(base+uint32(i)), nft.Addr(e.Addr), nft.Num(uint32(e.Port))
-		elems[i] = nft.Element{Key: v[0:1:1], Data: v[1:3:3]}
+		elems[i] = nft.Element{Key: v[0:1:1], Data: v[1:3:3], Tag: slotTag}
 	}
 	cp.add(epMap, elems...)
 	cp.owners = append(cp.owners, owner)
 	cp.pages = append(cp.pages, page)
 	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
 		proto, nft.DNATNumgenMap{Mod: uint32(len(eps)), Offset: base, Map: epMap},
-	}, Comment: comment})
+	}, Comment: comment, Tag: cp.tag(PurposeEndpointDNAT)})
 }
 
 // affinity makes ch sticky per client address: each endpoint has a dynamic set of the
@@ -892,15 +921,15 @@ func (c *compiler) affinity(cp *compiledPart, ch *nft.Chain, sp *model.ServicePo
 		cp.part.Sets = append(cp.part.Sets, set)
 		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
 			nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: set.Name}, nft.Verdict{Kind: nft.Goto, Chain: epChain},
-		}})
+		}, Tag: cp.tag(PurposeAffinityLookup)})
 		pick := []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: epChain}}
 		if n := len(eps) - i; n > 1 {
 			pick = append([]nft.Stmt{nft.MatchNumgen{Mod: uint32(n)}}, pick...)
 		}
-		picks = append(picks, nft.Rule{Stmts: pick})
+		picks = append(picks, nft.Rule{Stmts: pick, Tag: cp.tag(PurposeAffinityPick)})
 		cp.part.Chains = append(cp.part.Chains, &nft.Chain{Name: epChain, Rules: []nft.Rule{
-			{Stmts: []nft.Stmt{nft.UpdateSaddr{Set: set.Name}}},
-			{Stmts: []nft.Stmt{proto, nft.DNATTo{Addr: e.Addr, Port: e.Port}}, Comment: comment},
+			{Stmts: []nft.Stmt{nft.UpdateSaddr{Set: set.Name}}, Tag: cp.tag(PurposeAffinityRecord)},
+			{Stmts: []nft.Stmt{proto, nft.DNATTo{Addr: e.Addr, Port: e.Port}}, Comment: comment, Tag: cp.tag(PurposeEndpointDNAT)},
 		}})
 	}
 	ch.Rules = append(ch.Rules, picks...)
@@ -929,22 +958,22 @@ func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []net
 	ch := &nft.Chain{Name: name}
 	allowNode := false
 	for _, r := range ranges {
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: r}, nft.Verdict{Kind: nft.Return}}})
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: r}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(PurposeSourceRangeAllow)})
 		for _, n := range c.node.IPs {
 			allowNode = allowNode || r.Contains(n)
 		}
 	}
 	if allowNode { // the node reaching a VIP it holds locally uses the VIP as source
 		for _, ip := range lbIPs {
-			ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}, nft.Verdict{Kind: nft.Return}}})
+			ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(PurposeSourceRangeAllow)})
 		}
 	}
-	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: truncateComment(comment + " source ranges")})
+	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: truncateComment(comment + " source ranges"), Tag: cp.tag(PurposeSourceRangeDrop)})
 	cp.part.Chains = append(cp.part.Chains, ch)
 	for _, ip := range lbIPs {
 		cp.add(mapFirewallIPs, nft.Element{
 			Key:     []nft.Value{nft.Addr(ip), nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))},
-			Verdict: &nft.Verdict{Kind: nft.Goto, Chain: name}, Comment: comment,
+			Verdict: &nft.Verdict{Kind: nft.Goto, Chain: name}, Comment: comment, Tag: cp.tag(PurposeSourceRanges),
 		})
 	}
 }
@@ -965,10 +994,10 @@ func (c *compiler) endpointMap(page uint32) *nft.Set {
 // port no service defines) and drops those to unallocated addresses of the service
 // CIDRs, which must never be forwarded.
 func (c *compiler) clusterIPsCheck() []nft.Rule {
-	rules := []nft.Rule{{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setClusterIPs}, nft.Reject{}}, Comment: "cluster IP port that no service defines"}}
+	rules := []nft.Rule{{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setClusterIPs}, nft.Reject{}}, Comment: "cluster IP port that no service defines", Tag: own(PurposeUndefinedPort)}}
 	for _, cidr := range c.serviceCIDRs {
 		if cidr.Addr().Is6() == c.v6 {
-			rules = append(rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: cidr}, nft.Verdict{Kind: nft.Drop}}, Comment: "unallocated service IP"})
+			rules = append(rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: cidr}, nft.Verdict{Kind: nft.Drop}}, Comment: "unallocated service IP", Tag: own(PurposeUnallocatedServiceIP)})
 		}
 	}
 	return rules
@@ -978,7 +1007,7 @@ func (c *compiler) clusterIPsCheck() []nft.Rule {
 // pages) and the chains that are not any service port's.
 func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	mark := c.cfg.masqMark()
-	rule := func(s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s} }
+	rule := func(p Purpose, s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s, Tag: own(p)} }
 	jump := func(ch string) nft.Verdict { return nft.Verdict{Kind: nft.Jump, Chain: ch} }
 	ctNew := nft.MatchCtStateNew{}
 
@@ -993,51 +1022,51 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 		}
 		nodePortMatch = []nft.Stmt{nft.MatchFibDaddrLocal{}, nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpNeq, Prefix: loopback}}
 	}
-	withNodePort := func(s ...nft.Stmt) nft.Rule { return rule(append(slices.Clip(nodePortMatch), s...)...) }
+	withNodePort := func(p Purpose, s ...nft.Stmt) nft.Rule { return rule(p, append(slices.Clip(nodePortMatch), s...)...) }
 	frontend := []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}
 	portKey := []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}
 
 	chains := []*nft.Chain{
 		{Name: chainServices, Rules: []nft.Rule{
-			rule(nft.VMap{Fields: frontend, Map: mapServiceIPs}),
-			withNodePort(nft.VMap{Fields: portKey, Map: mapServiceNodePorts}),
+			rule(PurposeDispatch, nft.VMap{Fields: frontend, Map: mapServiceIPs}),
+			withNodePort(PurposeDispatch, nft.VMap{Fields: portKey, Map: mapServiceNodePorts}),
 		}},
-		{Name: chainMarkMasq, Rules: []nft.Rule{rule(nft.SetMarkBits{Bits: mark})}},
+		{Name: chainMarkMasq, Rules: []nft.Rule{rule(PurposeMarkBit, nft.SetMarkBits{Bits: mark})}},
 		{Name: chainMasquerading, Rules: []nft.Rule{
-			rule(nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: setHairpin}, nft.Masquerade{FullyRandom: true}),
-			rule(nft.MatchMarkUnset{Bits: mark}, nft.Verdict{Kind: nft.Return}),
-			rule(nft.SetMarkBits{Bits: mark, Xor: true}),
-			rule(nft.Masquerade{FullyRandom: true}),
+			rule(PurposeHairpin, nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: setHairpin}, nft.Masquerade{FullyRandom: true}),
+			rule(PurposeMasquerade, nft.MatchMarkUnset{Bits: mark}, nft.Verdict{Kind: nft.Return}),
+			rule(PurposeMasquerade, nft.SetMarkBits{Bits: mark, Xor: true}),
+			rule(PurposeMasquerade, nft.Masquerade{FullyRandom: true}),
 		}},
 		{Name: chainEndpointsCheck, Rules: []nft.Rule{
-			rule(nft.VMap{Fields: frontend, Map: mapNoEndpointServices}),
-			withNodePort(nft.VMap{Fields: portKey, Map: mapNoEndpointNodePorts}),
+			rule(PurposeRejectNoEndpoints, nft.VMap{Fields: frontend, Map: mapNoEndpointServices}),
+			withNodePort(PurposeRejectNoEndpoints, nft.VMap{Fields: portKey, Map: mapNoEndpointNodePorts}),
 		}},
 		{Name: chainClusterIPsCheck, Rules: c.clusterIPsCheck()},
-		{Name: chainFirewallCheck, Rules: []nft.Rule{rule(nft.VMap{Fields: frontend, Map: mapFirewallIPs})}},
-		{Name: ChainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints"}}},
+		{Name: chainFirewallCheck, Rules: []nft.Rule{rule(PurposeSourceRanges, nft.VMap{Fields: frontend, Map: mapFirewallIPs})}},
+		{Name: ChainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints", Tag: own(PurposeRejectNoEndpoints)}}},
 	}
 	// Every packet sent to a service address or node port updates its element's
 	// counters (kernel only; read for the per-service metrics).
 	counting := []nft.Rule{
-		rule(nft.Lookup{Fields: frontend, Set: SetServiceCounters}),
-		withNodePort(nft.Lookup{Fields: portKey, Set: SetNodePortCounters}),
+		rule(PurposeCount, nft.Lookup{Fields: frontend, Set: SetServiceCounters}),
+		withNodePort(PurposeCount, nft.Lookup{Fields: portKey, Set: SetNodePortCounters}),
 	}
 	base := func(name string, t nft.ChainType, h nft.HookPoint, prio int32, rules ...nft.Rule) *nft.Chain {
 		return &nft.Chain{Name: name, Hook: &nft.Hook{Type: t, Hook: h, Priority: prio}, Rules: rules}
 	}
 	chains = append(chains,
 		// Source ranges are checked before DNAT, on the load-balancer IP.
-		base("filter-prerouting-pre-dnat", nft.TypeFilter, nft.Prerouting, -110, append(counting, rule(ctNew, jump(chainFirewallCheck)))...),
-		base("filter-output-pre-dnat", nft.TypeFilter, nft.Output, -110, append(counting, rule(ctNew, jump(chainFirewallCheck)))...),
+		base("filter-prerouting-pre-dnat", nft.TypeFilter, nft.Prerouting, -110, append(counting, rule(PurposeHook, ctNew, jump(chainFirewallCheck)))...),
+		base("filter-output-pre-dnat", nft.TypeFilter, nft.Output, -110, append(counting, rule(PurposeHook, ctNew, jump(chainFirewallCheck)))...),
 		// The checks run after DNAT (filter priority 0): a packet that still has a
 		// service address as destination was not sent to an endpoint.
-		base("filter-input", nft.TypeFilter, nft.Input, 0, rule(ctNew, jump(chainEndpointsCheck))),
-		base("filter-forward", nft.TypeFilter, nft.Forward, 0, rule(ctNew, jump(chainEndpointsCheck)), rule(ctNew, jump(chainClusterIPsCheck))),
-		base("filter-output", nft.TypeFilter, nft.Output, 0, rule(ctNew, jump(chainEndpointsCheck)), rule(ctNew, jump(chainClusterIPsCheck))),
-		base("nat-prerouting", nft.TypeNAT, nft.Prerouting, -100, rule(jump(chainServices))),
-		base("nat-output", nft.TypeNAT, nft.Output, -100, rule(jump(chainServices))),
-		base("nat-postrouting", nft.TypeNAT, nft.Postrouting, 100, rule(jump(chainMasquerading))),
+		base("filter-input", nft.TypeFilter, nft.Input, 0, rule(PurposeHook, ctNew, jump(chainEndpointsCheck))),
+		base("filter-forward", nft.TypeFilter, nft.Forward, 0, rule(PurposeHook, ctNew, jump(chainEndpointsCheck)), rule(PurposeHook, ctNew, jump(chainClusterIPsCheck))),
+		base("filter-output", nft.TypeFilter, nft.Output, 0, rule(PurposeHook, ctNew, jump(chainEndpointsCheck)), rule(PurposeHook, ctNew, jump(chainClusterIPsCheck))),
+		base("nat-prerouting", nft.TypeNAT, nft.Prerouting, -100, rule(PurposeHook, jump(chainServices))),
+		base("nat-output", nft.TypeNAT, nft.Output, -100, rule(PurposeHook, jump(chainServices))),
+		base("nat-postrouting", nft.TypeNAT, nft.Postrouting, 100, rule(PurposeHook, jump(chainMasquerading))),
 	)
 	sets := []*nft.Set{c.clusterIPs, c.nodePortIPs, c.serviceIPs, c.serviceNodePorts,
 		c.noEndpointServices, c.noEndpointNodePorts, c.hairpin, c.firewallIPs, c.serviceCounters, c.nodePortCounters}

@@ -3,9 +3,11 @@ package conntrack
 import (
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -159,5 +161,32 @@ func TestCleanSkipsMalformedFlows(t *testing.T) {
 	m := d.calls[0].filters[0].(*matcher)
 	if len(m.byPort) != 1 || len(m.byPort[protoPort{model.ProtoUDP, 53}]) != 1 {
 		t.Errorf("filter holds %v, want only the good flow", m.byPort)
+	}
+}
+
+// TestCleanObserves: Observe hears every family on every Clean, with the entries that
+// family's dump deleted; a family without flows reports 0 without a dump.
+func TestCleanObserves(t *testing.T) {
+	type seen struct {
+		v6      bool
+		deleted int
+	}
+	var got []seen
+	d := &fakeDeleter{}
+	c := &Cleaner{Deleter: d, Observe: func(v6 bool, took time.Duration, deleted int) {
+		if took < 0 {
+			t.Errorf("negative duration %v", took)
+		}
+		got = append(got, seen{v6, deleted})
+	}}
+	if _, err := c.Clean([]Flow{toEp("10.96.0.10", 53, "10.244.1.3", 5353)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Clean(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []seen{{false, 1}, {true, 0}, {false, 0}, {true, 0}}
+	if !slices.Equal(got, want) || len(d.calls) != 1 {
+		t.Errorf("observed %v with %d dumps, want %v with 1", got, len(d.calls), want)
 	}
 }

@@ -14,16 +14,15 @@ type UsableFunc func(sp *model.ServicePort) []model.Endpoint
 // family on its own, so that the terminating fallback of one family does not depend on
 // the other family's ready endpoints.
 func Usable(sp *model.ServicePort) []model.Endpoint {
-	var v4, v6 []model.Endpoint
-	for _, e := range sp.Endpoints {
-		if e.Addr.Is6() {
-			v6 = append(v6, e)
-		} else {
-			v4 = append(v4, e)
-		}
-	}
-	return append(model.UsableEndpoints(v4), model.UsableEndpoints(v6)...)
+	v4 := model.UsableEndpoints(sp.Endpoints, func(e model.Endpoint) bool { return e.Addr.Is4() })
+	v6 := model.UsableEndpoints(sp.Endpoints, func(e model.Endpoint) bool { return e.Addr.Is6() })
+	return append(slices.Clip(v4), v6...)
 }
+
+// Serving is the UsableFunc of the proxy: the endpoints whose UDP flows are kept are
+// the serving ones (model.ServingEndpoints), so a terminating endpoint drains its
+// clients.
+func Serving(sp *model.ServicePort) []model.Endpoint { return model.ServingEndpoints(sp.Endpoints) }
 
 // Stale returns the conntrack entries to delete after the proxy moved from prev to cur
 // (either may be nil: no services), with Usable deciding which endpoints are in use.

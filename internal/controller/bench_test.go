@@ -59,7 +59,7 @@ func BenchmarkSyncOneChange(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				conntrack.StaleWith(prev, snap, servingEndpoints)
+				conntrack.StaleWith(prev, snap, conntrack.Serving)
 				healthcheck.FromSnapshot(snap)
 				prev = snap
 			}

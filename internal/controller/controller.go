@@ -65,6 +65,9 @@ type Config struct {
 	HealthChecks HealthChecks
 	// Metrics receives sync and change observations; nil: none.
 	Metrics metrics.Recorder
+	// Applied, if set, is told the rulesets after each sync the kernel accepted (the
+	// per-service counters map kernel elements back to service ports through them).
+	Applied func(rulesets []*nft.Ruleset)
 	// APIServer is the API server's address, for log lines.
 	APIServer string
 	// NoExternalIPs: the feature gate AllowServiceExternalIPs is false; no Service
@@ -115,6 +118,7 @@ type Proxy struct {
 	discoveryBackoff time.Duration
 
 	pipeline  *pipeline
+	triggers  *triggers              // EndpointSlice trigger times not yet programmed
 	prevSnap  *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
 	healthErr string                 // last health-check server error, logged once
 	reported  map[model.Problem]bool // problems already logged, so each is logged once
@@ -154,6 +158,7 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 		reported:   map[model.Problem]bool{},
 		quarantine: map[quarantineKey]*nft.Part{},
 		synced:     make(chan struct{}),
+		triggers:   newTriggers(log, time.Now()),
 	}
 	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod, max(cfg.MinSyncPeriod, time.Second), nil)
 	p.runner.OnPanic(func(v any) { log.Error(fmt.Errorf("%v", v), "Sync panicked; will retry") })
@@ -196,9 +201,9 @@ func (p *Proxy) watch(inf cache.SharedIndexInformer) {
 	_ = inf.SetTransform(slim)
 	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.changed(obj) },
-		UpdateFunc: func(_, obj any) { p.changed(obj) },
-		DeleteFunc: func(obj any) { p.changed(obj) },
+		AddFunc:    func(obj any) { p.triggers.sliceEvent(obj, false); p.changed(obj) },
+		UpdateFunc: func(_, obj any) { p.triggers.sliceEvent(obj, false); p.changed(obj) },
+		DeleteFunc: func(obj any) { p.triggers.sliceEvent(obj, true); p.changed(obj) },
 	})
 }
 
@@ -207,7 +212,8 @@ func (p *Proxy) watch(inf cache.SharedIndexInformer) {
 // EndpointSlices (kubectl's last-applied-configuration alone can be kilobytes); and per
 // endpoint, targetRef, hostname and deprecatedTopology (a targetRef is four strings per
 // pod: at 300,000 endpoints, tens of MiB). Labels stay: the slice's service name and the
-// node's zone are read from them.
+// node's zone are read from them; so does a slice's trigger time annotation, which
+// network programming latency is measured from (syncmetrics.go).
 func slim(obj any) (any, error) {
 	if a, err := meta.Accessor(obj); err == nil {
 		a.SetManagedFields(nil)
@@ -216,7 +222,7 @@ func slim(obj any) (any, error) {
 	case *v1.Service:
 		o.Annotations = nil
 	case *discovery.EndpointSlice:
-		o.Annotations = nil
+		o.Annotations = keepTriggerTime(o.Annotations)
 		for i := range o.Endpoints {
 			e := &o.Endpoints[i]
 			e.TargetRef, e.Hostname, e.DeprecatedTopology = nil, nil, nil
@@ -393,6 +399,7 @@ func (p *Proxy) sync(periodic bool) error {
 	pendingSince := p.status.OldestPending
 	p.status.OldestPending = time.Time{}
 	p.mu.Unlock()
+	triggers := p.triggers.take()
 
 	snap, rulesets, err := p.compile()
 	if err == nil {
@@ -418,6 +425,9 @@ func (p *Proxy) sync(periodic bool) error {
 		if err == nil {
 			p.syncedOnce.Do(func() { close(p.synced) })
 			p.applied = rulesets
+			if p.cfg.Applied != nil {
+				p.cfg.Applied(rulesets)
+			}
 			kv := []any{"services", len(snap.Services), "full", st.Full, "messages", st.Messages,
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start)}
 			if first {
@@ -432,10 +442,7 @@ func (p *Proxy) sync(periodic bool) error {
 			p.syncHealthChecks(snap)
 			p.cfg.Metrics.SyncDone(st.Full, time.Since(start), st.Kernel)
 			p.cfg.Metrics.ServicePorts(len(snap.Services))
-			if !pendingSince.IsZero() {
-				// from the oldest change this sync programmed to now
-				p.cfg.Metrics.Programmed(time.Since(pendingSince))
-			}
+			p.syncMetrics(snap, triggers)
 			p.mu.Lock()
 			p.status.LastSync = time.Now()
 			p.status.Syncs++
@@ -445,6 +452,7 @@ func (p *Proxy) sync(periodic bool) error {
 		}
 	}
 	p.cfg.Metrics.SyncFailed(periodic, time.Since(start))
+	p.triggers.giveBack(triggers)
 	p.log.Error(err, "Sync failed; the previous ruleset stays in the kernel, will retry")
 	p.mu.Lock()
 	p.status.Failures++
@@ -465,28 +473,16 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
 	if p.cfg.Conntrack == nil {
 		return
 	}
-	flows := conntrack.StaleWith(prev, snap, servingEndpoints)
+	flows := conntrack.StaleWith(prev, snap, conntrack.Serving)
+	n, err := p.conntrackCleaner().Clean(flows) // no flows: no table dump, metrics observed
 	if len(flows) == 0 {
 		return
 	}
-	n, err := (&conntrack.Cleaner{Deleter: p.cfg.Conntrack}).Clean(flows)
 	if err != nil {
 		p.log.Error(err, "Deleting stale UDP conntrack entries failed", "flows", len(flows))
 		return
 	}
 	p.log.V(2).Info("Deleted stale UDP conntrack entries", "entries", n, "flows", len(flows))
-}
-
-// servingEndpoints are the endpoints whose UDP flows are kept: like kube-proxy, a
-// terminating endpoint that still serves drains its clients instead of cutting them.
-func servingEndpoints(sp *model.ServicePort) []model.Endpoint {
-	var out []model.Endpoint
-	for _, e := range sp.Endpoints {
-		if e.Serving || e.Ready {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // syncHealthChecks opens, updates and closes the health-check node port servers; a
@@ -563,17 +559,19 @@ type compiler struct {
 }
 
 func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	// What the model cannot know (the machine's addresses) is resolved first, so that
+	// the snapshot is complete when built; from there on, all is pure.
+	npAddrs, allLocal, err := nodePortAddrs(cfg, model.NodeOf(node))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	in := model.Inputs{Services: svcs, Slices: slices, Node: node, ServiceCIDRs: cfg.ServiceCIDRs, NodePortAddrs: npAddrs}
 	var snap *model.Snapshot
 	var problems []model.Problem
 	if pl.models != nil {
-		snap, problems = pl.models.Build(svcs, slices, node)
+		snap, problems = pl.models.BuildFrom(in)
 	} else {
-		snap, problems = model.Build(svcs, slices, node)
-	}
-	snap.ServiceCIDRs = cfg.ServiceCIDRs
-	npAddrs, allLocal, err := nodePortAddrs(cfg, snap.Node)
-	if err != nil {
-		return nil, nil, problems, err
+		snap, problems = model.BuildFrom(in)
 	}
 	if pl.compilers == nil {
 		pl.compilers = map[nft.Family]*compiler{}
@@ -584,7 +582,6 @@ func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.
 			Family:           fam,
 			MasqueradeAll:    cfg.MasqueradeAll,
 			MasqueradeBit:    cfg.MasqueradeBit,
-			NodePortAddrs:    npAddrs,
 			NodePortAllLocal: allLocal[fam],
 			NoExternalIPs:    cfg.NoExternalIPs,
 			ServedPorts:      cfg.ServedPorts,

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
@@ -43,7 +44,7 @@ func (p *Proxy) withQuarantine(rulesets []*nft.Ruleset) []*nft.Ruleset {
 					excluded[k] = true
 				} else {
 					delete(p.quarantine, k)
-					p.log.Info("Service port changed; trying its rules again", "servicePort", ownerName(part.Owner), "family", rs.Family)
+					p.log.Info("Service port changed; trying its rules again", "servicePort", servicePortOf(part), "family", rs.Family)
 				}
 			}
 		}
@@ -185,7 +186,11 @@ func (p *Proxy) isolate(rulesets []*nft.Ruleset, refusal error) (kernel.Stats, [
 	}
 	for _, k := range bad {
 		p.quarantine[k] = current[k] // nil for a removal the kernel refused: kept while absent
-		name := ownerName(k.owner)
+		part := current[k]
+		if part == nil {
+			part = good[k]
+		}
+		name := servicePortOf(part)
 		what := "its previous rules stay in place"
 		if good[k] == nil {
 			what = "it is not programmed"
@@ -198,24 +203,14 @@ func (p *Proxy) isolate(rulesets []*nft.Ruleset, refusal error) (kernel.Stats, [
 	return st, applied, nil
 }
 
-// ownerName recovers the service port name from a part's owner (compile.ChainName("port",
-// …): "port-<namespace>/<name>/<protocol>/<port>").
-func ownerName(owner string) model.ServicePortName {
-	f := strings.SplitN(strings.TrimPrefix(owner, "port-"), "/", 4)
-	if len(f) != 4 {
-		return model.ServicePortName{Name: owner}
+// servicePortOf is the service port a part serves, from the compiler's tag (a part
+// without one is named by its owner key, for the log line).
+func servicePortOf(part *nft.Part) model.ServicePortName {
+	if part == nil {
+		return model.ServicePortName{}
 	}
-	n := model.ServicePortName{Namespace: f[0], Name: f[1], Port: f[3]}
-	if n.Port == "-" {
-		n.Port = ""
+	if sp, ok := compile.ServicePortOf(part.Tag); ok {
+		return sp
 	}
-	switch f[2] {
-	case "tcp":
-		n.Protocol = model.ProtoTCP
-	case "udp":
-		n.Protocol = model.ProtoUDP
-	case "sctp":
-		n.Protocol = model.ProtoSCTP
-	}
-	return n
+	return model.ServicePortName{Name: part.Owner}
 }

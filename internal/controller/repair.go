@@ -9,7 +9,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/metrics"
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
 // RequestRepair asks for a sync that rewrites the whole table from scratch, as soon as
@@ -34,10 +34,10 @@ func (p *Proxy) takeRepair() string {
 }
 
 // Tables are nftproxy's tables, one per family in Families: what the monitor watches.
-func Tables() []kernel.TableID {
-	out := make([]kernel.TableID, 0, len(Families))
+func Tables() []monitor.TableID {
+	out := make([]monitor.TableID, 0, len(Families))
 	for _, fam := range Families {
-		out = append(out, kernel.TableID{Family: fam, Name: compile.TableName})
+		out = append(out, monitor.TableID{Family: fam, Name: compile.TableName})
 	}
 	return out
 }
@@ -130,9 +130,9 @@ func newRepairer(t repairTarget, b RepairBackoff, clk repairClock, log logr.Logg
 	return &Repairer{target: t, b: b.withDefaults(), clock: clk, log: log, metrics: m}
 }
 
-// Changed is the nftables monitor's callback (kernel.Monitor): another process changed
+// Changed is the nftables monitor's callback (monitor.Monitor): another process changed
 // our tables, or change events were lost. It does not block.
-func (r *Repairer) Changed(c kernel.Change) {
+func (r *Repairer) Changed(c monitor.Change) {
 	r.metrics.ForeignChange(c.Lost)
 	now := r.clock.Now()
 	r.mu.Lock()

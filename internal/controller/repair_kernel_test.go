@@ -16,6 +16,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
 // countingApplier is a real Applier that counts the full rewrites asked of it.
@@ -46,7 +47,7 @@ func TestKernelRepairFight(t *testing.T) {
 	log := funcr.New(func(_, args string) { logMu.Lock(); lines = append(lines, args); logMu.Unlock() }, funcr.Options{})
 	rec := metrics.New(metrics.Options{NoRuntimeMetrics: true})
 	repairs := newRepairer(p, RepairBackoff{Initial: time.Second, Max: 4 * time.Second, Quiet: 2 * time.Second}, realClock{}, log, rec)
-	mon := kernel.NewMonitor(Tables(), repairs.Changed, kernel.MonitorNetNS(ns.FD), kernel.MonitorOwnWrites(applier.Applier))
+	mon := monitor.New(Tables(), repairs.Changed, monitor.NetNS(ns.FD), monitor.IgnoreWritesOf(applier.Applier))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	if err := mon.Start(ctx); err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/nftproxy/nftproxy/internal/metrics"
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
 // fakeRepairClock is a manual clock; Advance runs the callbacks that fall due, in time
@@ -133,7 +133,7 @@ func newRepairFixture() *repairFixture {
 }
 
 func (f *repairFixture) change() {
-	f.r.Changed(kernel.Change{Reason: "table ip nftproxy: rule added in chain services, by pid 7 (nft)"})
+	f.r.Changed(monitor.Change{Reason: "table ip nftproxy: rule added in chain services, by pid 7 (nft)"})
 }
 
 // offsets returns the repair request times relative to the start.

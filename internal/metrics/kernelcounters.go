@@ -1,7 +1,8 @@
 package metrics
 
 import (
-	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
@@ -10,10 +11,11 @@ import (
 )
 
 // KernelCounters is the CounterSource of an Applier's tables (compile.TableName in each
-// family): the elements of the service and node port counter sets, attributed to their
-// service port by key through the part that added them (kernel.CountersByOwner), and
-// the reject chain's counter.
-func KernelCounters(a *kernel.Applier, families []nft.Family) CounterSource {
+// family): the elements of the service and node port counter sets, attributed by key to
+// the part that added them (kernel.CountersByOwner), and that part to its service port
+// through its tag in the rulesets the controller last applied (parts); and the reject
+// chain's counter. No name or comment is parsed.
+func KernelCounters(a *kernel.Applier, families []nft.Family, parts *AppliedParts) CounterSource {
 	return func() ([]ServicePortCount, uint64, error) {
 		var ports []ServicePortCount
 		var rejects uint64
@@ -23,7 +25,7 @@ func KernelCounters(a *kernel.Applier, families []nft.Family) CounterSource {
 				return nil, 0, err
 			}
 			for _, c := range counts {
-				if sp, ok := ServicePortOfOwner(c.Owner); ok {
+				if sp, ok := parts.ServicePort(fam, c.Owner); ok {
 					ports = append(ports, ServicePortCount{Port: sp, Packets: c.Packets, Bytes: c.Bytes})
 				}
 			}
@@ -39,31 +41,47 @@ func KernelCounters(a *kernel.Applier, families []nft.Family) CounterSource {
 	}
 }
 
-// ServicePortOfOwner returns the service port whose nft.Part has this owner. The
-// compiler names a service port's part compile.ChainName("port", name); the answer is
-// checked by naming it again, so a name that does not come from there is refused
-// rather than misread. (A typed owner in nft.Part, or the inverse exported by the
-// compiler, would make this unnecessary.)
-func ServicePortOfOwner(owner string) (model.ServicePortName, bool) {
-	rest, ok := strings.CutPrefix(owner, "port-")
-	if !ok {
+// AppliedParts maps the parts of the rulesets last applied, by owner key, to the service
+// ports their tags name (compile.ServicePortOf). The controller publishes each set of
+// rulesets the kernel accepted; readers on other goroutines look parts up. A part's
+// owner key names one service port for as long as it exists, so a read racing a publish
+// still attributes every part it finds correctly.
+type AppliedParts struct {
+	published atomic.Pointer[[]*nft.Ruleset]
+
+	mu      sync.Mutex
+	indexed *[]*nft.Ruleset
+	index   map[nft.Family]map[string]model.ServicePortName
+}
+
+// Publish records the rulesets the kernel accepted (never modified afterwards).
+func (ap *AppliedParts) Publish(rulesets []*nft.Ruleset) {
+	rs := append([]*nft.Ruleset(nil), rulesets...)
+	ap.published.Store(&rs)
+}
+
+// ServicePort returns the service port of the part with this owner key in the family's
+// last applied ruleset; false if there is none (or the part has no service port tag).
+func (ap *AppliedParts) ServicePort(fam nft.Family, owner string) (model.ServicePortName, bool) {
+	if ap == nil {
 		return model.ServicePortName{}, false
 	}
-	f := strings.Split(rest, "/")
-	if len(f) != 4 {
-		return model.ServicePortName{}, false
-	}
-	sp := model.ServicePortName{Namespace: f[0], Name: f[1], Port: f[3]}
-	if sp.Port == "-" {
-		sp.Port = ""
-	}
-	for _, p := range []uint8{model.ProtoTCP, model.ProtoUDP, model.ProtoSCTP} {
-		if strings.EqualFold(f[2], model.ProtoString(p)) {
-			sp.Protocol = p
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	if p := ap.published.Load(); p != ap.indexed {
+		ap.indexed, ap.index = p, map[nft.Family]map[string]model.ServicePortName{}
+		if p != nil {
+			for _, rs := range *p {
+				m := make(map[string]model.ServicePortName, len(rs.Parts))
+				for _, part := range rs.Parts {
+					if sp, ok := compile.ServicePortOf(part.Tag); ok {
+						m[part.Owner] = sp
+					}
+				}
+				ap.index[rs.Family] = m
+			}
 		}
 	}
-	if compile.ChainName("port", sp) != owner {
-		return model.ServicePortName{}, false
-	}
-	return sp, true
+	sp, ok := ap.index[fam][owner]
+	return sp, ok
 }

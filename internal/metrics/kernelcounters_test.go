@@ -33,7 +33,9 @@ func TestKernelCounters(t *testing.T) {
 	if _, err := a.Apply(rs); err != nil {
 		t.Fatal(err)
 	}
-	ports, rejects, err := KernelCounters(a, []nft.Family{nft.IPv4})()
+	parts := &AppliedParts{}
+	parts.Publish([]*nft.Ruleset{rs})
+	ports, rejects, err := KernelCounters(a, []nft.Family{nft.IPv4}, parts)()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,5 +49,44 @@ func TestKernelCounters(t *testing.T) {
 	slices.Sort(names)
 	if !slices.Equal(names, []string{"web-one", "web-two"}) || rejects != 0 {
 		t.Fatalf("ports %v (%+v), rejects %d; want web-one, web-two", names, ports, rejects)
+	}
+}
+
+// AppliedParts names the service port of a part by its tag, in the family it was
+// published for, and follows each publish.
+func TestAppliedParts(t *testing.T) {
+	cfg := compile.Config{Family: nft.IPv4, MasqueradeBit: 14}
+	web := port("default", "web", "http", model.ProtoTCP)
+	dns := port("kube-system", "dns", "", model.ProtoUDP)
+	svc := func(name model.ServicePortName, ip string) model.ServicePort {
+		return model.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Port: 80}
+	}
+	cc := compile.NewCompiler(cfg, compile.NewSlots())
+	rs, _ := cc.Compile(&model.Snapshot{Services: []model.ServicePort{svc(web, "10.96.0.1")}})
+	var ap AppliedParts
+	if _, ok := ap.ServicePort(nft.IPv4, compile.ChainName("port", web)); ok {
+		t.Fatal("a part found before any publish")
+	}
+	ap.Publish([]*nft.Ruleset{rs})
+	if got, ok := ap.ServicePort(nft.IPv4, compile.ChainName("port", web)); !ok || got != web {
+		t.Errorf("web: %v, %v", got, ok)
+	}
+	if _, ok := ap.ServicePort(nft.IPv6, compile.ChainName("port", web)); ok {
+		t.Error("web found in IPv6")
+	}
+	if _, ok := ap.ServicePort(nft.IPv4, "port-default/web/tcp/http/x"); ok {
+		t.Error("an unknown owner found")
+	}
+	rs, _ = cc.Compile(&model.Snapshot{Services: []model.ServicePort{svc(dns, "10.96.0.10")}})
+	ap.Publish([]*nft.Ruleset{rs})
+	if got, ok := ap.ServicePort(nft.IPv4, compile.ChainName("port", dns)); !ok || got != dns {
+		t.Errorf("dns: %v, %v", got, ok)
+	}
+	if _, ok := ap.ServicePort(nft.IPv4, compile.ChainName("port", web)); ok {
+		t.Error("web still found after it was removed")
+	}
+	var none *AppliedParts
+	if _, ok := none.ServicePort(nft.IPv4, compile.ChainName("port", dns)); ok {
+		t.Error("nil AppliedParts found a part")
 	}
 }

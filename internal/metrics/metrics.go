@@ -7,14 +7,20 @@
 package metrics
 
 import (
+	"errors"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"k8s.io/component-base/metrics/legacyregistry"
+	_ "k8s.io/component-base/metrics/prometheus/restclient" // client-go's rest_client_* into legacyregistry
 )
 
 // Recorder receives the proxy's events. Implementations are safe for concurrent use.
@@ -29,9 +35,17 @@ type Recorder interface {
 	SyncDone(full bool, took, kernel time.Duration)
 	// SyncFailed records a sync that failed after running for took.
 	SyncFailed(full bool, took time.Duration)
-	// Programmed records the network programming latency of a sync: from the oldest
-	// change the informers delivered since the previous sync to the end of this one.
-	Programmed(latency time.Duration)
+	// Programmed records one network programming latency of family ("IPv4", "IPv6"):
+	// from an EndpointSlice's last-change-trigger-time annotation to the end of the
+	// sync that programmed the change.
+	Programmed(family string, latency time.Duration)
+	// NoLocalEndpoints records, after a successful sync, how many service ports of
+	// family have a Local internal (internal) or external (external) traffic policy
+	// and endpoints, but none on this node: that traffic is dropped.
+	NoLocalEndpoints(family string, internal, external int)
+	// ConntrackReconciled records one run of the stale UDP conntrack cleanup of family
+	// after a sync: how long it took and how many entries it deleted.
+	ConntrackReconciled(family string, took time.Duration, deleted int)
 	// ServicePorts records the number of service ports in the last synced snapshot.
 	ServicePorts(n int)
 	// Repaired counts a repair (a rewrite of the whole table) requested because
@@ -50,15 +64,17 @@ type Recorder interface {
 // Nop is a Recorder that records nothing.
 type Nop struct{}
 
-func (Nop) Changes(int, int)                            {}
-func (Nop) SyncStarted()                                {}
-func (Nop) SyncDone(bool, time.Duration, time.Duration) {}
-func (Nop) SyncFailed(bool, time.Duration)              {}
-func (Nop) Programmed(time.Duration)                    {}
-func (Nop) ServicePorts(int)                            {}
-func (Nop) Repaired(bool)                               {}
-func (Nop) ForeignChange(bool)                          {}
-func (Nop) RepairBackoff(time.Duration)                 {}
+func (Nop) Changes(int, int)                               {}
+func (Nop) SyncStarted()                                   {}
+func (Nop) SyncDone(bool, time.Duration, time.Duration)    {}
+func (Nop) SyncFailed(bool, time.Duration)                 {}
+func (Nop) Programmed(string, time.Duration)               {}
+func (Nop) NoLocalEndpoints(string, int, int)              {}
+func (Nop) ConntrackReconciled(string, time.Duration, int) {}
+func (Nop) ServicePorts(int)                               {}
+func (Nop) Repaired(bool)                                  {}
+func (Nop) ForeignChange(bool)                             {}
+func (Nop) RepairBackoff(time.Duration)                    {}
 
 // Label values of ip_family, as kube-proxy's (v1.IPFamily).
 const (
@@ -89,6 +105,10 @@ type Options struct {
 	ServiceCountersInterval time.Duration
 	// Log receives the counters' read errors (at V(2)). Default: discard.
 	Log logr.Logger
+	// Also is another gatherer served on the same /metrics, after this registry's
+	// families: Legacy() for client-go's rest_client_* metrics as kube-proxy serves
+	// them. A family this registry has is taken from this registry only.
+	Also prometheus.Gatherer
 }
 
 // Prometheus is a Recorder on its own registry.
@@ -115,6 +135,10 @@ type Prometheus struct {
 	repairs             *prometheus.CounterVec
 	foreignChanges      *prometheus.CounterVec
 	repairBackoff       prometheus.Gauge
+	noLocalEndpoints    *prometheus.GaugeVec
+	conntrackDuration   *prometheus.HistogramVec
+	conntrackDeleted    *prometheus.CounterVec
+	also                prometheus.Gatherer
 }
 
 var _ Recorder = (*Prometheus)(nil)
@@ -144,7 +168,7 @@ func New(o Options) *Prometheus {
 		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, fam)
 	}
 	p := &Prometheus{
-		reg: prometheus.NewRegistry(), families: o.Families, now: o.Now,
+		reg: prometheus.NewRegistry(), families: o.Families, now: o.Now, also: o.Also,
 		syncDuration:        hist("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds (full and partial syncs, successful or not).", syncBuckets),
 		syncFullDuration:    hist("kubeproxy_sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs (the whole table rewritten).", syncBuckets),
 		syncPartialDuration: hist("kubeproxy_sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs (only the difference sent).", syncBuckets),
@@ -178,15 +202,22 @@ func New(o Options) *Prometheus {
 			Help: "Transactions of other processes that changed nftproxy's tables (cause foreign_change), and losses of change events (events_lost). While repairs back off, one repair covers many."}, []string{"cause"}),
 		repairBackoff: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftproxy_dataplane_repair_backoff_seconds",
 			Help: "Current spacing of repairs while another process keeps changing nftproxy's tables (a fight); 0 when repairs are immediate."}),
+		noLocalEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+			Help: "Number of services with a Local traffic policy and no endpoints"}, []string{"traffic_policy", "ip_family"}),
+		conntrackDuration: hist("kubeproxy_conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds", syncBuckets),
+		conntrackDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kubeproxy_conntrack_reconciler_deleted_entries_total",
+			Help: "Cumulative conntrack flows deleted by conntrack reconciler"}, fam),
 	}
 	p.reg.MustRegister(p.syncDuration, p.syncFullDuration, p.syncPartialDuration, p.lastSync, p.lastQueued,
 		p.programming, p.endpointsPending, p.endpointsTotal, p.servicesPending, p.servicesTotal,
-		p.syncFailures, p.healthz, p.livez, p.kernelDuration, p.servicePorts, p.repairs, p.foreignChanges, p.repairBackoff)
+		p.syncFailures, p.healthz, p.livez, p.kernelDuration, p.servicePorts, p.repairs, p.foreignChanges, p.repairBackoff,
+		p.noLocalEndpoints, p.conntrackDuration, p.conntrackDeleted)
 	// Series that exist from the start, as kube-proxy's: a counter at 0 rather than
 	// absent, so rate() and alerts work before the first event.
 	for _, f := range p.families {
 		p.syncFailures.WithLabelValues(f)
 		p.syncDuration.WithLabelValues(f)
+		p.conntrackDeleted.WithLabelValues(f)
 	}
 	for _, cause := range []string{repairForeign, repairLost} {
 		p.repairs.WithLabelValues(cause)
@@ -204,10 +235,47 @@ func New(o Options) *Prometheus {
 // Registry returns the recorder's registry, for more collectors.
 func (p *Prometheus) Registry() *prometheus.Registry { return p.reg }
 
-// Handler serves the registry in Prometheus text format (and OpenMetrics if asked).
+// Handler serves the registry, and Options.Also, in Prometheus text format (and
+// OpenMetrics if asked).
 func (p *Prometheus) Handler() http.Handler {
-	return promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{Registry: p.reg})
+	var g prometheus.Gatherer = p.reg
+	if p.also != nil {
+		g = merged{p.reg, p.also}
+	}
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{Registry: p.reg})
 }
+
+// merged gathers own's families, then those of also that own has not: two collectors
+// of one family (go_* in both registries) would otherwise fail the whole scrape.
+type merged struct{ own, also prometheus.Gatherer }
+
+func (m merged) Gather() ([]*dto.MetricFamily, error) {
+	mine, err := m.own.Gather()
+	if err != nil && len(mine) == 0 {
+		return nil, err
+	}
+	have := make(map[string]bool, len(mine))
+	for _, f := range mine {
+		have[f.GetName()] = true
+	}
+	theirs, err2 := m.also.Gather()
+	for _, f := range theirs {
+		if !have[f.GetName()] {
+			mine = append(mine, f)
+		}
+	}
+	slices.SortFunc(mine, func(a, b *dto.MetricFamily) int { return strings.Compare(a.GetName(), b.GetName()) })
+	return mine, errors.Join(err, err2)
+}
+
+// Legacy is component-base's global registry (legacyregistry) as kube-proxy serves it:
+// client-go's rest_client_* metrics (request latency, sizes, results, rate limiter
+// waits, retries, transport cache), registered by importing
+// k8s.io/component-base/metrics/prometheus/restclient, besides the Go runtime and
+// process metrics with every runtime/metrics series and the registry's own
+// registered_metrics_total. Serve it with Options.Also and NoRuntimeMetrics, so that
+// go_* and process_* come from one collector.
+func Legacy() prometheus.Gatherer { return legacyregistry.DefaultGatherer }
 
 func seconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
@@ -284,9 +352,27 @@ func (p *Prometheus) failed(n int) {
 }
 
 // Programmed implements Recorder.
-func (p *Prometheus) Programmed(latency time.Duration) {
-	for _, f := range p.families {
-		p.programming.WithLabelValues(f).Observe(latency.Seconds())
+func (p *Prometheus) Programmed(family string, latency time.Duration) {
+	p.programming.WithLabelValues(family).Observe(latency.Seconds())
+}
+
+// Values of kubeproxy_sync_proxy_rules_no_local_endpoints_total's traffic_policy label.
+const (
+	policyInternal = "internal"
+	policyExternal = "external"
+)
+
+// NoLocalEndpoints implements Recorder.
+func (p *Prometheus) NoLocalEndpoints(family string, internal, external int) {
+	p.noLocalEndpoints.WithLabelValues(policyInternal, family).Set(float64(internal))
+	p.noLocalEndpoints.WithLabelValues(policyExternal, family).Set(float64(external))
+}
+
+// ConntrackReconciled implements Recorder.
+func (p *Prometheus) ConntrackReconciled(family string, took time.Duration, deleted int) {
+	p.conntrackDuration.WithLabelValues(family).Observe(took.Seconds())
+	if deleted > 0 {
+		p.conntrackDeleted.WithLabelValues(family).Add(float64(deleted))
 	}
 }
 

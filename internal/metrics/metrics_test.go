@@ -1,11 +1,16 @@
 package metrics
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 type fakeClock struct{ t time.Time }
@@ -75,8 +80,10 @@ func TestRecorderValuesAfterKnownSequence(t *testing.T) {
 	p.SyncFailed(true, 500*time.Millisecond)
 	clk.set(1004)
 	p.SyncDone(true, 125*time.Millisecond, 62500*time.Microsecond)
-	p.Programmed(1500 * time.Millisecond)
-	p.Programmed(70 * time.Second)
+	for _, fam := range []string{IPv4, IPv6} {
+		p.Programmed(fam, 1500*time.Millisecond)
+		p.Programmed(fam, 70*time.Second)
+	}
 	p.ServicePorts(7)
 	p.Probe("/healthz", 200)
 	p.Probe("/healthz", 200)
@@ -179,9 +186,97 @@ func TestNopIsARecorder(t *testing.T) {
 	r.SyncStarted()
 	r.SyncDone(true, time.Second, time.Second)
 	r.SyncFailed(false, time.Second)
-	r.Programmed(time.Second)
+	r.Programmed(IPv4, time.Second)
+	r.NoLocalEndpoints(IPv4, 1, 1)
+	r.ConntrackReconciled(IPv6, time.Second, 1)
 	r.ServicePorts(1)
 	r.Repaired(true)
 	r.ForeignChange(true)
 	r.RepairBackoff(time.Second)
+}
+
+// TestUpstreamSyncMetrics: the no-local-endpoints gauge, the conntrack reconciler's
+// histogram and counter, and programming latency per family, under kube-proxy's names
+// and labels.
+func TestUpstreamSyncMetrics(t *testing.T) {
+	p := New(Options{NoRuntimeMetrics: true})
+	expect(t, scrape(t, p.Handler()),
+		`kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 0`,
+		`kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv6"} 0`,
+	)
+	p.NoLocalEndpoints(IPv4, 2, 1)
+	p.NoLocalEndpoints(IPv6, 0, 3)
+	p.NoLocalEndpoints(IPv4, 1, 0) // a gauge: the last sync's count
+	p.ConntrackReconciled(IPv4, 3*time.Millisecond, 4)
+	p.ConntrackReconciled(IPv4, 0, 0)
+	p.ConntrackReconciled(IPv6, 40*time.Millisecond, 2)
+	p.Programmed(IPv6, 2*time.Second)
+	body := scrape(t, p.Handler())
+	expect(t, body,
+		`# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"} 1`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"} 0`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="internal"} 0`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="external"} 3`,
+		`# TYPE kubeproxy_conntrack_reconciler_sync_duration_seconds histogram`,
+		`kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family="IPv4",le="0.001"} 1`,
+		`kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family="IPv4",le="0.004"} 2`,
+		`kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv4"} 2`,
+		`kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv6"} 1`,
+		`# TYPE kubeproxy_conntrack_reconciler_deleted_entries_total counter`,
+		`kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 4`,
+		`kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv6"} 2`,
+		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv6"} 1`,
+	)
+	if strings.Contains(body, `kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`) {
+		t.Error("an IPv6 latency was recorded under IPv4 too")
+	}
+}
+
+// TestLegacyRegistryServed: with Also = Legacy(), one scrape has client-go's
+// rest_client_* families (as kube-proxy's /metrics) besides ours, and each family once
+// even where both registries have it (go_*, process_*).
+func TestLegacyRegistryServed(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"kind":"NamespaceList","apiVersion":"v1","items":[]}`))
+	}))
+	defer api.Close()
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Namespaces().List(context.Background(), metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := New(Options{Also: Legacy(), NoRuntimeMetrics: true})
+	body := scrape(t, p.Handler())
+	expect(t, body,
+		`# TYPE rest_client_requests_total counter`,
+		`# TYPE rest_client_request_duration_seconds histogram`,
+		`# TYPE rest_client_rate_limiter_duration_seconds histogram`,
+		`rest_client_requests_total{code="200",host="`+strings.TrimPrefix(api.URL, "http://")+`",method="GET"} 1`,
+		`# TYPE go_goroutines gauge`,
+		`# TYPE process_start_time_seconds gauge`,
+		`# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram`,
+	)
+	seen := map[string]int{}
+	for _, l := range strings.Split(body, "\n") {
+		if name, ok := strings.CutPrefix(l, "# TYPE "); ok {
+			name, _, _ = strings.Cut(name, " ")
+			seen[name]++
+			if seen[name] == 2 {
+				t.Errorf("family %s served twice", name)
+			}
+		}
+	}
+	// our runtime collectors too: still each family once
+	body = scrape(t, New(Options{Also: Legacy()}).Handler())
+	if n := strings.Count(body, "# TYPE go_goroutines "); n != 1 {
+		t.Errorf("go_goroutines served %d times", n)
+	}
+	// without Also, none of them
+	if body := scrape(t, New(Options{NoRuntimeMetrics: true}).Handler()); strings.Contains(body, "rest_client_") {
+		t.Error("rest_client_* served without Also")
+	}
 }

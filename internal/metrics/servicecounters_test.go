@@ -155,27 +155,6 @@ func TestServiceCountersSwitchedOff(t *testing.T) {
 	}
 }
 
-func TestServicePortOfOwner(t *testing.T) {
-	for _, tc := range []struct {
-		owner string
-		want  model.ServicePortName
-		ok    bool
-	}{
-		{"port-default/web/tcp/http", port("default", "web", "http", model.ProtoTCP), true},
-		{"port-kube-system/dns/udp/-", port("kube-system", "dns", "", model.ProtoUDP), true},
-		{"port-a/b/sctp/x", port("a", "b", "x", model.ProtoSCTP), true},
-		{"port-a/b/tcp/x/local", model.ServicePortName{}, false},
-		{"port-a/b/icmp/x", model.ServicePortName{}, false},
-		{"svc-a/b/tcp/x", model.ServicePortName{}, false},
-		{"port-a/b/TCP/x", model.ServicePortName{}, false}, // not what the compiler writes
-	} {
-		got, ok := ServicePortOfOwner(tc.owner)
-		if ok != tc.ok || got != tc.want {
-			t.Errorf("ServicePortOfOwner(%q) = %+v, %v; want %+v, %v", tc.owner, got, ok, tc.want, tc.ok)
-		}
-	}
-}
-
 // Without a configured interval, a read serves scrapes for 20 times as long as it
 // took: a scraper hammering /metrics gets the kernel read at most 1/21 of the time.
 func TestServiceCountersCostBound(t *testing.T) {

@@ -11,19 +11,50 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 )
 
-// Build turns Services, EndpointSlices and this node's Node object into a Snapshot. It is
-// a pure function: anything it cannot use is skipped and reported as a Problem; it never
-// fails as a whole. node may be nil (not yet known).
+// Inputs are everything a Snapshot is built from: the API objects, and what the proxy
+// resolved before building (so that the snapshot is complete when built and never
+// written afterwards).
+type Inputs struct {
+	Services []*v1.Service
+	Slices   []*discovery.EndpointSlice
+	Node     *v1.Node // this node's Node object; nil: not known yet
+	// ServiceCIDRs: the ServiceCIDR objects' ranges, or --service-cluster-ip-range.
+	ServiceCIDRs []netip.Prefix
+	// NodePortAddrs: --nodeport-addresses resolved to this node's addresses (its
+	// primary IPs by default).
+	NodePortAddrs []netip.Addr
+}
+
+// Build turns Services, EndpointSlices and this node's Node object into a Snapshot
+// without service CIDRs or node port addresses: BuildFrom with only those inputs.
 func Build(services []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*Snapshot, []Problem) {
+	return BuildFrom(Inputs{Services: services, Slices: slices, Node: node})
+}
+
+// BuildFrom turns the inputs into a Snapshot. It is a pure function: anything it cannot
+// use is skipped and reported as a Problem; it never fails as a whole.
+func BuildFrom(in Inputs) (*Snapshot, []Problem) {
 	b := &builder{}
-	snap := &Snapshot{Node: b.node(node)}
-	bySvc := b.groupSlices(slices)
-	for _, svc := range services {
+	snap := newSnapshot(b, in)
+	bySvc := b.groupSlices(in.Slices)
+	for _, svc := range in.Services {
 		snap.Services = append(snap.Services, b.service(svc, bySvc[nsName{svc.Namespace, svc.Name}])...)
 	}
 	sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
 	return snap, b.problems
 }
+
+// newSnapshot returns the snapshot of in without its services.
+func newSnapshot(b *builder, in Inputs) *Snapshot {
+	return &Snapshot{
+		Node:          b.node(in.Node),
+		ServiceCIDRs:  slices.Clip(slices.Clone(in.ServiceCIDRs)),
+		NodePortAddrs: slices.Clip(slices.Clone(in.NodePortAddrs)),
+	}
+}
+
+// NodeOf is what the proxy needs of a Node object (the Node of a Snapshot built with it).
+func NodeOf(n *v1.Node) Node { return (&builder{}).node(n) }
 
 type nsName struct{ ns, name string }
 

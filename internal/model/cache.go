@@ -44,9 +44,16 @@ func NewCache() *Cache {
 // Build returns what Build returns for the same arguments (the problems possibly in
 // another order).
 func (c *Cache) Build(services []*v1.Service, epSlices []*discovery.EndpointSlice, node *v1.Node) (*Snapshot, []Problem) {
+	return c.BuildFrom(Inputs{Services: services, Slices: epSlices, Node: node})
+}
+
+// BuildFrom returns what BuildFrom returns for the same inputs (the problems possibly in
+// another order).
+func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 	c.gen++
+	services, epSlices := in.Services, in.Slices
 	nb := &builder{}
-	snap := &Snapshot{Node: nb.node(node)}
+	snap := newSnapshot(nb, in)
 	problems := nb.problems
 	membership := false // the set of services changed: the order is built again
 

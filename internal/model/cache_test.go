@@ -3,6 +3,7 @@ package model_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"reflect"
 	"slices"
 	"testing"
@@ -105,4 +106,27 @@ func problemSet(ps []model.Problem) map[model.Problem]bool {
 		out[p] = true
 	}
 	return out
+}
+
+// Everything the compiler needs is in the snapshot when it is built: service CIDRs and
+// node port addresses come in as inputs (copies: the caller's slices may change), the
+// same through Build and the Cache.
+func TestBuildFromInputs(t *testing.T) {
+	cidrs := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+	addrs := []netip.Addr{netip.MustParseAddr("192.0.2.10")}
+	in := model.Inputs{Services: []*v1.Service{service("web", []string{"10.96.0.1"}, withPorts(svcPort("http", v1.ProtocolTCP, 80, 0)))}, ServiceCIDRs: cidrs, NodePortAddrs: addrs}
+	built, _ := model.BuildFrom(in)
+	cached, _ := model.NewCache().BuildFrom(in)
+	for name, snap := range map[string]*model.Snapshot{"BuildFrom": built, "Cache.BuildFrom": cached} {
+		if !slices.Equal(snap.ServiceCIDRs, cidrs) || !slices.Equal(snap.NodePortAddrs, addrs) || len(snap.Services) != 1 {
+			t.Errorf("%s: service CIDRs %v, node port addresses %v, %d service ports", name, snap.ServiceCIDRs, snap.NodePortAddrs, len(snap.Services))
+		}
+	}
+	cidrs[0], addrs[0] = netip.MustParsePrefix("10.0.0.0/8"), netip.MustParseAddr("192.0.2.99")
+	if built.ServiceCIDRs[0].String() != "10.96.0.0/16" || built.NodePortAddrs[0].String() != "192.0.2.10" {
+		t.Errorf("the snapshot shares the caller's slices: %v %v", built.ServiceCIDRs, built.NodePortAddrs)
+	}
+	if got := model.NodeOf(nil); got.Name != "" || got.IPs != nil {
+		t.Errorf("NodeOf(nil) = %+v", got)
+	}
 }

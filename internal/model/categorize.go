@@ -33,34 +33,18 @@ func Categorize(sp *ServicePort, eps []Endpoint, node Node) Categorized {
 	var c Categorized
 	if sp.UsesClusterEndpoints() {
 		mode := topologyMode(eps, node)
-		c.Cluster = filter(eps, func(e Endpoint) bool { return e.Ready && mode.allows(e, node) })
-		if len(c.Cluster) == 0 {
-			c.Cluster = filter(eps, func(e Endpoint) bool { return e.Serving && e.Terminating && mode.allows(e, node) })
+		if mode == topologyNone {
+			c.Cluster = UsableEndpoints(eps, nil)
+		} else {
+			c.Cluster = UsableEndpoints(eps, func(e Endpoint) bool { return mode.allows(e, node) })
 		}
 		c.HasAny = len(c.Cluster) > 0
 	}
 	if !sp.UsesLocalEndpoints() {
 		return c
 	}
-	var localReady, localTerminating bool
-	for _, e := range eps {
-		local := e.NodeName == node.Name && node.Name != ""
-		switch {
-		case e.Ready:
-			c.HasAny = true
-			localReady = localReady || local
-		case e.Serving && e.Terminating:
-			c.HasAny = true
-			localTerminating = localTerminating || local
-		}
-	}
-	isLocal := func(e Endpoint) bool { return e.NodeName == node.Name && node.Name != "" }
-	switch {
-	case localReady:
-		c.Local = filter(eps, func(e Endpoint) bool { return isLocal(e) && e.Ready })
-	case localTerminating:
-		c.Local = filter(eps, func(e Endpoint) bool { return isLocal(e) && e.Serving && e.Terminating })
-	}
+	c.HasAny = c.HasAny || slices.ContainsFunc(eps, Endpoint.usable)
+	c.Local = UsableEndpoints(eps, func(e Endpoint) bool { return e.NodeName == node.Name && node.Name != "" })
 	return c
 }
 

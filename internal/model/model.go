@@ -141,13 +141,17 @@ type Node struct {
 	PodCIDRs []netip.Prefix
 }
 
-// Snapshot is the complete, immutable input of one sync.
+// Snapshot is the complete input of one sync: everything the compiler needs is in it
+// when BuildFrom (or Cache.BuildFrom) returns it, and nothing writes it afterwards.
 type Snapshot struct {
 	Node     Node
 	Services []ServicePort // sorted by Name
 	// ServiceCIDRs are the ranges cluster IPs are allocated from (ServiceCIDR objects or
 	// --service-cluster-ip-range); traffic to an unallocated address in them is dropped.
 	ServiceCIDRs []netip.Prefix
+	// NodePortAddrs are the local addresses node ports answer on (--nodeport-addresses
+	// resolved when the snapshot was built).
+	NodePortAddrs []netip.Addr
 }
 
 // Problem is an object (or part of one) that could not be used, with the reason. Each is
@@ -164,23 +168,36 @@ func (p Problem) String() string {
 	return fmt.Sprintf("%s %s/%s: %s", p.Kind, p.Namespace, p.Name, p.Reason)
 }
 
-// UsableEndpoints returns the endpoints new connections may use: the ready ones or, when
-// none is ready, the ones still serving while terminating (graceful termination).
-// Endpoints that are not serving are never used.
-func UsableEndpoints(eps []Endpoint) []Endpoint {
-	var ready, terminating []Endpoint
-	for _, e := range eps {
-		switch {
-		case e.Ready:
-			ready = append(ready, e)
-		case e.Serving && e.Terminating:
-			terminating = append(terminating, e)
-		}
+// The endpoint conditions are read here and nowhere else: UsableEndpoints (new
+// connections: the ruleset through Categorize, conntrack's default) and
+// ServingEndpoints (established UDP flows the proxy keeps).
+
+// UsableEndpoints returns the endpoints among eps that keep accepts (nil: all) which new
+// connections may use: the ready ones or, when none is ready, the ones still serving
+// while terminating (graceful termination). Endpoints that are not serving are never
+// used. When every endpoint qualifies, eps itself is returned.
+func UsableEndpoints(eps []Endpoint, keep func(Endpoint) bool) []Endpoint {
+	if out := filter(eps, func(e Endpoint) bool { return e.Ready && (keep == nil || keep(e)) }); len(out) > 0 {
+		return out
 	}
-	if len(ready) > 0 {
-		return ready
+	if out := filter(eps, func(e Endpoint) bool { return e.usableTerminating() && (keep == nil || keep(e)) }); len(out) > 0 {
+		return out
 	}
-	return terminating
+	return nil
+}
+
+// usableTerminating: an endpoint new connections may use when none is ready.
+func (e Endpoint) usableTerminating() bool { return e.Serving && e.Terminating }
+
+// usable: an endpoint new connections may use, at least while none is ready.
+func (e Endpoint) usable() bool { return e.Ready || e.usableTerminating() }
+
+// ServingEndpoints returns the endpoints whose established flows are kept: every ready or
+// serving one. It is wider than UsableEndpoints: like kube-proxy, a terminating endpoint
+// that still serves drains its clients instead of having them cut, even while other
+// endpoints are ready.
+func ServingEndpoints(eps []Endpoint) []Endpoint {
+	return filter(eps, func(e Endpoint) bool { return e.Serving || e.Ready })
 }
 
 // SpecialAddr says why addr can never be a service frontend or an endpoint: loopback,

@@ -52,7 +52,7 @@ func TestUsableEndpoints(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := model.UsableEndpoints(tc.in)
+			got := model.UsableEndpoints(tc.in, nil)
 			if dumpEndpoints(got) != dumpEndpoints(tc.want) {
 				t.Errorf("UsableEndpoints = [%s], want [%s]", dumpEndpoints(got), dumpEndpoints(tc.want))
 			}
@@ -109,5 +109,32 @@ func TestAddrsOf(t *testing.T) {
 	}
 	if got := model.AddrsOf(nil, true); got != nil {
 		t.Errorf("AddrsOf(nil) = %v", got)
+	}
+}
+
+// keep restricts the choice before the ready/terminating fallback: a kept terminating
+// endpoint is used when no kept endpoint is ready, whatever the others are.
+func TestUsableEndpointsKeep(t *testing.T) {
+	in := []model.Endpoint{e(1, "RS-"), e(2, "-ST"), e(3, "RS-"), e(4, "-ST")}
+	even := func(ep model.Endpoint) bool { return ep.Addr.As4()[3]%2 == 0 }
+	if got := dumpEndpoints(model.UsableEndpoints(in, even)); got != dumpEndpoints([]model.Endpoint{e(2, "-ST"), e(4, "-ST")}) {
+		t.Errorf("even: [%s]", got)
+	}
+	odd := func(ep model.Endpoint) bool { return !even(ep) }
+	if got := dumpEndpoints(model.UsableEndpoints(in, odd)); got != dumpEndpoints([]model.Endpoint{e(1, "RS-"), e(3, "RS-")}) {
+		t.Errorf("odd: [%s]", got)
+	}
+	if got := model.UsableEndpoints(in, func(model.Endpoint) bool { return false }); got != nil {
+		t.Errorf("none kept: [%s]", dumpEndpoints(got))
+	}
+}
+
+// ServingEndpoints keeps the flows of every ready or serving endpoint, terminating or
+// not, even while others are ready.
+func TestServingEndpoints(t *testing.T) {
+	in := []model.Endpoint{e(1, "RS-"), e(2, "-ST"), e(3, "--T"), e(4, "-S-"), e(5, "R--"), e(6, "---")}
+	want := []model.Endpoint{e(1, "RS-"), e(2, "-ST"), e(4, "-S-"), e(5, "R--")}
+	if got := model.ServingEndpoints(in); dumpEndpoints(got) != dumpEndpoints(want) {
+		t.Errorf("ServingEndpoints = [%s], want [%s]", dumpEndpoints(got), dumpEndpoints(want))
 	}
 }

@@ -68,9 +68,16 @@ type Options struct {
 	// ServiceCountersMinInterval is the least time one kernel read of them serves.
 	ServiceCounters            bool
 	ServiceCountersMinInterval time.Duration
+	// Profiling: --profiling, Go's profiles on the metrics server (/debug/pprof/).
+	Profiling bool
 	// Conntrack: the --conntrack-* flags (or the file's conntrack.*), kube-proxy's
 	// sysctls.
 	Conntrack config.Conntrack
+
+	// FlagsOverFile makes the flags given win over the --config file (nftproxy verify,
+	// whose "file" is the running proxy's /configz). The proxy itself follows
+	// kube-proxy's precedence, where the file wins.
+	FlagsOverFile bool
 
 	// The typed values, parsed once by Complete from the flags or the --config file.
 	ClusterCIDRs []netip.Prefix           // --cluster-cidr (clusterCIDR)
@@ -126,6 +133,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, the newest ones are not programmed and get a Warning event. 0: no limit. (nftproxy only)")
 	fs.BoolVar(&o.ServiceCounters, "service-counters", true, "Export per-service packet and byte counters (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total). false: the kernel's counter sets are never read. (nftproxy only)")
 	fs.DurationVar(&o.ServiceCountersMinInterval, "service-counters-min-interval", 0, "Least time one read of the kernel's per-service counters serves scrapes for; a read always serves for 20 times as long as it took. (nftproxy only)")
+	fs.BoolVar(&o.Profiling, "profiling", false, "If true enables profiling via web interface on /debug/pprof handler of the metrics server (--metrics-bind-address).")
 	addConntrackFlags(fs, o)
 	addIgnored(fs, o)
 	return fs, o
@@ -139,8 +147,8 @@ var ignoredFlags = map[string]bool{
 	"ipvs-exclude-cidrs": false, "ipvs-min-sync-period": false, "ipvs-scheduler": false,
 	"ipvs-strict-arp": true, "ipvs-sync-period": false, "ipvs-tcp-timeout": false,
 	"ipvs-tcpfin-timeout": false, "ipvs-udp-timeout": false,
-	"oom-score-adj": false,
-	"profiling":     true, "proxy-port-range": false, "show-hidden-metrics-for-version": false,
+	"oom-score-adj":    false,
+	"proxy-port-range": false, "show-hidden-metrics-for-version": false,
 	"log-flush-frequency": false, "log-json-split-stream": true, "log-json-info-buffer-size": false,
 	"log-text-split-stream": true, "log-text-info-buffer-size": false,
 	"udp-timeout": false, "windows-service": true,
@@ -314,6 +322,9 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 		o.file = f
 		for _, b := range bindings {
 			changed := slices.ContainsFunc(b.flags, fs.Changed)
+			if changed && o.FlagsOverFile {
+				continue
+			}
 			if changed && flagsOverFile[b.flags[0]] && (b.flags[0] != "hostname-override" || o.HostnameOverride != "") { // changed: b.flags is not empty
 				continue
 			}
@@ -421,7 +432,7 @@ func (o *Options) Validate() error {
 // them, else from the flags.
 func (o *Options) parse() error {
 	var err error
-	if o.file != nil {
+	if o.file != nil && !o.FlagsOverFile {
 		o.ClusterCIDRs, o.NodePorts = o.file.Parsed.ClusterCIDRs, o.file.Parsed.NodePorts
 	} else {
 		if o.ClusterCIDRs, err = config.ParseClusterCIDRs(o.ClusterCIDR); err != nil {

@@ -281,8 +281,8 @@ func TestKubeProxyCommandLineAccepted(t *testing.T) {
 	}
 	// --proxy-mode=nftables is what nftproxy does: not reported. --feature-gates is
 	// read: gates without effect are notes.
-	if o.Verbosity != 2 || len(o.Ignored()) != 2 || strings.Contains(strings.Join(o.Ignored(), " "), "proxy-mode") {
-		t.Errorf("verbosity %d, ignored %q", o.Verbosity, o.Ignored())
+	if o.Verbosity != 2 || !o.Profiling || len(o.Ignored()) != 1 || strings.Contains(strings.Join(o.Ignored(), " "), "proxy-mode") {
+		t.Errorf("verbosity %d, profiling %v, ignored %q", o.Verbosity, o.Profiling, o.Ignored())
 	}
 	if notes := strings.Join(o.Notes(), "\n"); !strings.Contains(notes, "--feature-gates: feature gate A=true has no effect in nftproxy") {
 		t.Errorf("notes lack the gate without effect:\n%s", notes)

@@ -8,8 +8,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -219,25 +225,123 @@ func Start(ctx context.Context, log logr.Logger, name, addr string, h http.Handl
 	return nil
 }
 
-// MetricsMux serves what kube-proxy's metrics server does: /metrics, /proxyMode
-// ("nftables"), /healthz ("ok": the server is up) and /configz (the effective
-// configuration as JSON, under the key "kubeproxy.config.k8s.io").
+// MetricsMux serves what kube-proxy's metrics server does with its defaults (no
+// /flagz, no profiling): see MetricsPages.
 func MetricsMux(metrics http.Handler, config any) http.Handler {
+	return MetricsPages{Metrics: metrics, Config: config}.Handler()
+}
+
+// ConfigzKey is the key /configz serves the configuration under, kube-proxy's
+// (KubeProxyConfiguration's API group).
+const ConfigzKey = "kubeproxy.config.k8s.io"
+
+// MetricsPages is what the metrics server (--metrics-bind-address) serves, as
+// kube-proxy's:
+//
+//   - /metrics: Metrics;
+//   - /proxyMode: "nftables";
+//   - /healthz: "ok" (the server is up);
+//   - /configz: Config as JSON, under ConfigzKey;
+//   - /flagz: every flag with its value, one "name: value" line each (when Flags is
+//     set);
+//   - /statusz: start time, uptime, Go and binary versions and the served paths;
+//   - /debug/pprof/…: Go's profiles, only with Profiling (--profiling).
+//
+// /flagz and /statusz are text pages in kube-proxy's format (its header and lines;
+// upstream picks the separator at random to discourage parsing, here it is ": "), for
+// people: they carry no compatibility promise, /configz is the machine-readable one.
+type MetricsPages struct {
+	Metrics http.Handler
+	Config  any
+	// Flags returns the command line's flags and their values; nil: no /flagz.
+	Flags func() map[string]string
+	// Started is when the process started, Version its binary version (/statusz).
+	Started time.Time
+	Version string
+	// Profiling serves net/http/pprof under /debug/pprof/.
+	Profiling bool
+	// Now is the clock of /statusz's uptime; default time.Now.
+	Now func() time.Time
+}
+
+// component is the name in the /flagz and /statusz headers.
+const component = "nftproxy"
+
+const zpageWarning = "Warning: This endpoint is not meant to be machine parseable, has no formatting compatibility guarantees and is for debugging purposes only."
+
+// Handler returns the mux of every page.
+func (m MetricsPages) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", metrics)
-	text := func(body string) http.HandlerFunc {
+	var paths []string
+	handle := func(path string, h http.Handler) {
+		mux.Handle(path, h)
+		paths = append(paths, strings.TrimSuffix(path, "/"))
+	}
+	handle("/metrics", m.Metrics)
+	text := func(body func() string) http.HandlerFunc {
 		return func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.Header().Set("X-Content-Type-Options", "nosniff")
-			_, _ = fmt.Fprint(w, body)
+			_, _ = fmt.Fprint(w, body())
 		}
 	}
-	mux.Handle("/proxyMode", text("nftables"))
-	mux.Handle("/healthz", text("ok"))
-	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+	handle("/proxyMode", text(func() string { return "nftables" }))
+	handle("/healthz", text(func() string { return "ok" }))
+	handle("/configz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		_ = json.NewEncoder(w).Encode(map[string]any{"kubeproxy.config.k8s.io": config})
-	})
+		_ = json.NewEncoder(w).Encode(map[string]any{ConfigzKey: m.Config})
+	}))
+	if m.Flags != nil {
+		handle("/flagz", text(m.flagz))
+	}
+	if m.Profiling {
+		handle("/debug/pprof/", http.HandlerFunc(pprof.Index))
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.Handle("/debug/pprof/profile", boundedSeconds(pprof.Profile))
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.Handle("/debug/pprof/trace", boundedSeconds(pprof.Trace))
+		mux.Handle("/debug/pprof", http.RedirectHandler("/debug/pprof/", http.StatusFound))
+	}
+	handle("/statusz", text(func() string { return m.statusz(paths) }))
+	slices.Sort(paths)
 	return mux
+}
+
+// MaxProfileSeconds bounds the ?seconds= of /debug/pprof/profile and /trace: Go
+// extends the connection's write deadline by the profile's length, so without a bound
+// one request could hold a connection of the metrics server for as long as it asks.
+const MaxProfileSeconds = 60
+
+func boundedSeconds(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.FormValue("seconds"); v != "" {
+			if sec, err := strconv.ParseFloat(v, 64); err != nil || !(sec > 0 && sec <= MaxProfileSeconds) {
+				http.Error(w, fmt.Sprintf("seconds=%q: want a duration in (0, %d]", v, MaxProfileSeconds), http.StatusBadRequest)
+				return
+			}
+		}
+		h(w, r)
+	})
+}
+
+func (m MetricsPages) flagz() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%s flagz\n%s\n\n", component, zpageWarning)
+	flags := m.Flags()
+	for _, name := range slices.Sorted(maps.Keys(flags)) {
+		fmt.Fprintf(&b, "%s: %s\n", name, flags[name])
+	}
+	return b.String()
+}
+
+func (m MetricsPages) statusz(paths []string) string {
+	now := time.Now()
+	if m.Now != nil {
+		now = m.Now()
+	}
+	up := int64(now.Sub(m.Started).Seconds())
+	return fmt.Sprintf("\n%s statusz\n%s\n\nStarted: %s\nUp: %d hr %02d min %02d sec\nGo version: %s\nBinary version: %s\nPaths: %s\n",
+		component, zpageWarning, m.Started.Format(time.UnixDate), up/3600, (up/60)%60, up%60,
+		runtime.Version(), m.Version, strings.Join(paths, " "))
 }

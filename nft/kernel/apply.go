@@ -1,3 +1,10 @@
+// Package kernel programs nf_tables: an Applier remembers the rulesets it last wrote,
+// diffs each new one against them (parts by identity, set elements by key) and sends
+// the difference as ONE transaction, which the kernel commits atomically or not at all;
+// after a refusal it undoes its bookkeeping, so the next attempt is still a delta. It
+// also answers queries about the kernel: the tables present (Tables), counters
+// (CountersByOwner, SetCounts, RuleCounts), the running release and the nf_tables
+// features nftproxy needs (features.go). Messages are encoded by nft/wire.
 package kernel
 
 import (
@@ -11,21 +18,20 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // Applier writes rulesets to the kernel. It remembers what it last wrote successfully, so
 // that a sync sends only the difference; after an error, or when asked to resync, the
 // next Apply reads the table's object names from the kernel and rewrites everything (still
-// in one transaction). An Applier must be used by one goroutine at a time (Monitors
-// given it with MonitorOwnWrites may run beside it).
+// in one transaction). An Applier must be used by one goroutine at a time (monitors
+// given it with monitor.IgnoreWritesOf may run beside it).
 //
 // It writes on one netlink socket that stays open between transactions (see own.go:
-// that is how a Monitor tells its transactions from everyone else's); Close closes it.
+// that is how nft/monitor tells its transactions from everyone else's); Close closes it.
 type Applier struct {
 	netns int // fd of the target network namespace, or 0 for the current one
 	prev  map[tableKey]*state
@@ -109,6 +115,10 @@ type refElem struct {
 	refs int32
 }
 
+// RejectedError is the kernel's refusal of a transaction: it applied none of it, so the
+// table is exactly as before.
+type RejectedError = wire.RejectedError
+
 // Option configures an Applier.
 type Option func(*Applier)
 
@@ -145,7 +155,7 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	if err != nil {
 		return st, err
 	}
-	var batches []*batch
+	var batches []*wire.Batch
 	next := map[tableKey]*state{}
 	var undos []func()
 	for _, rs := range rulesets {
@@ -159,9 +169,9 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 				return st, err
 			}
 		}
-		b := newBatch(rs.Family, rs.Table)
+		b := wire.NewBatch(rs.Family, rs.Table)
 		if n := len(batches); n > 0 {
-			b.setID = batches[n-1].setID // set IDs must be unique within the transaction
+			b.ContinueIDs(batches[n-1])
 		}
 		cur, full, u, err := diff(b, prev, rs, &st)
 		if err != nil {
@@ -175,10 +185,10 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 		batches = append(batches, b)
 		next[k] = cur
 	}
-	all := mergeBatches(batches)
-	st.Messages, st.Bytes = all.msgs, all.bytes
+	all := wire.Merge(batches...)
+	st.Messages, st.Bytes = all.Msgs(), all.Bytes()
 	start := time.Now()
-	err = all.send(conn)
+	err = all.Send(conn)
 	st.Kernel = time.Since(start)
 	if err != nil {
 		_ = a.retire() // its receive queue may hold stale answers
@@ -217,85 +227,59 @@ func (a *Applier) Delete(fam nft.Family, tables ...string) error {
 	if err != nil {
 		return err
 	}
-	b := newBatch(fam, "")
+	b := wire.NewBatch(fam, "")
 	for _, t := range tables {
 		if slices.Contains(existing, t) {
-			b.table = t
-			b.delTable()
+			b.SetTable(t)
+			b.DelTable()
 		}
 	}
 	conn, err := a.writer()
 	if err != nil {
 		return err
 	}
-	if err := b.send(conn); err != nil {
+	if err := b.Send(conn); err != nil {
 		_ = a.retire()
 		return err
 	}
 	return nil
 }
 
-func (a *Applier) dial() (*netlink.Conn, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: a.netns, Strict: true})
-	if err != nil {
-		return nil, fmt.Errorf("opening nftables netlink socket: %w", err)
-	}
-	return c, nil
-}
-
-func (a *Applier) reader() (*nftables.Conn, error) {
-	if a.netns != 0 {
-		return nftables.New(nftables.WithNetNSFd(a.netns))
-	}
-	return nftables.New()
-}
-
 func (a *Applier) tableNames(fam nft.Family) ([]string, error) {
-	c, err := a.reader()
+	c, err := wire.Dial(a.netns)
 	if err != nil {
 		return nil, err
 	}
-	ts, err := c.ListTablesOfFamily(nftables.TableFamily(fam))
-	if err != nil {
-		return nil, fmt.Errorf("listing %s tables: %w", fam, err)
-	}
-	var names []string
-	for _, t := range ts {
-		names = append(names, t.Name)
-	}
-	return names, nil
+	defer c.Close()
+	return wire.TableNames(c, fam)
 }
 
 // kernelState reads the names of the chains and sets the table has now. Their content is
 // unknown, so diff rewrites every one of them.
 func (a *Applier) kernelState(fam nft.Family, table string) (*state, error) {
 	st := newState(nil)
-	names, err := a.tableNames(fam)
-	if err != nil || !slices.Contains(names, table) {
-		return st, err
-	}
-	c, err := a.reader()
+	c, err := wire.Dial(a.netns)
 	if err != nil {
 		return nil, err
 	}
-	t := &nftables.Table{Name: table, Family: nftables.TableFamily(fam)}
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamily(fam))
+	defer c.Close()
+	names, err := wire.TableNames(c, fam)
+	if err != nil || !slices.Contains(names, table) {
+		return st, err
+	}
+	chains, err := wire.ChainNames(c, fam)
 	if err != nil {
-		return nil, fmt.Errorf("listing chains of %s %s: %w", fam, table, err)
+		return nil, err
 	}
-	for _, ch := range chains {
-		if ch.Table.Name == table {
-			st.chains[ch.Name] = nil // present, content unknown
-		}
+	for _, name := range chains[table] {
+		st.chains[name] = nil // present, content unknown
 	}
-	sets, err := c.GetSets(t)
+	sets, err := wire.SetNames(c, fam, table)
 	if err != nil {
-		return nil, fmt.Errorf("listing sets of %s %s: %w", fam, table, err)
+		return nil, err
 	}
-	for _, s := range sets {
-		if !s.Anonymous {
-			st.sets[s.Name] = nil // present, definition unknown
-		}
+	for _, name := range sets {
+		st.sets[name] = nil // present, definition unknown
 	}
 	return st, nil
 }
@@ -337,7 +321,7 @@ func fingerprint(s *nft.Set, e nft.Element, key []byte) uint64 {
 		_, _ = h.WriteString(e.Verdict.Chain)
 	} else if len(e.Data) > 0 {
 		var buf [64]byte
-		data, _ := appendValues(buf[:0], s.Data, e.Data)
+		data, _ := wire.AppendValues(buf[:0], s.Data, e.Data)
 		_, _ = h.Write(data)
 	}
 	_ = h.WriteByte(0)
@@ -397,7 +381,7 @@ func (d *elemDelta) add(s *nft.Set, es []nft.Element) error {
 	var kb [64]byte
 	for i := range es {
 		e := &es[i] // rulesets are never modified once built: the index points into them
-		k, err := appendValues(kb[:0], s.Key, e.Key)
+		k, err := wire.AppendValues(kb[:0], s.Key, e.Key)
 		if err != nil {
 			return fmt.Errorf("set %s: %w", s.Name, err)
 		}
@@ -421,7 +405,7 @@ func (d *elemDelta) remove(s *nft.Set, es []nft.Element) error {
 	m, bm := d.maps(s.Name)
 	var kb [64]byte
 	for _, e := range es {
-		k, err := appendValues(kb[:0], s.Key, e.Key)
+		k, err := wire.AppendValues(kb[:0], s.Key, e.Key)
 		if err != nil {
 			return fmt.Errorf("set %s: %w", s.Name, err)
 		}
@@ -455,7 +439,7 @@ type plan struct {
 // whole table is rewritten (full).
 // The undo it returns, when not nil, restores prev after the kernel refused the
 // transaction.
-func diff(b *batch, prev *state, rs *nft.Ruleset, st *Stats) (cur *state, full bool, u *undo, err error) {
+func diff(b *wire.Batch, prev *state, rs *nft.Ruleset, st *Stats) (cur *state, full bool, u *undo, err error) {
 	if !prev.known || !sameSetDefs(prev, rs) {
 		if prev.known { // a known state whose shared sets changed: rewrite it all
 			prev = prev.names()
@@ -485,7 +469,7 @@ func sameSetDefs(prev *state, rs *nft.Ruleset) bool {
 
 // diffFull rewrites every object of cur that prev does not know the content of: prev
 // holds only names (from the kernel, or from a state that had to be given up).
-func diffFull(b *batch, prev, cur *state, st *Stats) error {
+func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 	d := &elemDelta{st: cur, fresh: true}
 	pl := &plan{recreated: map[string]bool{}}
 	setsOf := func(rs *nft.Ruleset) []*nft.Set {
@@ -580,7 +564,7 @@ func (d *elemDelta) addElements(byName map[string]*nft.Set, sets []*nft.Set, par
 
 // diffParts diffs prev, whose content is known, against rs: the ruleset's own chains and
 // sets by name and content, its parts by identity.
-func diffParts(b *batch, prev *state, rs *nft.Ruleset, st *Stats, u *undo) error {
+func diffParts(b *wire.Batch, prev *state, rs *nft.Ruleset, st *Stats, u *undo) error {
 	d := &elemDelta{st: prev, before: map[string]map[string]*refElem{}}
 	u.d = d
 	pl := &plan{recreated: map[string]bool{}}
@@ -779,14 +763,14 @@ func (pl *plan) part(d *elemDelta, st *state, sets map[string]*nft.Set, old, p *
 
 // emit appends the plan's messages to b: objects are created before anything refers to
 // them, and references are removed before what they refer to is deleted.
-func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats) error {
+func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *Stats) error {
 	var errs []error
 	try := func(err error) {
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
-	b.addTable()
+	b.AddTable()
 	gone := map[string]bool{}
 	for _, name := range pl.goneSets {
 		gone[name] = true
@@ -832,44 +816,44 @@ func (pl *plan) emit(b *batch, d *elemDelta, sets map[string]*nft.Set, st *Stats
 	for _, name := range setNames {
 		if es := del[name]; len(es) > 0 {
 			st.Elements += len(es)
-			try(b.elems(sets[name], es, true))
+			try(b.Elems(sets[name], es, true))
 		}
 	}
 	for _, name := range pl.flushSets {
-		b.flushSet(name)
+		b.FlushSet(name)
 	}
 	// 2. flush rules of chains that change or go
 	for _, name := range pl.flushChains {
-		b.flushChain(name)
+		b.FlushChain(name)
 	}
 	// 3. sets that go or are replaced, now that no rule refers to them
 	for _, name := range pl.goneSets {
-		b.delSet(name)
+		b.DelSet(name)
 	}
 	// 4. new sets, new chains
 	for _, s := range pl.newSets {
-		b.addSet(s)
+		b.AddSet(s)
 	}
 	for _, c := range pl.newChains {
-		b.addChain(c)
+		b.AddChain(c)
 	}
 	// 5. elements (they may refer to the new chains), then rules (they refer to sets and
 	// chains)
 	for _, name := range setNames {
 		if es := add[name]; len(es) > 0 {
 			st.Elements += len(es)
-			try(b.elems(sets[name], es, false))
+			try(b.Elems(sets[name], es, false))
 		}
 	}
 	for _, c := range pl.refill {
 		for _, r := range c.Rules {
-			try(b.addRule(c.Name, r))
+			try(b.AddRule(c.Name, r))
 		}
 	}
 	// 6. chains that are gone
 	slices.Sort(pl.goneChains)
 	for _, name := range pl.goneChains {
-		b.delChain(name)
+		b.DelChain(name)
 	}
 	st.Chains += len(pl.refill) + len(pl.goneChains)
 	return errors.Join(errs...)
@@ -880,21 +864,4 @@ func sameSetDef(a, b *nft.Set) bool {
 	return a != nil && b != nil && a.Comment == b.Comment &&
 		a.Dynamic == b.Dynamic && a.Timeout == b.Timeout && a.Size == b.Size && a.Counter == b.Counter &&
 		slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data)
-}
-
-func mergeBatches(bs []*batch) *batch {
-	if len(bs) == 1 {
-		return bs[0]
-	}
-	out := &batch{}
-	for _, b := range bs {
-		if b.msgs == 0 {
-			continue
-		}
-		out.last = msgRef{len(out.pages) + b.last.page, b.last.off}
-		out.pages = append(out.pages, b.pages...)
-		out.msgs += b.msgs
-		out.bytes += b.bytes
-	}
-	return out
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"github.com/google/nftables"
 	"net/netip"
-	"sort"
 	"strings"
 	"testing"
 
@@ -13,49 +12,17 @@ import (
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/internal/testrules"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
 
-func cfg() compile.Config {
-	return compile.Config{
-		Family:        nft.IPv4,
-		DetectLocal:   compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
-		MasqueradeBit: 14,
-		NodePortAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
-	}
-}
+func cfg() compile.Config { return testrules.Config() }
 
 // svc returns a service port with n endpoints, numbered from first.
-func svc(name string, clusterIP string, nodePort uint16, first, n int) model.ServicePort {
-	sp := model.ServicePort{
-		Name:       model.ServicePortName{Namespace: "default", Name: name, Port: "http", Protocol: model.ProtoTCP},
-		ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)},
-		Port:       80,
-		NodePort:   nodePort,
-	}
-	for i := first; i < first+n; i++ {
-		sp.Endpoints = append(sp.Endpoints, model.Endpoint{
-			Addr: netip.AddrFrom4([4]byte{10, 244, byte(i / 250), byte(1 + i%250)}), Port: 8080, Ready: true, Serving: true,
-		})
-	}
-	return sp
-}
+var svc = testrules.Service
 
-// listTable returns "nft list table ip nftproxy" with its top-level objects (sets and
-// chains, which nft lists in creation order) sorted, so that equal contents compare equal.
-func listTable(t *testing.T, ns *testnetns.NS) string {
-	t.Helper()
-	out := ns.MustRun(t, "", "nft", "list", "table", "ip", "nftproxy")
-	out = strings.TrimSpace(out)
-	out = strings.TrimPrefix(out, "table ip nftproxy {")
-	out = strings.TrimSuffix(out, "}")
-	blocks := strings.Split(strings.TrimSpace(out), "\n\n")
-	for i := range blocks {
-		blocks[i] = strings.TrimSpace(blocks[i])
-	}
-	sort.Strings(blocks)
-	return strings.Join(blocks, "\n\n")
-}
+// listTable returns "nft list table ip nftproxy" with its sets and chains sorted.
+func listTable(t *testing.T, ns *testnetns.NS) string { return testrules.ListTable(t, ns) }
 
 // TestIncrementalEqualsFresh applies a sequence of snapshots through one Applier (so all
 // but the first are deltas) and checks after each step that the kernel holds exactly

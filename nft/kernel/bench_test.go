@@ -115,7 +115,7 @@ func BenchmarkOneChange(b *testing.B) {
 
 // BenchmarkCounterRead is one read of the per-service counters at 20,000 services (one
 // element each in service-counters; IPv4): CountersByOwner (by element key, as
-// /metrics reads them) and, for comparison, SetCounts (google/nftables' element dump
+// /metrics reads them) and, for comparison, SetCounts (the element dump
 // with comments, as /metrics read them until the counters were keyed by service port).
 // With the ServiceCounters cache, a read happens at most once per interval whatever
 // the number of scrapes.

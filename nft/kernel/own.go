@@ -5,7 +5,8 @@ import (
 	"sync"
 
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
+
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // Which transactions are an Applier's own.
@@ -21,8 +22,8 @@ import (
 // (every transaction of ours is at or before it). A transaction is ours exactly when its
 // port is one of those sockets' and its generation lies in that socket's interval: no
 // time window in which someone else's transaction on a recycled port id is ignored.
-// A Monitor learns of the Appliers whose transactions it must ignore from
-// MonitorOwnWrites: there is no process-wide registry.
+// A monitor (nft/monitor) is told the Appliers whose transactions it must ignore
+// (monitor.IgnoreWritesOf, through Owns and Writing): there is no process-wide registry.
 
 // writeSocket is one of an Applier's write sockets, as the Monitor sees it.
 type writeSocket struct {
@@ -87,6 +88,14 @@ func (s *sockets) openPort(port uint32) bool {
 	return false
 }
 
+// Owns reports whether the transaction of generation gen, committed on the netlink port
+// id port, is this Applier's (monitor.Writer).
+func (a *Applier) Owns(port, gen uint32) bool { return a.own.owns(port, gen) }
+
+// Writing reports whether port is one of this Applier's open write sockets
+// (monitor.Writer).
+func (a *Applier) Writing(port uint32) bool { return a.own.openPort(port) }
+
 // genAfter reports whether generation a comes after b (the 32-bit counter wraps).
 func genAfter(a, b uint32) bool { return int32(a-b) > 0 }
 
@@ -95,18 +104,18 @@ func (a *Applier) writer() (*netlink.Conn, error) {
 	if a.conn != nil {
 		return a.conn, nil
 	}
-	c, err := a.dial()
+	c, err := wire.Dial(a.netns)
 	if err != nil {
 		return nil, err
 	}
 	// bound first, generation second: an earlier holder of the port committed at
 	// or before gen
-	gen, err := genID(c)
+	gen, err := wire.GenID(c)
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("opening the nftables write socket: %w", err)
 	}
-	port, err := portOf(c)
+	port, err := wire.PortOf(c)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -139,10 +148,10 @@ func (a *Applier) retire() error {
 	}
 	a.own.mu.Unlock()
 	var gerr error
-	if q, err := a.dial(); err != nil {
+	if q, err := wire.Dial(a.netns); err != nil {
 		gerr = err
 	} else {
-		if g, err := genID(q); err == nil {
+		if g, err := wire.GenID(q); err == nil {
 			gen = g
 		} else {
 			gerr = err
@@ -154,33 +163,6 @@ func (a *Applier) retire() error {
 		return cerr
 	}
 	return gerr
-}
-
-// portOf returns the netlink port id the socket is bound to.
-func portOf(c *netlink.Conn) (uint32, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var port uint32
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		var sa unix.Sockaddr
-		if sa, serr = unix.Getsockname(int(fd)); serr == nil {
-			nl, ok := sa.(*unix.SockaddrNetlink)
-			if !ok {
-				serr = fmt.Errorf("netlink socket has address %T", sa)
-				return
-			}
-			port = nl.Pid
-		}
-	}); err != nil {
-		return 0, err
-	}
-	if serr != nil {
-		return 0, fmt.Errorf("reading the netlink port id: %w", serr)
-	}
-	return port, nil
 }
 
 // Close closes the Applier's write socket. The Applier stays usable: the next

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/monitor"
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // TestMonitorRecycledPortID closes the Applier's write socket and binds a new socket
@@ -31,8 +33,8 @@ func TestMonitorRecycledPortID(t *testing.T) {
 		}
 	}
 	apply()
-	changes := make(chan Change, 10)
-	mon := NewMonitor([]TableID{{nft.IPv4, "nftproxy"}}, func(c Change) { changes <- c }, MonitorNetNS(ns.FD), MonitorOwnWrites(a))
+	changes := make(chan monitor.Change, 10)
+	mon := monitor.New([]monitor.TableID{{Family: nft.IPv4, Name: "nftproxy"}}, func(c monitor.Change) { changes <- c }, monitor.NetNS(ns.FD), monitor.IgnoreWritesOf(a))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer func() { cancel(); <-mon.Done() }()
 	if err := mon.Start(ctx); err != nil {
@@ -65,13 +67,13 @@ func TestMonitorRecycledPortID(t *testing.T) {
 		t.Fatalf("binding the freed port id %d: %v", port, err)
 	}
 	defer intruder.Close()
-	if got, _ := portOf(intruder); got != port {
+	if got, _ := wire.PortOf(intruder); got != port {
 		t.Fatalf("bound port id %d, want %d", got, port)
 	}
-	b := newBatch(nft.IPv4, "nftproxy")
-	b.delTable()
+	b := wire.NewBatch(nft.IPv4, "nftproxy")
+	b.DelTable()
 	start := time.Now()
-	if err := b.send(intruder); err != nil {
+	if err := b.Send(intruder); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -120,5 +122,22 @@ func TestApplierRetiresSocketAfterRefusal(t *testing.T) {
 	}
 	if w := a.own.list[0]; !genAfter(w.until, w.after) {
 		t.Errorf("closed socket's interval (%d, %d] is empty", w.after, w.until)
+	}
+}
+
+// TestSocketIntervals: a write socket's transactions are those after its opening and,
+// once closed, up to the generation after closing; Owns and Writing say so.
+func TestSocketIntervals(t *testing.T) {
+	a := New()
+	a.own.opened(7, 5)
+	if !a.Writing(7) || a.Owns(7, 5) || !a.Owns(7, 6) || !a.Owns(7, 1000) {
+		t.Fatal("open socket: want every generation after 5, and the port writing")
+	}
+	a.own.closed(7, 22)
+	if a.Writing(7) || a.Owns(7, 23) || !a.Owns(7, 22) || !a.Owns(7, 6) || a.Owns(7, 5) {
+		t.Error("generation intervals of the closed socket are wrong")
+	}
+	if a.Owns(8, 10) {
+		t.Error("another port is ours")
 	}
 }

@@ -1,8 +1,10 @@
-package kernel
+// Package monitor reports changes other processes make to watched nftables tables,
+// from the kernel's nf_tables change events. It only reads; it is told explicitly which
+// writers' transactions are our own (Writer: nft/kernel's Applier).
+package monitor
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // TableID names one nftables table.
@@ -42,19 +45,19 @@ type Change struct {
 
 // Monitor watches nf_tables changes through the kernel's NFNLGRP_NFTABLES multicast
 // group and reports every committed transaction that touched one of its tables, except
-// those of the Appliers given with MonitorOwnWrites: another process's, or another
+// those of the Writers given with IgnoreWritesOf: another process's, or another
 // netlink socket's of this one. It only reads: it never programs anything.
 //
 // Which transactions are ours: the kernel stamps each event and the transaction's
 // closing NFT_MSG_NEWGEN with the committing socket's port id, and NEWGEN with the
-// generation; an Applier knows the port and the generations of each of its write
-// sockets (own.go). (NFTA_GEN_PROC_PID cannot tell: the kernel reports the committing
+// generation; a Writer (nft/kernel's Applier) knows the port and the generations of
+// each of its write sockets. (NFTA_GEN_PROC_PID cannot tell: the kernel reports the committing
 // thread's id in the initial pid namespace, which is neither os.Getpid() for a
 // multithreaded Go process nor anything the process can see from inside a container's
 // pid namespace.)
 type Monitor struct {
 	tables   map[TableID]bool
-	own      []*Applier
+	own      []Writer
 	onChange func(Change)
 	netns    int
 	rcvbuf   int
@@ -72,47 +75,56 @@ type Monitor struct {
 	lostWait int     // idle checks made while lost
 }
 
-// MonitorOption configures a Monitor.
-type MonitorOption func(*Monitor)
+// Writer is a writer of nf_tables whose transactions are our own: nft/kernel's Applier.
+type Writer interface {
+	// Owns reports whether the transaction of generation gen, committed on the
+	// netlink port id port, is the writer's.
+	Owns(port, gen uint32) bool
+	// Writing reports whether port is one of the writer's open write sockets now.
+	Writing(port uint32) bool
+}
 
-// MonitorNetNS makes the Monitor watch the network namespace open at fd.
-func MonitorNetNS(fd int) MonitorOption { return func(m *Monitor) { m.netns = fd } }
+// Option configures a Monitor.
+type Option func(*Monitor)
 
-// MonitorOwnWrites makes the Monitor ignore the transactions of these Appliers.
-func MonitorOwnWrites(appliers ...*Applier) MonitorOption {
-	return func(m *Monitor) { m.own = append(m.own, appliers...) }
+// NetNS makes the Monitor watch the network namespace open at fd.
+func NetNS(fd int) Option { return func(m *Monitor) { m.netns = fd } }
+
+// IgnoreWritesOf makes the Monitor ignore the transactions of these writers.
+func IgnoreWritesOf(writers ...Writer) Option {
+	return func(m *Monitor) { m.own = append(m.own, writers...) }
 }
 
 // owns reports whether the transaction of generation gen, committed on port, is one
-// of our Appliers'.
+// of our writers'.
 func (m *Monitor) owns(port, gen uint32) bool {
-	for _, a := range m.own {
-		if a.own.owns(port, gen) {
+	for _, w := range m.own {
+		if w.Owns(port, gen) {
 			return true
 		}
 	}
 	return false
 }
 
-// openPort reports whether port is one of our Appliers' open write sockets.
+// openPort reports whether port is one of our writers' open write sockets.
 func (m *Monitor) openPort(port uint32) bool {
-	for _, a := range m.own {
-		if a.own.openPort(port) {
+	for _, w := range m.own {
+		if w.Writing(port) {
 			return true
 		}
 	}
 	return false
 }
 
-// MonitorReadBuffer sets the socket's receive buffer (default 32 MiB, of which the
+// ReadBuffer sets the socket's receive buffer (default 32 MiB, of which the
 // kernel uses what is needed). Rewriting a table of 5,000 services × 10 endpoints
 // produces about 11 MB of events, which must fit while the Monitor reads them.
-func MonitorReadBuffer(bytes int) MonitorOption { return func(m *Monitor) { m.rcvbuf = bytes } }
+func ReadBuffer(bytes int) Option { return func(m *Monitor) { m.rcvbuf = bytes } }
 
-// NewMonitor returns a Monitor of the given tables. onChange is called from the
+// New returns a Monitor of the given tables. onChange is called from the
 // Monitor's goroutine, once per foreign transaction that changed a watched table and
 // once per loss of events; it must not block.
-func NewMonitor(tables []TableID, onChange func(Change), opts ...MonitorOption) *Monitor {
+func New(tables []TableID, onChange func(Change), opts ...Option) *Monitor {
 	m := &Monitor{tables: map[TableID]bool{}, onChange: onChange, rcvbuf: 32 << 20, idle: 50 * time.Millisecond, done: make(chan struct{})}
 	for _, t := range tables {
 		m.tables[t] = true
@@ -127,9 +139,9 @@ func NewMonitor(tables []TableID, onChange func(Change), opts ...MonitorOption) 
 // is active: every transaction committed after Start returns is seen. Events are read
 // in a goroutine until ctx ends; Done and Err tell when and why it stopped.
 func (m *Monitor) Start(ctx context.Context) error {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: m.netns})
+	c, err := wire.DialEvents(m.netns)
 	if err != nil {
-		return fmt.Errorf("opening nftables monitor socket: %w", err)
+		return err
 	}
 	if err := m.setup(c); err != nil {
 		c.Close()
@@ -240,16 +252,8 @@ func (m *Monitor) read(c *netlink.Conn) error {
 
 // datagram handles the netlink messages of one datagram.
 func (m *Monitor) datagram(b []byte) {
-	for len(b) >= unix.NLMSG_HDRLEN {
-		l := int(binary.NativeEndian.Uint32(b[0:4]))
-		if l < unix.NLMSG_HDRLEN || l > len(b) {
-			m.loseEvents() // cannot happen; if it does, what followed is unknown
-			return
-		}
-		typ := binary.NativeEndian.Uint16(b[4:6])
-		port := binary.NativeEndian.Uint32(b[12:16])
-		m.message(typ, port, b[unix.NLMSG_HDRLEN:l])
-		b = b[min((l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(b)):]
+	if err := wire.Events(b, m.openPort, m.message); err != nil {
+		m.loseEvents() // cannot happen; if it does, what followed is unknown
 	}
 }
 
@@ -260,33 +264,29 @@ type event struct {
 	rank  int // how much it says about the transaction: the headline is the highest
 }
 
-func (m *Monitor) message(typ uint16, port uint32, data []byte) {
-	if typ>>8 != unix.NFNL_SUBSYS_NFTABLES || len(data) < 4 {
+func (m *Monitor) message(ev wire.Event) {
+	if ev.Type == unix.NFT_MSG_NEWGEN {
+		m.newGen(ev)
 		return
 	}
-	msg := typ & 0xff
-	if msg == unix.NFT_MSG_NEWGEN {
-		m.newGen(port, data[4:])
-		return
-	}
-	kind, ok := eventKinds[msg]
-	if !ok {
+	kind, ok := eventKinds[ev.Type]
+	if !ok || !ev.Object {
 		return // not a change of a table object
 	}
-	if m.openPort(port) {
-		// Almost certainly ours (a full rewrite is tens of thousands of events: not
-		// worth decoding); the transaction's NEWGEN tells for sure.
+	if ev.Skipped {
+		// On one of our open write sockets: almost certainly ours (a full rewrite is
+		// tens of thousands of events: not worth decoding); the transaction's NEWGEN
+		// tells for sure.
 		m.skipped = true
 		return
 	}
-	table, name := tableAndName(data[4:], kind.nameAttr)
-	id := TableID{Family: nft.Family(data[0]), Name: table}
+	id := TableID{Family: ev.Family, Name: ev.Table}
 	if !m.tables[id] {
 		return
 	}
 	what := kind.what
-	if kind.nameAttr != 0 {
-		what = fmt.Sprintf(kind.what, name)
+	if kind.named {
+		what = fmt.Sprintf(kind.what, ev.Name)
 	}
 	if len(m.pending) < 1000 { // a flushed table deletes every element: keep a sample
 		m.pending = append(m.pending, event{table: id, what: what, rank: kind.rank})
@@ -297,22 +297,8 @@ func (m *Monitor) message(typ uint16, port uint32, data []byte) {
 
 // newGen ends a transaction: the kernel sends NFT_MSG_NEWGEN after the events of
 // every committed transaction.
-func (m *Monitor) newGen(port uint32, attrs []byte) {
-	var gen, pid uint32
-	var proc string
-	if ad, err := netlink.NewAttributeDecoder(attrs); err == nil {
-		ad.ByteOrder = binary.BigEndian
-		for ad.Next() {
-			switch ad.Type() {
-			case unix.NFTA_GEN_ID:
-				gen = ad.Uint32()
-			case unix.NFTA_GEN_PROC_PID:
-				pid = ad.Uint32()
-			case unix.NFTA_GEN_PROC_NAME:
-				proc = ad.String()
-			}
-		}
-	}
+func (m *Monitor) newGen(ev wire.Event) {
+	port, gen, pid, proc := ev.Port, ev.Gen, ev.PID, ev.Process
 	by := fmt.Sprintf("by pid %d (%s)", pid, proc)
 	ours := m.owns(port, gen)
 	skipped := m.skipped
@@ -388,84 +374,31 @@ func (m *Monitor) report(c Change) {
 	m.onChange(c)
 }
 
-// currentGen asks the kernel for its current ruleset generation (NFT_MSG_GETGEN).
-func (m *Monitor) currentGen() (uint32, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: m.netns})
-	if err != nil {
-		return 0, fmt.Errorf("opening nftables socket: %w", err)
-	}
-	defer c.Close()
-	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
-	})
-	if err != nil {
-		return 0, fmt.Errorf("querying the nftables generation: %w", err)
-	}
-	for _, msg := range msgs {
-		if len(msg.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(msg.Data[4:])
-		if err != nil {
-			return 0, err
-		}
-		ad.ByteOrder = binary.BigEndian
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_GEN_ID {
-				return ad.Uint32(), nil
-			}
-		}
-	}
-	return 0, errors.New("querying the nftables generation: no generation in the answer")
-}
+// currentGen asks the kernel for its current ruleset generation.
+func (m *Monitor) currentGen() (uint32, error) { return wire.QueryGen(m.netns) }
 
-// eventKind describes one nf_tables event type. Every one carries its table's name in
-// attribute 1 (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE, NFTA_SET_TABLE,
-// NFTA_SET_ELEM_LIST_TABLE, NFTA_OBJ_TABLE, NFTA_FLOWTABLE_TABLE).
+// eventKind describes one nf_tables event type.
 type eventKind struct {
-	what     string // with %s for the object's name when nameAttr != 0
-	nameAttr uint16
-	rank     int
+	what  string // with %s for the object's name when named
+	named bool
+	rank  int // how much it says about the transaction: the headline is the highest
 }
 
 var eventKinds = map[uint16]eventKind{
-	unix.NFT_MSG_NEWTABLE:     {"table added or changed", 0, 6},
-	unix.NFT_MSG_DELTABLE:     {"table deleted", 0, 7},
-	unix.NFT_MSG_NEWCHAIN:     {"chain %s added or changed", unix.NFTA_CHAIN_NAME, 4},
-	unix.NFT_MSG_DELCHAIN:     {"chain %s deleted", unix.NFTA_CHAIN_NAME, 5},
-	unix.NFT_MSG_NEWSET:       {"set %s added", unix.NFTA_SET_NAME, 4},
-	unix.NFT_MSG_DELSET:       {"set %s deleted", unix.NFTA_SET_NAME, 5},
-	unix.NFT_MSG_NEWRULE:      {"rule added in chain %s", unix.NFTA_RULE_CHAIN, 3},
-	unix.NFT_MSG_DELRULE:      {"rule deleted in chain %s", unix.NFTA_RULE_CHAIN, 3},
-	unix.NFT_MSG_NEWSETELEM:   {"element added to set %s", unix.NFTA_SET_ELEM_LIST_SET, 1},
-	unix.NFT_MSG_DELSETELEM:   {"element deleted from set %s", unix.NFTA_SET_ELEM_LIST_SET, 2},
-	unix.NFT_MSG_NEWOBJ:       {"object %s added", unix.NFTA_OBJ_NAME, 1},
-	unix.NFT_MSG_DELOBJ:       {"object %s deleted", unix.NFTA_OBJ_NAME, 1},
-	unix.NFT_MSG_NEWFLOWTABLE: {"flowtable %s added", nftaFlowtableName, 1},
-	unix.NFT_MSG_DELFLOWTABLE: {"flowtable %s deleted", nftaFlowtableName, 1},
-}
-
-const nftaFlowtableName = 2 // NFTA_FLOWTABLE_NAME
-
-// tableAndName returns an event's table name (attribute 1) and, if nameAttr != 0, the
-// name of the object it is about.
-func tableAndName(attrs []byte, nameAttr uint16) (table, name string) {
-	ad, err := netlink.NewAttributeDecoder(attrs)
-	if err != nil {
-		return "", ""
-	}
-	for ad.Next() {
-		switch ad.Type() {
-		case 1:
-			table = ad.String()
-		case nameAttr:
-			if nameAttr != 0 {
-				name = ad.String()
-			}
-		}
-	}
-	return table, name
+	unix.NFT_MSG_NEWTABLE:     {"table added or changed", false, 6},
+	unix.NFT_MSG_DELTABLE:     {"table deleted", false, 7},
+	unix.NFT_MSG_NEWCHAIN:     {"chain %s added or changed", true, 4},
+	unix.NFT_MSG_DELCHAIN:     {"chain %s deleted", true, 5},
+	unix.NFT_MSG_NEWSET:       {"set %s added", true, 4},
+	unix.NFT_MSG_DELSET:       {"set %s deleted", true, 5},
+	unix.NFT_MSG_NEWRULE:      {"rule added in chain %s", true, 3},
+	unix.NFT_MSG_DELRULE:      {"rule deleted in chain %s", true, 3},
+	unix.NFT_MSG_NEWSETELEM:   {"element added to set %s", true, 1},
+	unix.NFT_MSG_DELSETELEM:   {"element deleted from set %s", true, 2},
+	unix.NFT_MSG_NEWOBJ:       {"object %s added", true, 1},
+	unix.NFT_MSG_DELOBJ:       {"object %s deleted", true, 1},
+	unix.NFT_MSG_NEWFLOWTABLE: {"flowtable %s added", true, 1},
+	unix.NFT_MSG_DELFLOWTABLE: {"flowtable %s deleted", true, 1},
 }
 
 // describe summarizes a transaction's events on watched tables: the table, the most

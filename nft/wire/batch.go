@@ -1,8 +1,15 @@
-// Package kernel is the only code in nftproxy that talks to the kernel about nftables.
-// It encodes nft.Ruleset values into nf_tables netlink messages (expressions through
-// github.com/google/nftables/expr) and applies each sync as ONE netlink batch: the kernel
-// commits it atomically or not at all.
-package kernel
+// Package wire is nf_tables on the wire: the one place in nftproxy that knows the
+// netlink message and attribute layouts of nf_tables objects. It encodes typed rulesets
+// (package nft) into messages exactly as nft 1.0.6 would (Batch, sent to the kernel as
+// one transaction), decodes the kernel's dumps and events back (TableState, Decode),
+// opens the netlink sockets (Dial) and asks the kernel for its ruleset generation
+// (GenID). It keeps no state between calls: the applier (nft/kernel), the monitor
+// (nft/monitor) and the verifier (nft/readback) build on it.
+//
+// Netlink framing and attribute parsing go through github.com/mdlayher/netlink; rule
+// expressions are marshalled by github.com/google/nftables/expr, which frames its
+// attributes with the same library (docs/architecture.md says why it is kept).
+package wire
 
 import (
 	"encoding/binary"
@@ -42,8 +49,8 @@ const (
 	nlmAppend  = unix.NLM_F_APPEND
 )
 
-// batch accumulates the messages of one transaction, encoded.
-type batch struct {
+// Batch accumulates the messages of one transaction, encoded.
+type Batch struct {
 	fam     nft.Family
 	table   string
 	pages   [][]byte // whole netlink messages, back to back
@@ -58,13 +65,45 @@ type batch struct {
 
 type msgRef struct{ page, off int }
 
-func newBatch(fam nft.Family, table string) *batch { return &batch{fam: fam, table: table} }
+// NewBatch returns an empty batch for the objects of one table.
+func NewBatch(fam nft.Family, table string) *Batch { return &Batch{fam: fam, table: table} }
+
+// SetTable makes the next messages about another table of the same family.
+func (b *Batch) SetTable(table string) { b.table = table }
+
+// ContinueIDs makes b hand out set IDs after prev's: they must be unique within one
+// transaction.
+func (b *Batch) ContinueIDs(prev *Batch) { b.setID = prev.setID }
+
+// Msgs is the number of messages in the batch.
+func (b *Batch) Msgs() int { return b.msgs }
+
+// Bytes is the size of the batch's messages.
+func (b *Batch) Bytes() int { return b.bytes }
+
+// Merge returns one batch with the messages of bs, in order (one transaction).
+func Merge(bs ...*Batch) *Batch {
+	if len(bs) == 1 {
+		return bs[0]
+	}
+	out := &Batch{}
+	for _, b := range bs {
+		if b.msgs == 0 {
+			continue
+		}
+		out.last = msgRef{len(out.pages) + b.last.page, b.last.off}
+		out.pages = append(out.pages, b.pages...)
+		out.msgs += b.msgs
+		out.bytes += b.bytes
+	}
+	return out
+}
 
 // seq numbers messages uniquely within the process; the kernel quotes it in errors.
 var seq atomic.Uint32
 
 // begin opens a message: the netlink header (its length filled by finish) and nfgenmsg.
-func (b *batch) begin(typ uint16, flags uint16) {
+func (b *Batch) begin(typ uint16, flags uint16) {
 	if len(b.pages) == 0 || len(b.w) >= pageSize {
 		size := firstPageSize
 		if len(b.pages) > 0 {
@@ -84,7 +123,7 @@ func (b *batch) begin(typ uint16, flags uint16) {
 }
 
 // finish closes the open message.
-func (b *batch) finish() {
+func (b *Batch) finish() {
 	n := len(b.w) - b.msgOff
 	binary.NativeEndian.PutUint32(b.w[b.msgOff:], uint32(n))
 	b.pages[len(b.pages)-1] = b.w
@@ -94,7 +133,7 @@ func (b *batch) finish() {
 }
 
 // abandon drops the open message (its encoding failed).
-func (b *batch) abandon() {
+func (b *Batch) abandon() {
 	b.w = b.w[:b.msgOff]
 	b.pages[len(b.pages)-1] = b.w
 }
@@ -103,20 +142,20 @@ func (b *batch) abandon() {
 // without padding, type), the payload, zeros up to a multiple of 4. Integer payloads
 // of nf_tables are big endian.
 
-func (b *batch) attr(typ uint16, data []byte) {
+func (b *Batch) attr(typ uint16, data []byte) {
 	b.w = binary.NativeEndian.AppendUint16(b.w, uint16(4+len(data)))
 	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
 	b.w = append(b.w, data...)
 	b.pad()
 }
 
-func (b *batch) pad() {
+func (b *Batch) pad() {
 	for len(b.w)%4 != 0 {
 		b.w = append(b.w, 0)
 	}
 }
 
-func (b *batch) str(typ uint16, s string) {
+func (b *Batch) str(typ uint16, s string) {
 	b.w = binary.NativeEndian.AppendUint16(b.w, uint16(4+len(s)+1))
 	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
 	b.w = append(b.w, s...)
@@ -124,13 +163,13 @@ func (b *batch) str(typ uint16, s string) {
 	b.pad()
 }
 
-func (b *batch) u32(typ uint16, v uint32) {
+func (b *Batch) u32(typ uint16, v uint32) {
 	b.w = binary.NativeEndian.AppendUint16(b.w, 8)
 	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
 	b.w = binary.BigEndian.AppendUint32(b.w, v)
 }
 
-func (b *batch) u64(typ uint16, v uint64) {
+func (b *Batch) u64(typ uint16, v uint64) {
 	b.w = binary.NativeEndian.AppendUint16(b.w, 12)
 	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
 	b.w = binary.BigEndian.AppendUint64(b.w, v)
@@ -138,34 +177,37 @@ func (b *batch) u64(typ uint16, v uint64) {
 
 // open starts an attribute whose length close fills in: a nested one (flag set) or
 // one whose payload is appended directly.
-func (b *batch) open(typ uint16) int {
+func (b *Batch) open(typ uint16) int {
 	off := len(b.w)
 	b.w = binary.NativeEndian.AppendUint16(b.w, 0)
 	b.w = binary.NativeEndian.AppendUint16(b.w, typ)
 	return off
 }
 
-func (b *batch) nest(typ uint16) int { return b.open(typ | unix.NLA_F_NESTED) }
+func (b *Batch) nest(typ uint16) int { return b.open(typ | unix.NLA_F_NESTED) }
 
-func (b *batch) close(off int) {
+func (b *Batch) close(off int) {
 	binary.NativeEndian.PutUint16(b.w[off:], uint16(len(b.w)-off))
 	b.pad()
 }
 
-func (b *batch) addTable() {
+// AddTable creates the table if it does not exist.
+func (b *Batch) AddTable() {
 	b.begin(unix.NFT_MSG_NEWTABLE, nlmCreate)
 	b.str(unix.NFTA_TABLE_NAME, b.table)
 	b.u32(unix.NFTA_TABLE_FLAGS, 0)
 	b.finish()
 }
 
-func (b *batch) delTable() {
+// DelTable deletes the table.
+func (b *Batch) DelTable() {
 	b.begin(unix.NFT_MSG_DELTABLE, 0)
 	b.str(unix.NFTA_TABLE_NAME, b.table)
 	b.finish()
 }
 
-func (b *batch) addChain(c *nft.Chain) {
+// AddChain creates a chain (without its rules).
+func (b *Batch) AddChain(c *nft.Chain) {
 	b.begin(unix.NFT_MSG_NEWCHAIN, nlmCreate)
 	b.str(unix.NFTA_CHAIN_TABLE, b.table)
 	b.str(unix.NFTA_CHAIN_NAME, c.Name)
@@ -182,22 +224,25 @@ func (b *batch) addChain(c *nft.Chain) {
 
 // named is a message that only names an object of the table: the table attribute, then
 // the object's name (chain, set).
-func (b *batch) named(typ, tableAttr, nameAttr uint16, name string) {
+func (b *Batch) named(typ, tableAttr, nameAttr uint16, name string) {
 	b.begin(typ, 0)
 	b.str(tableAttr, b.table)
 	b.str(nameAttr, name)
 	b.finish()
 }
 
-func (b *batch) flushChain(name string) {
+// FlushChain deletes every rule of a chain.
+func (b *Batch) FlushChain(name string) {
 	b.named(unix.NFT_MSG_DELRULE, unix.NFTA_RULE_TABLE, unix.NFTA_RULE_CHAIN, name)
 }
 
-func (b *batch) delChain(name string) {
+// DelChain deletes an empty chain.
+func (b *Batch) DelChain(name string) {
 	b.named(unix.NFT_MSG_DELCHAIN, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, name)
 }
 
-func (b *batch) addRule(chain string, r nft.Rule) error {
+// AddRule appends a rule to a chain.
+func (b *Batch) AddRule(chain string, r nft.Rule) error {
 	es, err := exprs(b.fam, r)
 	if err != nil {
 		return fmt.Errorf("chain %s: %w", chain, err)
@@ -223,7 +268,8 @@ func (b *batch) addRule(chain string, r nft.Rule) error {
 	return nil
 }
 
-func (b *batch) addSet(s *nft.Set) {
+// AddSet creates a set or map (without its elements).
+func (b *Batch) AddSet(s *nft.Set) {
 	keyType, keyLen := concatType(s.Key)
 	b.setID++
 	b.begin(unix.NFT_MSG_NEWSET, nlmCreate)
@@ -267,12 +313,13 @@ func (b *batch) addSet(s *nft.Set) {
 	b.finish()
 }
 
-func (b *batch) delSet(name string) {
+// DelSet deletes a set no rule refers to.
+func (b *Batch) DelSet(name string) {
 	b.named(unix.NFT_MSG_DELSET, unix.NFTA_SET_TABLE, unix.NFTA_SET_NAME, name)
 }
 
-// elems adds (del == false) or deletes elements, in chunks.
-func (b *batch) elems(s *nft.Set, es []*nft.Element, del bool) error {
+// Elems adds (del == false) or deletes elements, in chunks.
+func (b *Batch) Elems(s *nft.Set, es []*nft.Element, del bool) error {
 	typ, flags := uint16(unix.NFT_MSG_NEWSETELEM), uint16(nlmCreate)
 	if del {
 		typ, flags = unix.NFT_MSG_DELSETELEM, 0
@@ -296,7 +343,7 @@ func (b *batch) elems(s *nft.Set, es []*nft.Element, del bool) error {
 
 // element encodes one list element: its key, and unless keyOnly its value, comment and
 // counter.
-func (b *batch) element(s *nft.Set, e *nft.Element, keyOnly bool) error {
+func (b *Batch) element(s *nft.Set, e *nft.Element, keyOnly bool) error {
 	el := b.nest(unix.NFTA_LIST_ELEM)
 	if err := b.data(unix.NFTA_SET_ELEM_KEY, s.Key, e.Key); err != nil {
 		return err
@@ -334,11 +381,11 @@ func (b *batch) element(s *nft.Set, e *nft.Element, keyOnly bool) error {
 }
 
 // data encodes a key or map value: attribute typ holding an NFTA_DATA_VALUE.
-func (b *batch) data(typ uint16, ts []nft.Datatype, vs []nft.Value) error {
+func (b *Batch) data(typ uint16, ts []nft.Datatype, vs []nft.Value) error {
 	n := b.nest(typ)
 	v := b.open(unix.NFTA_DATA_VALUE)
 	var err error
-	if b.w, err = appendValues(b.w, ts, vs); err != nil {
+	if b.w, err = AppendValues(b.w, ts, vs); err != nil {
 		return err
 	}
 	b.close(v)
@@ -353,20 +400,20 @@ const (
 )
 
 // counterExpr encodes a zeroed counter expression, as nft attaches to counter sets.
-func (b *batch) counterExpr(typ uint16) {
+func (b *Batch) counterExpr(typ uint16) {
 	n := b.nest(typ)
 	b.str(unix.NFTA_EXPR_NAME, "counter")
 	b.close(b.nest(unix.NFTA_EXPR_DATA))
 	b.close(n)
 }
 
-// flushSet deletes every element of a set (dynamic sets' learned entries).
-func (b *batch) flushSet(name string) {
+// FlushSet deletes every element of a set (dynamic sets' learned entries).
+func (b *Batch) FlushSet(name string) {
 	b.named(unix.NFT_MSG_DELSETELEM, unix.NFTA_SET_ELEM_LIST_TABLE, unix.NFTA_SET_ELEM_LIST_SET, name)
 }
 
 // each calls fn with the type (NFT_MSG_*) and payload (after nfgenmsg) of every message.
-func (b *batch) each(fn func(typ uint16, payload []byte) error) error {
+func (b *Batch) each(fn func(typ uint16, payload []byte) error) error {
 	for _, p := range b.pages {
 		for len(p) >= 20 {
 			n := int(binary.NativeEndian.Uint32(p))
@@ -404,11 +451,11 @@ func verdictCode(v nft.Verdict) (uint32, string, error) {
 	return 0, "", fmt.Errorf("unknown verdict kind %d", v.Kind)
 }
 
-// send submits the batch as one transaction. The kernel applies all of it or, on any
+// Send submits the batch as one transaction. The kernel applies all of it or, on any
 // error, none of it. Only the last message asks for an acknowledgement: the kernel
 // answers a failing message whether asked or not, and one ack per message would overflow
 // the socket's receive buffer for large batches (ENOBUFS).
-func (b *batch) send(c *netlink.Conn) error {
+func (b *Batch) Send(c *netlink.Conn) error {
 	if b.msgs == 0 {
 		return nil
 	}
@@ -494,7 +541,7 @@ func sendIOV(c *netlink.Conn, iov [][]byte) error {
 	return nil
 }
 
-func (b *batch) failure(errs []error) error {
+func (b *Batch) failure(errs []error) error {
 	if len(errs) == 0 {
 		return nil
 	}

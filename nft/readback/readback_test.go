@@ -1,4 +1,4 @@
-package kernel_test
+package readback_test
 
 import (
 	"net/netip"
@@ -10,7 +10,8 @@ import (
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/readback"
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // verifySnapshot has every kind of object the compiler makes: node ports, external and
@@ -69,7 +70,7 @@ func verifySnapshot6() *model.Snapshot {
 	return snap
 }
 
-func mustVerify(t *testing.T, a *kernel.Applier, rs *nft.Ruleset, opts ...kernel.VerifyOption) kernel.Diff {
+func mustVerify(t *testing.T, a applierReader, rs *nft.Ruleset, opts ...readback.Option) readback.Diff {
 	t.Helper()
 	d, err := a.Verify(rs, opts...)
 	if err != nil {
@@ -83,7 +84,7 @@ func mustVerify(t *testing.T, a *kernel.Applier, rs *nft.Ruleset, opts ...kernel
 // compares is what nft itself encodes.
 func TestVerifyEqualAfterApply(t *testing.T) {
 	ns := testnetns.New(t)
-	a := kernel.New(kernel.WithNetNS(ns.FD))
+	a := newApplier(ns)
 	rs, _ := compile.Compile(verifySnapshot(), cfg(), compile.NewSlots())
 	if _, err := a.Apply(rs); err != nil {
 		t.Fatal(err)
@@ -118,12 +119,12 @@ func TestVerifyEqualAfterApply(t *testing.T) {
 
 	byNft := testnetns.New(t)
 	byNft.MustRun(t, nft.Render(rs), "nft", "-f", "-")
-	if d := mustVerify(t, kernel.New(kernel.WithNetNS(byNft.FD)), rs); !d.Empty() {
+	if d := mustVerify(t, newApplier(byNft), rs); !d.Empty() {
 		t.Fatalf("the ruleset as nft loads it differs from our encoding:\n%s", d)
 	}
 
 	// A table that is not there.
-	if d := mustVerify(t, kernel.New(kernel.WithNetNS(testnetns.New(t).FD)), rs); !slices.Equal(d, kernel.Diff{"ip nftproxy: table missing"}) {
+	if d := mustVerify(t, newApplier(testnetns.New(t)), rs); !slices.Equal(d, readback.Diff{"ip nftproxy: table missing"}) {
 		t.Fatalf("empty namespace: %q", d)
 	}
 }
@@ -132,7 +133,7 @@ func TestVerifyEqualAfterApply(t *testing.T) {
 // Verify reports exactly that change, and after a repairing Apply nothing.
 func TestVerifyReportsTampering(t *testing.T) {
 	ns := testnetns.New(t)
-	a := kernel.New(kernel.WithNetNS(ns.FD))
+	a := newApplier(ns)
 	rs, _ := compile.Compile(verifySnapshot(), cfg(), compile.NewSlots())
 	if _, err := a.Apply(rs); err != nil {
 		t.Fatal(err)
@@ -147,7 +148,7 @@ func TestVerifyReportsTampering(t *testing.T) {
 	cases := []struct {
 		name   string
 		tamper [][]string
-		opts   []kernel.VerifyOption
+		opts   []readback.Option
 		want   []string
 	}{
 		{"delete element", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "service-ips", "{ 10.96.0.1 . tcp . 80 }"}}, nil,
@@ -183,7 +184,7 @@ func TestVerifyReportsTampering(t *testing.T) {
 		{"delete endpoint slot", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "endpoints-0", "{ 0 }"}}, nil,
 			[]string{`ip nftproxy: set endpoints-0: missing element 0 : 10.244.0.1 . 8080`}},
 		{"delete endpoint slot, slots by content", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "endpoints-0", "{ 0 }"}},
-			[]kernel.VerifyOption{kernel.EndpointSlotsByContent()},
+			[]readback.Option{slotsByContent},
 			[]string{"ip nftproxy: chain " + svcA + ": rule 1 differs: kernel `" + dnatA + "` selecting {10.244.0.2 . 8080, missing}, expected `" + dnatA + "`"}},
 	}
 	for _, tc := range cases {
@@ -191,7 +192,7 @@ func TestVerifyReportsTampering(t *testing.T) {
 			for _, cmd := range tc.tamper {
 				ns.MustRun(t, "", cmd...)
 			}
-			if d := mustVerify(t, a, rs, tc.opts...); !slices.Equal(d, kernel.Diff(tc.want)) {
+			if d := mustVerify(t, a, rs, tc.opts...); !slices.Equal(d, readback.Diff(tc.want)) {
 				t.Errorf("Verify after %s:\n%s\nwant:\n%s", tc.name, d, strings.Join(tc.want, "\n"))
 			}
 			a.Resync()
@@ -210,7 +211,7 @@ func TestVerifyReportsTampering(t *testing.T) {
 // different slot numbers, comparison by content sees none.
 func TestVerifySlotsByContent(t *testing.T) {
 	ns := testnetns.New(t)
-	a := kernel.New(kernel.WithNetNS(ns.FD))
+	a := newApplier(ns)
 	snap := verifySnapshot()
 	history := compile.NewSlots()
 	bigger := &model.Snapshot{Node: snap.Node, Services: append([]model.ServicePort{svc("first", "10.96.0.9", 0, 100, 40)}, snap.Services...)}
@@ -223,13 +224,13 @@ func TestVerifySlotsByContent(t *testing.T) {
 	if d := mustVerify(t, a, fresh); d.Empty() {
 		t.Fatal("exact comparison found no difference between two slot layouts")
 	}
-	if d := mustVerify(t, a, fresh, kernel.EndpointSlotsByContent()); !d.Empty() {
+	if d := mustVerify(t, a, fresh, slotsByContent); !d.Empty() {
 		t.Fatalf("comparison by content:\n%s", d)
 	}
 	// A slot element no rule selects is a difference even by content.
 	ns.MustRun(t, "", "nft", "add", "element", "ip", "nftproxy", "endpoints-0", "{ 250 : 10.244.5.5 . 80 }")
-	want := kernel.Diff{"ip nftproxy: set endpoints-0: element 250 : 10.244.5.5 . 80 is selected by no rule"}
-	if d := mustVerify(t, a, fresh, kernel.EndpointSlotsByContent()); !slices.Equal(d, want) {
+	want := readback.Diff{"ip nftproxy: set endpoints-0: element 250 : 10.244.5.5 . 80 is selected by no rule"}
+	if d := mustVerify(t, a, fresh, slotsByContent); !slices.Equal(d, want) {
 		t.Fatalf("stray slot element:\n%s\nwant:\n%s", d, want)
 	}
 }
@@ -244,11 +245,11 @@ func TestCompareEncoded(t *testing.T) {
 	snap.Services = snap.Services[:3] // "empty" is gone
 	snap.Services[1].AffinityTimeout = 60
 	cur, _ := compile.Compile(snap, cfg(), slots)
-	got, err := kernel.EncodeState(old)
+	got, err := wire.EncodeState(old)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := kernel.Compare(got, cur)
+	d, err := readback.Compare(got, cur)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestCompareEncoded(t *testing.T) {
 	if !strings.Contains(d.String(), `no-endpoint-services: extra element 10.96.0.4 . tcp . 80`) {
 		t.Errorf("gone no-endpoint element not reported:\n%s", d)
 	}
-	if d, _ := kernel.Compare(got, old); !d.Empty() {
+	if d, _ := readback.Compare(got, old); !d.Empty() {
 		t.Errorf("a ruleset differs from itself:\n%s", d)
 	}
 }

@@ -1,4 +1,4 @@
-package kernel
+package wire
 
 import (
 	"encoding/binary"
@@ -285,9 +285,9 @@ func concatType(ts []nft.Datatype) (id, length uint32) {
 	return id, length
 }
 
-// appendValues appends the encoding of vs to dst: each field in its own 32-bit aligned
+// AppendValues appends the encoding of vs to dst: each field in its own 32-bit aligned
 // register slot when there are several (a concatenation), as nft does.
-func appendValues(dst []byte, ts []nft.Datatype, vs []nft.Value) ([]byte, error) {
+func AppendValues(dst []byte, ts []nft.Datatype, vs []nft.Value) ([]byte, error) {
 	if len(ts) != len(vs) {
 		return nil, fmt.Errorf("kernel: %d values for %d types", len(vs), len(ts))
 	}

@@ -1,4 +1,4 @@
-package kernel
+package wire
 
 import (
 	"bytes"
@@ -60,7 +60,7 @@ func Decode(st *TableState) (rs *nft.Ruleset, undecoded []string) {
 func decodeSet(s *SetState) *nft.Set {
 	out := &nft.Set{
 		Name:    s.Name,
-		Key:     typesOf(s.KeyType, s.KeyLen),
+		Key:     TypesOf(s.KeyType, s.KeyLen),
 		Comment: udataStringTLV(s.UserData, udataSetComment),
 		Dynamic: s.Flags&unix.NFT_SET_EVAL != 0,
 		Timeout: uint32(s.Timeout / 1000),
@@ -72,13 +72,13 @@ func decodeSet(s *SetState) *nft.Set {
 	case s.DataType == unix.NFT_DATA_VERDICT:
 		out.Data = []nft.Datatype{nft.TypeVerdict}
 	default:
-		out.Data = typesOf(s.DataType, s.DataLen)
+		out.Data = TypesOf(s.DataType, s.DataLen)
 	}
 	keys := sortedKeys(s.Elements)
 	slices.SortFunc(keys, func(a, b string) int { return bytes.Compare([]byte(a), []byte(b)) })
 	for _, k := range keys {
 		e := s.Elements[k]
-		el := nft.Element{Comment: commentOf(e.UserData)}
+		el := nft.Element{Comment: CommentOf(e.UserData)}
 		el.Key, _ = decodeValues(out.Key, e.Key)
 		switch {
 		case e.Verdict:
@@ -126,7 +126,7 @@ func decodeVerdictKind(e ElemState) nft.Verdict {
 // DecodeRule turns a rule's expressions into statements; ok is false when some
 // expressions are not an encoding of any statement (a rule another program wrote).
 func DecodeRule(fam nft.Family, r RuleState) (rule nft.Rule, ok bool) {
-	rule.Comment = commentOf(r.UserData)
+	rule.Comment = CommentOf(r.UserData)
 	for i := 0; i < len(r.Exprs); {
 		s, n := decodeStmt(fam, r.Exprs[i:])
 		if n == 0 {
@@ -145,7 +145,7 @@ func decodeStmt(fam nft.Family, es []ExprState) (nft.Stmt, int) {
 		if err != nil || len(enc) > len(es) {
 			continue
 		}
-		if ruleKey(RuleState{Exprs: enc}) == ruleKey(RuleState{Exprs: es[:len(enc)]}) {
+		if RuleKey(RuleState{Exprs: enc}) == RuleKey(RuleState{Exprs: es[:len(enc)]}) {
 			return s, len(enc)
 		}
 	}
@@ -362,4 +362,10 @@ func immediateVerdictOf(e ExprState) (nft.Verdict, bool) {
 		}
 	}
 	return nft.Verdict{}, false
+}
+
+// SetDef is a set's definition as a typed value, without its elements.
+func SetDef(s *SetState) *nft.Set {
+	return decodeSet(&SetState{Name: s.Name, Flags: s.Flags, KeyType: s.KeyType, KeyLen: s.KeyLen, DataType: s.DataType,
+		DataLen: s.DataLen, Timeout: s.Timeout, Size: s.Size, UserData: s.UserData, Exprs: s.Exprs})
 }

@@ -1,7 +1,6 @@
-package kernel_test
+package readback_test
 
 import (
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -9,7 +8,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
 // renderedParts renders every chain and set of a ruleset on its own, sorted by name,
@@ -34,9 +33,9 @@ func renderedParts(rs *nft.Ruleset) []string {
 	return out
 }
 
-func checkDecodes(t *testing.T, st *kernel.TableState, want *nft.Ruleset) {
+func checkDecodes(t *testing.T, st *wire.TableState, want *nft.Ruleset) {
 	t.Helper()
-	got, undecoded := kernel.Decode(st)
+	got, undecoded := wire.Decode(st)
 	if len(undecoded) > 0 {
 		t.Fatalf("undecoded rules: %v", undecoded)
 	}
@@ -69,7 +68,7 @@ func TestDecodeEncoded(t *testing.T) {
 		{"ipv6", mustCompile(compile.Compile(verifySnapshot6(), cfg6(), compile.NewSlots()))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st, err := kernel.EncodeState(tc.rs)
+			st, err := wire.EncodeState(tc.rs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,52 +79,11 @@ func TestDecodeEncoded(t *testing.T) {
 
 func mustCompile(rs *nft.Ruleset, _ any) *nft.Ruleset { return rs }
 
-// TestDecodeEveryStatement round-trips each statement kind alone, in both families, and
-// a rule that is not an encoding of any statement is reported, not guessed.
-func TestDecodeEveryStatement(t *testing.T) {
-	for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
-		for _, s := range nft.AllStmtKinds() {
-			if fam == nft.IPv6 {
-				switch m := s.(type) {
-				case nft.MatchPrefix:
-					s = nft.MatchPrefix{Field: m.Field, Op: m.Op, Prefix: netip.MustParsePrefix("fd00::/13")}
-				case nft.DNATTo:
-					s = nft.DNATTo{Addr: netip.MustParseAddr("fd00::1"), Port: m.Port}
-				}
-			}
-			rule := nft.Rule{Stmts: []nft.Stmt{s}, Comment: "c"}
-			rs := &nft.Ruleset{Family: fam, Table: "t", Chains: []*nft.Chain{{Name: "x", Rules: []nft.Rule{rule}}}}
-			st, err := kernel.EncodeState(rs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, ok := kernel.DecodeRule(fam, st.Chains["x"].Rules[0])
-			if !ok || nft.RenderRule(fam, got) != nft.RenderRule(fam, rule) {
-				t.Errorf("%s %T: decoded %q (ok %v), want %q", fam, s, nft.RenderRule(fam, got), ok, nft.RenderRule(fam, rule))
-			}
-		}
-	}
-	// the prefix bytes of "ip saddr 10.0.0.0/8" with a length the encoder never uses
-	rs := &nft.Ruleset{Family: nft.IPv4, Table: "t", Chains: []*nft.Chain{{Name: "x", Rules: []nft.Rule{{Stmts: []nft.Stmt{
-		nft.MatchPrefix{Field: nft.FieldSaddr, Prefix: netip.MustParsePrefix("10.0.0.0/8")}}}}}}}
-	st, _ := kernel.EncodeState(rs)
-	r := st.Chains["x"].Rules[0]
-	r.Exprs = slices.Clone(r.Exprs)
-	r.Exprs[0].Attrs = map[uint16][]byte{}
-	for k, v := range st.Chains["x"].Rules[0].Exprs[0].Attrs {
-		r.Exprs[0].Attrs[k] = v
-	}
-	r.Exprs[0].Attrs[3] = []byte{0, 0, 0, 3} // NFTA_PAYLOAD_LEN
-	if got, ok := kernel.DecodeRule(nft.IPv4, r); ok {
-		t.Errorf("a payload of 3 bytes against 1 compared decoded as %q", nft.RenderRule(nft.IPv4, got))
-	}
-}
-
 // TestDecodeKernel applies compiled rulesets in a throwaway namespace, reads them back
 // and decodes them: the kernel's dump decodes to the same chains and sets.
 func TestDecodeKernel(t *testing.T) {
 	ns := testnetns.New(t)
-	a := kernel.New(kernel.WithNetNS(ns.FD))
+	a := newApplier(ns)
 	for _, rs := range []*nft.Ruleset{
 		mustCompile(compile.Compile(verifySnapshot(), cfg(), compile.NewSlots())),
 		mustCompile(compile.Compile(verifySnapshot6(), cfg6(), compile.NewSlots())),

@@ -1,4 +1,4 @@
-package kernel
+package wire
 
 import (
 	"bytes"
@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sort"
 	"strings"
 	"syscall"
 
@@ -18,14 +17,14 @@ import (
 	"github.com/nftproxy/nftproxy/nft"
 )
 
-// This file reads a table back from the kernel over netlink and compares it with what a
-// ruleset encodes to. Both sides go through the same attribute parser: the kernel's dump
-// and our own encoder's messages (batch.addChain, addRule, addSet, elems) become a
-// TableState, and two TableStates are compared. What the kernel adds or normalises in
-// dumps is ignored: handles, use counts, chain statistics, counter values, element
-// timeouts and expirations, learned elements of dynamic sets, and attributes that are
-// zero on one side and absent on the other (the kernel defaults them to zero: e.g.
-// NFTA_LOOKUP_SET_ID, NFTA_LOOKUP_FLAGS, NFTA_BITWISE_OP, NFTA_DYNSET_TIMEOUT).
+// This file reads a table back from the kernel over netlink, and turns a ruleset into
+// the same form: both sides go through the same attribute parser (the kernel's dump, and
+// our own encoder's messages become a TableState), so that nft/readback can compare
+// them. What the kernel adds or normalises in dumps is ignored by RuleKey and by the
+// element parser: handles, use counts, chain statistics, counter values, element
+// timeouts and expirations, and attributes that are zero on one side and absent on the
+// other (the kernel defaults them to zero: e.g. NFTA_LOOKUP_SET_ID, NFTA_LOOKUP_FLAGS,
+// NFTA_BITWISE_OP, NFTA_DYNSET_TIMEOUT).
 
 // TableState is one table in comparable form: what the kernel holds, or what a ruleset
 // encodes to.
@@ -91,71 +90,22 @@ type ElemState struct {
 	Exprs        []string
 }
 
-// Diff lists human-readable differences between the kernel and the expected rulesets,
-// one per line; empty when they are equal.
-type Diff []string
-
-// Empty reports whether there is no difference.
-func (d Diff) Empty() bool { return len(d) == 0 }
-
-func (d Diff) String() string { return strings.Join(d, "\n") }
-
-// VerifyOption changes how Verify compares.
-type VerifyOption func(*verifyConfig)
-
-type verifyConfig struct{ slotsByContent bool }
-
-// EndpointSlotsByContent compares endpoint slot maps (maps keyed by a "numgen" integer)
-// by what each rule selects from them instead of by slot number: a "numgen random mod N
-// offset K" lookup is compared as the multiset of values at keys K…K+N-1, and slot map
-// names and unreferenced keys do not matter except that a kernel slot element no rule
-// selects is reported. Use it when the expected ruleset was compiled without the slot
-// allocation history of the process that programmed the kernel (nftproxy verify).
-func EndpointSlotsByContent() VerifyOption {
-	return func(c *verifyConfig) { c.slotsByContent = true }
-}
-
-// Verify reads the expected ruleset's table back from the kernel and reports every
-// difference.
-func (a *Applier) Verify(expected *nft.Ruleset, opts ...VerifyOption) (Diff, error) {
-	got, err := a.ReadBack(expected.Family, expected.Table)
-	if err != nil {
-		return nil, err
-	}
-	return Compare(got, expected, opts...)
-}
-
-// Compare reports the differences between a table state (read back from the kernel) and
-// what the expected ruleset encodes to.
-func Compare(got *TableState, expected *nft.Ruleset, opts ...VerifyOption) (Diff, error) {
-	var cfg verifyConfig
-	for _, o := range opts {
-		o(&cfg)
-	}
-	want, err := EncodeState(expected)
-	if err != nil {
-		return nil, err
-	}
-	return compareStates(got, want, expected.Flatten(), cfg), nil
-}
-
-// maxReadAttempts bounds how often ReadBack starts over because the ruleset changed
 // while it was being read.
 const maxReadAttempts = 20
 
-// ReadBack reads a table from the kernel: chains with hooks, rules, set definitions and
-// all elements. The reads are retried until the ruleset generation is the same before
-// and after them, so the result is one consistent state even while another process
-// commits transactions.
-func (a *Applier) ReadBack(fam nft.Family, table string) (*TableState, error) {
-	conn, err := a.dial()
+// ReadTable reads a table from the kernel of the network namespace open at netns (0:
+// the current one): chains with hooks, rules, set definitions and all elements. The
+// reads are retried until the ruleset generation is the same before and after them, so
+// the result is one consistent state even while another process commits transactions.
+func ReadTable(netns int, fam nft.Family, table string) (*TableState, error) {
+	conn, err := Dial(netns)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
 	var lastErr error
 	for range maxReadAttempts {
-		before, err := genID(conn)
+		before, err := GenID(conn)
 		if err != nil {
 			return nil, err
 		}
@@ -163,7 +113,7 @@ func (a *Applier) ReadBack(fam nft.Family, table string) (*TableState, error) {
 		if err != nil && !errors.Is(err, errInterrupted) {
 			return nil, err
 		}
-		after, gerr := genID(conn)
+		after, gerr := GenID(conn)
 		if gerr != nil {
 			return nil, gerr
 		}
@@ -177,7 +127,7 @@ func (a *Applier) ReadBack(fam nft.Family, table string) (*TableState, error) {
 
 var errInterrupted = errors.New("dump interrupted")
 
-func genID(conn *netlink.Conn) (uint32, error) {
+func GenID(conn *netlink.Conn) (uint32, error) {
 	msgs, err := conn.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
 		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
@@ -199,8 +149,8 @@ func genID(conn *netlink.Conn) (uint32, error) {
 	return 0, errors.New("reading the ruleset generation: no NFTA_GEN_ID in the answer")
 }
 
-// dump sends a dump request and returns the answers' attribute payloads.
-func dump(conn *netlink.Conn, fam nft.Family, typ uint16, build func(ae *netlink.AttributeEncoder)) ([][]byte, error) {
+// Dump sends a dump request and returns the answers' attribute payloads.
+func Dump(conn *netlink.Conn, fam nft.Family, typ uint16, build func(ae *netlink.AttributeEncoder)) ([][]byte, error) {
 	ae := netlink.NewAttributeEncoder()
 	ae.ByteOrder = binary.BigEndian
 	if build != nil {
@@ -254,7 +204,7 @@ func newTableState(fam nft.Family, table string) *TableState {
 
 func readTable(conn *netlink.Conn, fam nft.Family, table string) (*TableState, error) {
 	st := newTableState(fam, table)
-	tables, err := dump(conn, fam, unix.NFT_MSG_GETTABLE, nil)
+	tables, err := Dump(conn, fam, unix.NFT_MSG_GETTABLE, nil)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s tables: %w", fam, err)
 	}
@@ -272,7 +222,7 @@ func readTable(conn *netlink.Conn, fam nft.Family, table string) (*TableState, e
 	if !st.Exists {
 		return st, nil
 	}
-	chains, err := dump(conn, fam, unix.NFT_MSG_GETCHAIN, nil)
+	chains, err := Dump(conn, fam, unix.NFT_MSG_GETCHAIN, nil)
 	if err != nil {
 		return nil, fmt.Errorf("listing chains of %s %s: %w", fam, table, err)
 	}
@@ -281,7 +231,7 @@ func readTable(conn *netlink.Conn, fam nft.Family, table string) (*TableState, e
 			return nil, err
 		}
 	}
-	rules, err := dump(conn, fam, unix.NFT_MSG_GETRULE, func(ae *netlink.AttributeEncoder) {
+	rules, err := Dump(conn, fam, unix.NFT_MSG_GETRULE, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_RULE_TABLE, table)
 	})
 	if err != nil {
@@ -292,7 +242,7 @@ func readTable(conn *netlink.Conn, fam nft.Family, table string) (*TableState, e
 			return nil, err
 		}
 	}
-	sets, err := dump(conn, fam, unix.NFT_MSG_GETSET, func(ae *netlink.AttributeEncoder) {
+	sets, err := Dump(conn, fam, unix.NFT_MSG_GETSET, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_SET_TABLE, table)
 	})
 	if err != nil {
@@ -304,7 +254,7 @@ func readTable(conn *netlink.Conn, fam nft.Family, table string) (*TableState, e
 		}
 	}
 	for _, name := range sortedKeys(st.Sets) {
-		elems, err := dump(conn, fam, unix.NFT_MSG_GETSETELEM, func(ae *netlink.AttributeEncoder) {
+		elems, err := Dump(conn, fam, unix.NFT_MSG_GETSETELEM, func(ae *netlink.AttributeEncoder) {
 			ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)
 			ae.String(unix.NFTA_SET_ELEM_LIST_SET, name)
 		})
@@ -323,22 +273,22 @@ func readTable(conn *netlink.Conn, fam nft.Family, table string) (*TableState, e
 // EncodeState returns what the ruleset encodes to, in the form ReadBack returns.
 func EncodeState(rs *nft.Ruleset) (*TableState, error) {
 	rs = rs.Flatten()
-	b := newBatch(rs.Family, rs.Table)
+	b := NewBatch(rs.Family, rs.Table)
 	var errs []error
 	for _, s := range rs.Sets {
-		b.addSet(s)
+		b.AddSet(s)
 		if !s.Dynamic {
 			es := make([]*nft.Element, len(s.Elements))
 			for i := range s.Elements {
 				es[i] = &s.Elements[i]
 			}
-			errs = append(errs, b.elems(s, es, false))
+			errs = append(errs, b.Elems(s, es, false))
 		}
 	}
 	for _, c := range rs.Chains {
-		b.addChain(c)
+		b.AddChain(c)
 		for _, r := range c.Rules {
-			errs = append(errs, b.addRule(c.Name, r))
+			errs = append(errs, b.AddRule(c.Name, r))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -641,79 +591,7 @@ func decodeElem(b []byte) (ElemState, error) {
 }
 
 // Comparison.
-
-// slotKeyType is the key type of endpoint slot maps ("typeof numgen …": integer).
-var slotKeyType = typeID(nft.TypeNumgen)
-
-func (s *SetState) isSlotMap() bool {
-	return s.Flags&unix.NFT_SET_MAP != 0 && s.KeyType == slotKeyType && s.KeyLen == 4
-}
-
-// sideView is one side of a comparison with the canonical form of every rule.
-type sideView struct {
-	st       *TableState
-	rules    map[string][]string    // chain → canonical rule keys
-	resolved map[string][]RuleState // chain → rules as compared (slots resolved)
-	// reached marks slot elements some rule selects: set → key bytes.
-	reached map[string]map[string]bool
-}
-
-// pseudo-attribute carrying the values a slot lookup selects (slot mode)
-const attrSelected = 0xffff
-
-func newSideView(st *TableState, bySlots bool) *sideView {
-	v := &sideView{st: st, rules: map[string][]string{}, resolved: map[string][]RuleState{}, reached: map[string]map[string]bool{}}
-	for name, c := range st.Chains {
-		keys := make([]string, len(c.Rules))
-		rules := make([]RuleState, len(c.Rules))
-		for i, r := range c.Rules {
-			if bySlots {
-				r = v.resolveSlots(r)
-			}
-			keys[i], rules[i] = ruleKey(r), r
-		}
-		v.rules[name], v.resolved[name] = keys, rules
-	}
-	return v
-}
-
-// resolveSlots replaces "numgen … offset K" + "lookup @slotmap" by the values the lookup
-// can select.
-func (v *sideView) resolveSlots(r RuleState) RuleState {
-	out := RuleState{UserData: r.UserData, Exprs: slices.Clone(r.Exprs)}
-	for i := 0; i+1 < len(out.Exprs); i++ {
-		ng, lk := out.Exprs[i], out.Exprs[i+1]
-		if ng.Name != "numgen" || lk.Name != "lookup" {
-			continue
-		}
-		set := v.st.Sets[cstring(lk.Attrs[unix.NFTA_LOOKUP_SET])]
-		if set == nil || !set.isSlotMap() {
-			continue
-		}
-		mod, off := be32(ng.Attrs[unix.NFTA_NG_MODULUS]), be32(ng.Attrs[unix.NFTA_NG_OFFSET])
-		vals := make([]string, 0, min(mod, 1<<16))
-		if v.reached[set.Name] == nil {
-			v.reached[set.Name] = map[string]bool{}
-		}
-		for k := off; k < off+mod && k-off < 1<<16; k++ {
-			key := string(le32(k))
-			if e, ok := set.Elements[key]; ok {
-				vals = append(vals, hex.EncodeToString(e.Data))
-				v.reached[set.Name][key] = true
-			} else {
-				vals = append(vals, "missing")
-			}
-		}
-		sort.Strings(vals)
-		ng = ExprState{Name: ng.Name, Attrs: withoutAttrs(ng.Attrs, unix.NFTA_NG_OFFSET)}
-		lk = ExprState{Name: lk.Name, Attrs: withoutAttrs(lk.Attrs, unix.NFTA_LOOKUP_SET, unix.NFTA_LOOKUP_SET_ID)}
-		lk.Attrs[attrSelected] = []byte(strings.Join(vals, ","))
-		out.Exprs[i], out.Exprs[i+1] = ng, lk
-	}
-	return out
-}
-
-func withoutAttrs(m map[uint16][]byte, drop ...uint16) map[uint16][]byte {
+func WithoutAttrs(m map[uint16][]byte, drop ...uint16) map[uint16][]byte {
 	out := make(map[uint16][]byte, len(m))
 	for k, v := range m {
 		if !slices.Contains(drop, k) {
@@ -729,8 +607,8 @@ const (
 	natRangeProtoSpecified = 0x2
 )
 
-// ruleKey is the canonical form of a rule: equal keys mean equal rules.
-func ruleKey(r RuleState) string {
+// RuleKey is the canonical form of a rule: equal keys mean equal rules.
+func RuleKey(r RuleState) string {
 	var b strings.Builder
 	for _, e := range r.Exprs {
 		b.WriteString(e.Name)
@@ -738,7 +616,7 @@ func ruleKey(r RuleState) string {
 		if e.Name != "counter" { // counter values change by themselves
 			attrs := e.Attrs
 			if e.Name == "nat" {
-				attrs = withoutAttrs(attrs)
+				attrs = WithoutAttrs(attrs)
 				flags := be32(attrs[unix.NFTA_NAT_FLAGS])
 				if attrs[unix.NFTA_NAT_REG_ADDR_MIN] != nil {
 					flags |= natRangeMapIPs
@@ -757,7 +635,7 @@ func ruleKey(r RuleState) string {
 					val = binary.BigEndian.AppendUint32(nil, reg32(be32(val)))
 				}
 				if isData(e.Name, t) {
-					fmt.Fprintf(&b, "%d=%s;", t, dataString(val))
+					fmt.Fprintf(&b, "%d=%s;", t, DataString(val))
 					continue
 				}
 				fmt.Fprintf(&b, "%d=%x;", t, val)
@@ -819,8 +697,8 @@ func isData(expr string, attr uint16) bool {
 	return false
 }
 
-// dataString is the canonical form of nested NFTA_DATA_VALUE / NFTA_DATA_VERDICT.
-func dataString(b []byte) string {
+// DataString is the canonical form of nested NFTA_DATA_VALUE / NFTA_DATA_VERDICT.
+func DataString(b []byte) string {
 	var out []string
 	ad, err := decoder(b)
 	if err != nil {
@@ -831,7 +709,7 @@ func dataString(b []byte) string {
 		case unix.NFTA_DATA_VALUE:
 			out = append(out, "value "+hex.EncodeToString(ad.Bytes()))
 		case unix.NFTA_DATA_VERDICT:
-			out = append(out, verdictString(decodeVerdict(ad.Bytes())))
+			out = append(out, VerdictString(decodeVerdict(ad.Bytes())))
 		default:
 			out = append(out, fmt.Sprintf("attr %d %x", ad.Type(), ad.Bytes()))
 		}
@@ -892,315 +770,20 @@ func sortedKeys[K ~string | ~uint16, V any](m map[K]V) []K {
 	return keys
 }
 
-func compareStates(got, want *TableState, rs *nft.Ruleset, cfg verifyConfig) Diff {
-	prefix := fmt.Sprintf("%s %s: ", want.Family, want.Name)
-	var d Diff
-	add := func(format string, args ...any) { d = append(d, prefix+fmt.Sprintf(format, args...)) }
-	if !got.Exists {
-		add("table missing")
-		return d
-	}
-	gv, wv := newSideView(got, cfg.slotsByContent), newSideView(want, cfg.slotsByContent)
-	r := &renderer{rs: rs, want: want, byKey: map[string]string{}}
-	for _, c := range rs.Chains {
-		keys := wv.rules[c.Name]
-		for i, rule := range c.Rules {
-			if i < len(keys) {
-				r.byKey[keys[i]] = nft.RenderRule(rs.Family, rule)
-			}
-		}
-	}
-
-	// sets
-	var slotTemplate *SetState
-	for _, name := range sortedKeys(want.Sets) {
-		if s := want.Sets[name]; s.isSlotMap() && slotTemplate == nil {
-			slotTemplate = s
-		}
-	}
-	for _, name := range union(sortedKeys(got.Sets), sortedKeys(want.Sets)) {
-		gs, ws := got.Sets[name], want.Sets[name]
-		if cfg.slotsByContent && ((gs != nil && gs.isSlotMap()) || (ws != nil && ws.isSlotMap())) {
-			if gs != nil && slotTemplate != nil {
-				for _, what := range setDefDiff(gs, slotTemplate) {
-					add("set %s: %s", name, what)
-				}
-			}
-			if gs != nil {
-				for _, k := range sortedKeys(gs.Elements) {
-					if !gv.reached[name][k] {
-						add("set %s: element %s is selected by no rule", name, r.elem(name, gs, gs.Elements[k]))
-					}
-				}
-			}
-			continue
-		}
-		switch {
-		case gs == nil:
-			add("set %s missing (%d elements)", name, len(ws.Elements))
-			continue
-		case ws == nil:
-			add("set %s extra (%d elements)", name, len(gs.Elements))
-			continue
-		}
-		if what := setDefDiff(gs, ws); len(what) > 0 {
-			for _, w := range what {
-				add("set %s: %s", name, w)
-			}
-			add("set %s: kernel definition `%s`, expected `%s`", name, setHeader(rs.Family, gs), setHeader(rs.Family, ws))
-		}
-		if ws.Flags&unix.NFT_SET_EVAL != 0 {
-			continue // dynamic: elements are learned by the rules
-		}
-		for _, k := range union(sortedKeys(gs.Elements), sortedKeys(ws.Elements)) {
-			ge, gok := gs.Elements[k]
-			we, wok := ws.Elements[k]
-			switch {
-			case !gok:
-				add("set %s: missing element %s", name, r.elem(name, ws, we))
-			case !wok:
-				add("set %s: extra element %s", name, r.elem(name, gs, ge))
-			case !sameElem(ge, we):
-				add("set %s: element differs: kernel %s, expected %s", name, r.elem(name, gs, ge), r.elem(name, ws, we))
-			}
-		}
-	}
-
-	// chains
-	for _, name := range union(sortedKeys(got.Chains), sortedKeys(want.Chains)) {
-		gc, wc := got.Chains[name], want.Chains[name]
-		switch {
-		case gc == nil:
-			add("chain %s missing (%d rules)", name, len(wc.Rules))
-			continue
-		case wc == nil:
-			add("chain %s extra (%d rules)", name, len(gc.Rules))
-			for i := range gc.Rules {
-				add("chain %s: extra rule %d: %s", name, i, r.rule(gv, name, i))
-			}
-			continue
-		}
-		if !sameHook(gc.Hook, wc.Hook) {
-			add("chain %s: hook differs: kernel %s, expected %s", name, hookString(gc.Hook), hookString(wc.Hook))
-		}
-		for _, op := range diffLists(gv.rules[name], wv.rules[name]) {
-			switch {
-			case op.got >= 0 && op.want >= 0:
-				add("chain %s: rule %d differs: kernel %s, expected %s", name, op.got, r.rule(gv, name, op.got), r.rule(wv, name, op.want))
-			case op.got >= 0:
-				add("chain %s: extra rule %d: %s", name, op.got, r.rule(gv, name, op.got))
-			default:
-				add("chain %s: missing rule %d: %s", name, op.want, r.rule(wv, name, op.want))
-			}
-		}
-	}
-	return d
-}
-
-func union(a, b []string) []string {
-	out := slices.Concat(a, b)
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-func sameElem(a, b ElemState) bool {
-	return bytes.Equal(a.Data, b.Data) && a.Verdict == b.Verdict && a.VerdictCode == b.VerdictCode &&
-		a.VerdictChain == b.VerdictChain && a.Flags == b.Flags && bytes.Equal(a.UserData, b.UserData) &&
-		slices.Equal(a.Exprs, b.Exprs)
-}
-
-func setDefDiff(got, want *SetState) []string {
-	var out []string
-	cmp := func(what string, g, w any) {
-		if g != w {
-			out = append(out, fmt.Sprintf("%s differs: kernel %v, expected %v", what, g, w))
-		}
-	}
-	cmp("flags", fmt.Sprintf("%#x", got.Flags), fmt.Sprintf("%#x", want.Flags))
-	cmp("key type", got.KeyType, want.KeyType)
-	cmp("key length", got.KeyLen, want.KeyLen)
-	cmp("data type", fmt.Sprintf("%#x", got.DataType), fmt.Sprintf("%#x", want.DataType))
-	if want.DataType != unix.NFT_DATA_VERDICT { // the kernel reports a verdict's size, nft sends 0
-		cmp("data length", got.DataLen, want.DataLen)
-	}
-	cmp("timeout (ms)", got.Timeout, want.Timeout)
-	cmp("size", got.Size, want.Size)
-	cmp("expressions", strings.Join(got.Exprs, ","), strings.Join(want.Exprs, ","))
-	if !bytes.Equal(got.UserData, want.UserData) {
-		out = append(out, fmt.Sprintf("userdata (type, comment) differs: kernel %q, expected %q", got.UserData, want.UserData))
-	}
-	return out
-}
-
-func sameHook(a, b *HookState) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
-}
-
-func hookString(h *HookState) string {
-	if h == nil {
-		return "none (regular chain)"
-	}
-	return fmt.Sprintf("type %s hook %s priority %d policy %d", h.Type, nft.HookPoint(h.Hooknum), h.Priority, h.Policy)
-}
-
-// listOp is one difference between two lists: got and want indexes, -1 when absent.
-type listOp struct{ got, want int }
-
-// diffLists aligns two lists by their longest common subsequence and returns the
-// unmatched entries; a removal and an addition at the same place become one "differs".
-func diffLists(got, want []string) []listOp {
-	n, m := len(got), len(want)
-	if n*m > 4<<20 { // too large for the table: compare by position
-		var ops []listOp
-		for i := range max(n, m) {
-			switch {
-			case i >= n:
-				ops = append(ops, listOp{-1, i})
-			case i >= m:
-				ops = append(ops, listOp{i, -1})
-			case got[i] != want[i]:
-				ops = append(ops, listOp{i, i})
-			}
-		}
-		return ops
-	}
-	lcs := make([][]int, n+1)
-	for i := range lcs {
-		lcs[i] = make([]int, m+1)
-	}
-	for i := n - 1; i >= 0; i-- {
-		for j := m - 1; j >= 0; j-- {
-			if got[i] == want[j] {
-				lcs[i][j] = lcs[i+1][j+1] + 1
-			} else {
-				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
-			}
-		}
-	}
-	var ops []listOp
-	i, j := 0, 0
-	for i < n || j < m {
-		switch {
-		case i < n && j < m && got[i] == want[j]:
-			i, j = i+1, j+1
-		case i < n && j < m && lcs[i+1][j] == lcs[i][j] && lcs[i][j+1] == lcs[i][j] && lcs[i+1][j+1] == lcs[i][j]:
-			ops = append(ops, listOp{i, j}) // replaced
-			i, j = i+1, j+1
-		case j >= m || (i < n && lcs[i+1][j] >= lcs[i][j+1]):
-			ops = append(ops, listOp{i, -1})
-			i++
-		default:
-			ops = append(ops, listOp{-1, j})
-			j++
-		}
-	}
-	return ops
-}
-
-// renderer describes rules and elements for humans, with the expected ruleset's types.
-type renderer struct {
-	rs    *nft.Ruleset
-	want  *TableState
-	byKey map[string]string // canonical rule key → rendered expected rule
-}
-
-func (r *renderer) rule(v *sideView, chain string, i int) string {
-	if s, ok := r.byKey[v.rules[chain][i]]; ok {
-		return "`" + s + "`"
-	}
-	rule := v.resolved[chain][i]
-	if c := v.st.Chains[chain]; c != nil && i < len(c.Rules) {
-		if dec, ok := DecodeRule(r.rs.Family, c.Rules[i]); ok {
-			out := "`" + nft.RenderRule(r.rs.Family, dec) + "`"
-			for _, e := range rule.Exprs {
-				if sel, ok := e.Attrs[attrSelected]; ok {
-					out += " selecting " + r.slotValues(string(sel))
-				}
-			}
-			return out
-		}
-	}
-	// not an encoding of any statement nftproxy writes: its expressions
-	var parts []string
-	for _, e := range rule.Exprs {
-		parts = append(parts, r.expr(e))
-	}
-	out := "[" + strings.Join(parts, ", ") + "]"
-	if c := commentOf(rule.UserData); c != "" {
-		out += fmt.Sprintf(" comment %q", c)
-	}
-	return out
-}
-
-// expr describes an expression that matches no expected rule, with its main operands.
-func (r *renderer) expr(e ExprState) string {
-	p := e.Name
-	switch e.Name {
-	case "payload":
-		base := [...]string{"link", "network", "transport", "inner"}[min(be32(e.Attrs[unix.NFTA_PAYLOAD_BASE]), 3)]
-		p += fmt.Sprintf(" %s+%d/%d", base, be32(e.Attrs[unix.NFTA_PAYLOAD_OFFSET]), be32(e.Attrs[unix.NFTA_PAYLOAD_LEN]))
-	case "meta", "ct":
-		p += fmt.Sprintf(" key %d", be32(e.Attrs[unix.NFTA_META_KEY]))
-	case "cmp":
-		op := [...]string{"==", "!=", "<", "<=", ">", ">="}[min(be32(e.Attrs[unix.NFTA_CMP_OP]), 5)]
-		p += " " + op + " " + strings.TrimPrefix(dataString(e.Attrs[unix.NFTA_CMP_DATA]), "value ")
-	case "lookup":
-		if sel, ok := e.Attrs[attrSelected]; ok {
-			p += " selecting " + r.slotValues(string(sel))
-		} else {
-			p += " @" + cstring(e.Attrs[unix.NFTA_LOOKUP_SET])
-		}
-	case "numgen":
-		p += fmt.Sprintf(" mod %d", be32(e.Attrs[unix.NFTA_NG_MODULUS]))
-		if off, ok := e.Attrs[unix.NFTA_NG_OFFSET]; ok {
-			p += fmt.Sprintf(" offset %d", be32(off))
-		}
-	case "immediate":
-		if v, ok := immediateVerdict(e.Attrs[unix.NFTA_IMMEDIATE_DATA]); ok {
-			p += " " + v
-		}
-	}
-	return p
-}
-
-// slotValues decodes the endpoint values a slot lookup selects.
-func (r *renderer) slotValues(sel string) string {
-	var types []nft.Datatype
-	for _, s := range r.rs.Sets {
-		if len(s.Key) == 1 && s.Key[0] == nft.TypeNumgen {
-			types = s.Data
-			break
-		}
-	}
-	var out []string
-	for _, h := range strings.Split(sel, ",") {
-		b, err := hex.DecodeString(h)
-		if err != nil || types == nil {
-			out = append(out, h)
-			continue
-		}
-		out = append(out, renderBytes(types, b))
-	}
-	return "{" + strings.Join(out, ", ") + "}"
-}
-
-func immediateVerdict(data []byte) (string, bool) {
+func ImmediateVerdict(data []byte) (string, bool) {
 	ad, err := decoder(data)
 	if err != nil {
 		return "", false
 	}
 	for ad.Next() {
 		if ad.Type() == unix.NFTA_DATA_VERDICT {
-			return verdictString(decodeVerdict(ad.Bytes())), true
+			return VerdictString(decodeVerdict(ad.Bytes())), true
 		}
 	}
 	return "", false
 }
 
-func verdictString(e ElemState) string {
+func VerdictString(e ElemState) string {
 	switch e.VerdictCode {
 	case nfAccept:
 		return "accept"
@@ -1216,8 +799,8 @@ func verdictString(e ElemState) string {
 	return fmt.Sprintf("verdict %d", int32(e.VerdictCode))
 }
 
-// commentOf extracts the comment TLV of rule or element userdata.
-func commentOf(u []byte) string {
+// CommentOf extracts the comment TLV of rule or element userdata.
+func CommentOf(u []byte) string {
 	for len(u) >= 2 {
 		typ, n := u[0], int(u[1])
 		if len(u) < 2+n {
@@ -1231,33 +814,8 @@ func commentOf(u []byte) string {
 	return ""
 }
 
-// elem renders an element as nft would: key, value, comment.
-func (r *renderer) elem(set string, s *SetState, e ElemState) string {
-	keyTypes, dataTypes := typesOf(s.KeyType, s.KeyLen), typesOf(s.DataType, s.DataLen)
-	if s.DataType == unix.NFT_DATA_VERDICT {
-		dataTypes = nil
-	}
-	for _, rs := range r.rs.Sets {
-		if rs.Name == set || (s.isSlotMap() && len(rs.Key) == 1 && rs.Key[0] == nft.TypeNumgen) {
-			keyTypes, dataTypes = rs.Key, rs.Data
-			break
-		}
-	}
-	out := renderBytes(keyTypes, e.Key)
-	switch {
-	case e.Verdict:
-		out += " : " + verdictString(e)
-	case e.Data != nil:
-		out += " : " + renderBytes(dataTypes, e.Data)
-	}
-	if c := commentOf(e.UserData); c != "" {
-		out += fmt.Sprintf(" comment %q", c)
-	}
-	return out
-}
-
-// typesOf reverses concatType for the datatypes nftproxy uses.
-func typesOf(id, length uint32) []nft.Datatype {
+// TypesOf reverses concatType for the datatypes nftproxy uses.
+func TypesOf(id, length uint32) []nft.Datatype {
 	all := []nft.Datatype{nft.TypeIPv4Addr, nft.TypeIPv6Addr, nft.TypeInetProto, nft.TypeInetService, nft.TypeNumgen}
 	var out []nft.Datatype
 	for id != 0 {
@@ -1279,8 +837,8 @@ func typesOf(id, length uint32) []nft.Datatype {
 	return out
 }
 
-// renderBytes decodes key or value bytes with their datatypes; hex when they do not fit.
-func renderBytes(types []nft.Datatype, b []byte) string {
+// RenderBytes decodes key or value bytes with their datatypes; hex when they do not fit.
+func RenderBytes(types []nft.Datatype, b []byte) string {
 	vals, ok := decodeValues(types, b)
 	if !ok {
 		return "0x" + hex.EncodeToString(b)
@@ -1288,7 +846,7 @@ func renderBytes(types []nft.Datatype, b []byte) string {
 	return nft.RenderElementKey(&nft.Set{Key: types}, nft.Element{Key: vals})
 }
 
-// decodeValues reverses appendValues.
+// decodeValues reverses AppendValues.
 func decodeValues(types []nft.Datatype, b []byte) ([]nft.Value, bool) {
 	if len(types) == 0 {
 		return nil, false
@@ -1323,8 +881,8 @@ func decodeValues(types []nft.Datatype, b []byte) ([]nft.Value, bool) {
 	return out, len(b) == 0
 }
 
-// setHeader is a set's definition without elements in nft syntax, on one line.
-func setHeader(fam nft.Family, s *SetState) string {
+// SetHeader is a set's definition without elements in nft syntax, on one line.
+func SetHeader(fam nft.Family, s *SetState) string {
 	d := decodeSet(&SetState{Name: s.Name, Flags: s.Flags, KeyType: s.KeyType, KeyLen: s.KeyLen, DataType: s.DataType,
 		DataLen: s.DataLen, Timeout: s.Timeout, Size: s.Size, UserData: s.UserData, Exprs: s.Exprs})
 	text := nft.Render(&nft.Ruleset{Family: fam, Table: "t", Sets: []*nft.Set{d}})

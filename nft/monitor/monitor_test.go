@@ -1,4 +1,4 @@
-package kernel_test
+package monitor_test
 
 import (
 	"context"
@@ -15,15 +15,16 @@ import (
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
-var ourTables = []kernel.TableID{{Family: nft.IPv4, Name: "nftproxy"}, {Family: nft.IPv6, Name: "nftproxy"}}
+var ourTables = []monitor.TableID{{Family: nft.IPv4, Name: "nftproxy"}, {Family: nft.IPv6, Name: "nftproxy"}}
 
 // watch starts a Monitor of ourTables in ns whose changes arrive on the returned channel.
-func watch(t *testing.T, ns *testnetns.NS, opts ...kernel.MonitorOption) (*kernel.Monitor, <-chan kernel.Change, context.CancelFunc) {
+func watch(t *testing.T, ns *testnetns.NS, opts ...monitor.Option) (*monitor.Monitor, <-chan monitor.Change, context.CancelFunc) {
 	t.Helper()
-	changes := make(chan kernel.Change, 100)
-	mon := kernel.NewMonitor(ourTables, func(c kernel.Change) { changes <- c }, append(opts, kernel.MonitorNetNS(ns.FD))...)
+	changes := make(chan monitor.Change, 100)
+	mon := monitor.New(ourTables, func(c monitor.Change) { changes <- c }, append(opts, monitor.NetNS(ns.FD))...)
 	ctx, cancel := context.WithCancel(t.Context())
 	if err := mon.Start(ctx); err != nil {
 		cancel()
@@ -42,7 +43,7 @@ func watch(t *testing.T, ns *testnetns.NS, opts ...kernel.MonitorOption) (*kerne
 const changeWait = 10 * time.Second
 
 // expectNone checks that no change is reported for a while.
-func expectNone(t *testing.T, changes <-chan kernel.Change, what string) {
+func expectNone(t *testing.T, changes <-chan monitor.Change, what string) {
 	t.Helper()
 	select {
 	case c := <-changes:
@@ -52,7 +53,7 @@ func expectNone(t *testing.T, changes <-chan kernel.Change, what string) {
 }
 
 // expectChange waits up to a second for a change whose reason contains every want.
-func expectChange(t *testing.T, changes <-chan kernel.Change, since time.Time, what string, want ...string) kernel.Change {
+func expectChange(t *testing.T, changes <-chan monitor.Change, since time.Time, what string, want ...string) monitor.Change {
 	t.Helper()
 	select {
 	case c := <-changes:
@@ -67,7 +68,7 @@ func expectChange(t *testing.T, changes <-chan kernel.Change, since time.Time, w
 	case <-time.After(changeWait):
 		t.Fatalf("%s: no change reported within %v", what, changeWait)
 	}
-	return kernel.Change{}
+	return monitor.Change{}
 }
 
 // TestMonitor tampers with an applied table in every way the monitor must notice, from
@@ -83,7 +84,7 @@ func TestMonitor(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := listTable(t, ns)
-	mon, changes, cancel := watch(t, ns, kernel.MonitorOwnWrites(applier))
+	mon, changes, cancel := watch(t, ns, monitor.IgnoreWritesOf(applier))
 
 	// repair rewrites the table as the controller does after a reported change, and
 	// checks that the rewrite, being ours, is not reported.
@@ -98,7 +99,7 @@ func TestMonitor(t *testing.T) {
 		}
 		expectNone(t, changes, what+": our repair")
 	}
-	nftCmd := func(what string, args ...string) kernel.Change {
+	nftCmd := func(what string, args ...string) monitor.Change {
 		t.Helper()
 		ns.MustRun(t, "", args...)
 		c := expectChange(t, changes, time.Now(), what)
@@ -226,7 +227,7 @@ func TestMonitorLostEvents(t *testing.T) {
 	if _, err := applier.Apply(rs); err != nil {
 		t.Fatal(err)
 	}
-	_, changes, _ := watch(t, ns, kernel.MonitorReadBuffer(4096))
+	_, changes, _ := watch(t, ns, monitor.ReadBuffer(4096))
 	var b strings.Builder
 	b.WriteString("add table ip other\nadd set ip other big { type ipv4_addr; }\nadd element ip other big { ")
 	for i := 0; i < 40000; i++ {
@@ -255,7 +256,7 @@ func TestMonitorLargeOwnTransaction(t *testing.T) {
 	}
 	rs, _ := compile.Compile(&model.Snapshot{Services: svcs}, cfg(), compile.NewSlots())
 	applier := kernel.New(kernel.WithNetNS(ns.FD))
-	_, changes, _ := watch(t, ns, kernel.MonitorOwnWrites(applier))
+	_, changes, _ := watch(t, ns, monitor.IgnoreWritesOf(applier))
 	for i := 0; i < 2; i++ {
 		applier.Resync()
 		st, err := applier.Apply(rs)

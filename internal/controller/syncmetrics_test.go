@@ -1,0 +1,220 @@
+package controller
+
+import (
+	"context"
+	"net/netip"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/nftproxy/nftproxy/internal/metrics"
+	"github.com/nftproxy/nftproxy/internal/model"
+)
+
+// syncRecorder keeps the sync metrics a Proxy reports.
+type syncRecorder struct {
+	metrics.Nop
+	mu         sync.Mutex
+	programmed []programmed
+	noLocal    map[string][2]int
+	conntrack  map[string]int // runs per family
+}
+
+type programmed struct {
+	family  string
+	latency time.Duration
+}
+
+func (r *syncRecorder) Programmed(family string, latency time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.programmed = append(r.programmed, programmed{family, latency})
+}
+
+func (r *syncRecorder) NoLocalEndpoints(family string, internal, external int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.noLocal == nil {
+		r.noLocal = map[string][2]int{}
+	}
+	r.noLocal[family] = [2]int{internal, external}
+}
+
+func (r *syncRecorder) ConntrackReconciled(family string, _ time.Duration, _ int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conntrack == nil {
+		r.conntrack = map[string]int{}
+	}
+	r.conntrack[family]++
+}
+
+func (r *syncRecorder) observed() []programmed {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]programmed(nil), r.programmed...)
+}
+
+func triggered(s *discovery.EndpointSlice, at time.Time) *discovery.EndpointSlice {
+	s.Annotations = map[string]string{TriggerTimeAnnotation: at.UTC().Format(time.RFC3339Nano)}
+	return s
+}
+
+func TestTriggersCollect(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tr := newTriggers(logr.Discard(), start)
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+
+	tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(-time.Second)), false) // before start
+	tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(time.Second)), false)
+	v6 := triggered(slice("web", "web-2", "fd00::1"), start.Add(2*time.Second))
+	v6.AddressType = discovery.AddressTypeIPv6
+	tr.sliceEvent(v6, false)
+	fqdn := triggered(slice("web", "web-3", "example.com"), start.Add(3*time.Second))
+	fqdn.AddressType = discovery.AddressTypeFQDN
+	tr.sliceEvent(fqdn, false)
+	bad := slice("web", "web-4", "10.244.1.4")
+	bad.Annotations = map[string]string{TriggerTimeAnnotation: "yesterday"}
+	tr.sliceEvent(bad, false)
+	tr.sliceEvent(slice("web", "web-5", "10.244.1.5"), false) // no annotation
+	tr.sliceEvent(service("web", "10.96.0.1"), false)         // not a slice
+
+	want := map[types.NamespacedName][]trigger{web: {{metrics.IPv4, start.Add(time.Second)}, {metrics.IPv6, start.Add(2 * time.Second)}}}
+	taken := tr.take()
+	if !reflect.DeepEqual(taken, want) {
+		t.Fatalf("taken %v, want %v", taken, want)
+	}
+	if again := tr.take(); again != nil {
+		t.Errorf("taken twice: %v", again)
+	}
+
+	// a failed sync gives them back, before what came since
+	tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(5*time.Second)), false)
+	tr.giveBack(taken)
+	want[web] = append(want[web], trigger{metrics.IPv4, start.Add(5 * time.Second)})
+	taken = tr.take()
+	if !reflect.DeepEqual(taken, want) {
+		t.Fatalf("after giveBack %v, want %v", taken, want)
+	}
+	rec := &syncRecorder{}
+	tr.observe(taken, rec, start.Add(10*time.Second))
+	got := rec.observed()
+	if len(got) != 3 {
+		t.Fatalf("observed %v", got)
+	}
+	for _, o := range got {
+		if o.latency != 9*time.Second && o.latency != 8*time.Second && o.latency != 5*time.Second {
+			t.Errorf("latency %v", o)
+		}
+	}
+
+	// a deleted slice drops its Service's pending times, also through a tombstone
+	tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(6*time.Second)), false)
+	tr.sliceEvent(cache.DeletedFinalStateUnknown{Key: "default/web-1", Obj: slice("web", "web-1")}, false)
+	if taken := tr.take(); taken != nil {
+		t.Errorf("after delete: %v", taken)
+	}
+
+	// bounded per Service while syncs fail
+	for i := range 2 * maxTriggersPerService {
+		tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(time.Duration(i+1)*time.Second)), false)
+	}
+	taken = tr.take()
+	tr.giveBack(taken)
+	if n := len(tr.take()[web]); n != maxTriggersPerService || taken[web][0].at != start.Add(time.Second) {
+		t.Errorf("%d pending, first %v", n, taken[web][0].at)
+	}
+}
+
+func TestNoLocalEndpoints(t *testing.T) {
+	a := netip.MustParseAddr
+	ep := func(addr, node string) model.Endpoint {
+		return model.Endpoint{Addr: a(addr), Port: 80, Ready: true, Serving: true, NodeName: node}
+	}
+	port := func(name string, ips []netip.Addr, internal, external bool, eps ...model.Endpoint) model.ServicePort {
+		sp := model.ServicePort{Name: model.ServicePortName{Namespace: "default", Name: name, Protocol: model.ProtoTCP},
+			ClusterIPs: ips, Port: 80, InternalPolicyLocal: internal, ExternalPolicyLocal: external, Endpoints: eps}
+		if external {
+			sp.NodePort = 30080
+		}
+		return sp
+	}
+	v4, dual := []netip.Addr{a("10.96.0.1")}, []netip.Addr{a("10.96.0.2"), a("fd00::2")}
+	snap := &model.Snapshot{Node: model.Node{Name: "node-1"}, Services: []model.ServicePort{
+		port("internal-elsewhere", v4, true, false, ep("10.244.2.1", "node-2")),
+		port("external-elsewhere", v4, false, true, ep("10.244.2.2", "node-2")),
+		port("internal-here", v4, true, false, ep("10.244.1.3", "node-1"), ep("10.244.2.3", "node-2")),
+		port("internal-none", v4, true, false),                                  // rejected, not dropped
+		port("both-dual", dual, true, true, ep("10.244.2.4", "node-2")),         // IPv6: no endpoint
+		port("cluster-elsewhere", v4, false, false, ep("10.244.2.5", "node-2")), // Cluster policy
+		port("internal-not-ready", v4, true, false, model.Endpoint{Addr: a("10.244.1.6"), NodeName: "node-1"}, ep("10.244.2.6", "node-2")),
+	}}
+	want := map[string][2]int{metrics.IPv4: {3, 2}, metrics.IPv6: {0, 0}}
+	if got := noLocalEndpoints(snap); !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, want %v (internal, external)", got, want)
+	}
+}
+
+// TestProgrammingLatencyFromTriggerTime: a slice changed after the proxy started is
+// timed from its trigger time to the successful sync that programmed it, under its
+// family; a failed sync does not end the measurement.
+func TestProgrammingLatencyFromTriggerTime(t *testing.T) {
+	dp := &fakeDataplane{}
+	rec := &syncRecorder{}
+	client := fake.NewClientset()
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("local", "10.96.0.9"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Metrics: rec}, logr.Discard())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "first sync", func() bool { return strings.Contains(dp.last(), "default/local:http") })
+	rec.mu.Lock()
+	if n := rec.noLocal[metrics.IPv4]; n != [2]int{} || len(rec.programmed) != 0 {
+		t.Errorf("after the first sync: no local endpoints %v, programmed %v", n, rec.programmed)
+	}
+	rec.mu.Unlock()
+
+	dp.mu.Lock()
+	dp.fail = 1 // the next sync fails; the retry comes 1 s later
+	dp.mu.Unlock()
+	trigger := time.Now()
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, triggered(slice("local", "local-1", "10.244.2.1"), trigger), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the endpoint programmed", func() bool { return strings.Contains(dp.last(), "10.244.2.1 . 8080") })
+	waitFor(t, "the observation", func() bool { return len(rec.observed()) == 1 })
+	got := rec.observed()[0]
+	// the measurement ends when the retry programs the change, not at the failed sync
+	if got.family != metrics.IPv4 || got.latency < time.Second-50*time.Millisecond {
+		t.Errorf("observed %+v, want IPv4 and at least the retry interval (1 s)", got)
+	}
+
+	// internalTrafficPolicy Local with the only endpoint on another node: counted
+	svc, err := client.CoreV1().Services("default").Get(ctx, "local", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := v1.ServiceInternalTrafficPolicyLocal
+	svc.Spec.InternalTrafficPolicy = &local
+	if _, err := client.CoreV1().Services("default").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "no local endpoints counted", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.noLocal[metrics.IPv4] == [2]int{1, 0}
+	})
+}
