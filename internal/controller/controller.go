@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -328,6 +329,13 @@ func (p *Proxy) waitForPodCIDRs(ctx context.Context) error {
 		if node != nil && len(node.Spec.PodCIDRs) > 0 {
 			if logged {
 				p.log.Info("The Node has pod CIDRs", "node", p.cfg.NodeName, "podCIDRs", node.Spec.PodCIDRs)
+			}
+			n := model.NodeOf(node)
+			for _, ip := range n.IPs { // as kube-proxy's warning, for each family the node has
+				if !slices.ContainsFunc(n.PodCIDRs, func(c netip.Prefix) bool { return c.Addr().Is6() == ip.Is6() }) {
+					p.log.Info("Detect-local-mode set to NodeCIDR, but no PodCIDR defined at node for an IP family: its traffic is not told apart",
+						"node", p.cfg.NodeName, "ip", ip, "podCIDRs", node.Spec.PodCIDRs)
+				}
 			}
 			return nil
 		}
