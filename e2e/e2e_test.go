@@ -75,6 +75,7 @@ func TestServices(t *testing.T) {
 	e.run(t, "nft-list-table", e.testNftList)                // m (all services present)
 	e.run(t, "dry-run", e.testDryRun)                        // --dry-run prints the ruleset
 	e.run(t, "metrics", e.testMetrics)                       // counters after known traffic
+	e.run(t, "metrics-upstream", e.testUpstreamMetrics)      // kube-proxy's pages and metrics, verify via /configz
 	e.run(t, "explain", e.testExplain)                       // explain against the live API
 	e.run(t, "service-deleted", e.testServiceDeleted)        // l
 	e.run(t, "kill-9-restart-no-failed-connection", e.testRestart)

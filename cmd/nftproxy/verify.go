@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -190,11 +191,13 @@ func (r verifyResult) report(w io.Writer) int {
 const configzTimeout = 5 * time.Second
 
 // proxySettings reads the running proxy's settings from /configz on
-// --metrics-bind-address and makes them o's configuration file, so that Complete loads
-// them under the flags given (which win, as over any --config). The API client and
-// logging settings are verify's own: the proxy's kubeconfig path is the pod's, not the
-// operator's. When /configz cannot be read, it says so and the flags alone count. The
-// returned function removes the temporary file.
+// --metrics-bind-address, writes the settings given on verify's command line over them
+// (see overlay) and makes the result o's configuration file for Complete: whatever the
+// precedence of flags and file, the flags given win. The API client and logging
+// settings are verify's own: the proxy's kubeconfig path is the pod's, not the
+// operator's. When /configz cannot be read, it says so and the flags alone count. Call
+// it after fs.Parse and before Complete; the returned function removes the temporary
+// file.
 func proxySettings(o *options.Options, stderr io.Writer) (cleanup func()) {
 	cleanup = func() {}
 	addr := config.AppendPortIfNeeded(o.MetricsBindAddress, config.MetricsPort)
@@ -208,8 +211,12 @@ func proxySettings(o *options.Options, stderr io.Writer) (cleanup func()) {
 		fmt.Fprintf(stderr, "nftproxy verify: could not read the running proxy's settings (%v); comparing with the flags given alone\n", err)
 		return cleanup
 	}
-	def := config.Defaulted()
-	c.ClientConnection, c.Logging = def.ClientConnection, def.Logging
+	_, defaults := options.NewFlagSet()
+	c, err = overlay(c, o.EffectiveConfig(), defaults.EffectiveConfig())
+	if err != nil {
+		fmt.Fprintf(stderr, "nftproxy verify: merging the running proxy's settings: %v; comparing with the flags given alone\n", err)
+		return cleanup
+	}
 	f, err := os.CreateTemp("", "nftproxy-verify-configz-*.yaml")
 	if err != nil {
 		fmt.Fprintf(stderr, "nftproxy verify: %v; comparing with the flags given alone\n", err)
@@ -221,9 +228,51 @@ func proxySettings(o *options.Options, stderr io.Writer) (cleanup func()) {
 		fmt.Fprintf(stderr, "nftproxy verify: %v; comparing with the flags given alone\n", err)
 		return cleanup
 	}
-	o.ConfigFile, o.FlagsOverFile = f.Name(), true
+	o.ConfigFile = f.Name()
 	fmt.Fprintf(stderr, "nftproxy verify: using the running proxy's settings from %s (flags given here override them)\n", url)
 	return cleanup
+}
+
+// overlay writes over the proxy's configuration every setting whose value on verify's
+// command line (given) differs from what no flag gives (defaults), and verify's own
+// API client and logging settings. Both are compared as JSON, field by field.
+func overlay(proxy, given, defaults *v1alpha1.KubeProxyConfiguration) (*v1alpha1.KubeProxyConfiguration, error) {
+	var p, g, d map[string]any
+	for _, x := range []struct {
+		c   *v1alpha1.KubeProxyConfiguration
+		out *map[string]any
+	}{{proxy, &p}, {given, &g}, {defaults, &d}} {
+		b, err := json.Marshal(x.c)
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(b, x.out); err != nil {
+			return nil, err
+		}
+	}
+	overlayJSON(p, g, d)
+	p["clientConnection"], p["logging"] = g["clientConnection"], g["logging"]
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1alpha1.KubeProxyConfiguration{}
+	return out, json.Unmarshal(b, out)
+}
+
+func overlayJSON(proxy, given, defaults map[string]any) {
+	for k, v := range given {
+		if reflect.DeepEqual(v, defaults[k]) {
+			continue
+		}
+		gm, ok1 := v.(map[string]any)
+		pm, ok2 := proxy[k].(map[string]any)
+		if dm, ok3 := defaults[k].(map[string]any); ok1 && ok2 && ok3 {
+			overlayJSON(pm, gm, dm)
+			continue
+		}
+		proxy[k] = v
+	}
 }
 
 // dialable turns a bind address into one to connect to: an unspecified host (all

@@ -12,6 +12,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
@@ -209,5 +210,32 @@ func TestVerifyReadsRunningProxySettings(t *testing.T) {
 	diff, msg = compare("--metrics-bind-address", addr, "--hostname-override", "node-1")
 	if diff.Empty() || !strings.Contains(msg, "could not read the running proxy's settings") || !strings.Contains(msg, "comparing with the flags given alone") {
 		t.Errorf("unreachable /configz: %q, %d differences", msg, len(diff))
+	}
+}
+
+// TestOverlay: the settings given to verify replace the proxy's in the file verify
+// loads, so they win whatever the precedence of flags over --config; the rest stays the
+// proxy's, and the API client is verify's own.
+func TestOverlay(t *testing.T) {
+	settings := func(args ...string) *v1alpha1.KubeProxyConfiguration {
+		fs, o := options.NewFlagSet()
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return o.EffectiveConfig()
+	}
+	proxy := settings("--cluster-cidr", "10.99.0.0/16", "--iptables-masquerade-bit", "15", "--kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf", "--hostname-override", "node-1")
+	got, err := overlay(proxy, settings("--cluster-cidr", "10.1.0.0/16", "--kubeconfig", "/root/.kube/config"), settings())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (--iptables-masquerade-bit sets iptables.masqueradeBit, as kube-proxy's flag)
+	if got.ClusterCIDR != "10.1.0.0/16" || *got.IPTables.MasqueradeBit != 15 || got.HostnameOverride != "node-1" ||
+		got.ClientConnection.Kubeconfig != "/root/.kube/config" {
+		t.Errorf("clusterCIDR %q, iptables.masqueradeBit %d, hostname %q, kubeconfig %q", got.ClusterCIDR, *got.IPTables.MasqueradeBit, got.HostnameOverride, got.ClientConnection.Kubeconfig)
+	}
+	// the proxy's kubeconfig path is the pod's: never taken
+	if got, _ := overlay(proxy, settings(), settings()); got.ClientConnection.Kubeconfig != "" {
+		t.Errorf("the proxy's kubeconfig %q was taken", got.ClientConnection.Kubeconfig)
 	}
 }

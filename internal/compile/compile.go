@@ -135,14 +135,17 @@ func Compile(snap *model.Snapshot, cfg Config, slots *Slots) (*nft.Ruleset, []mo
 // Compiler compiles snapshots of one family incrementally: each service port becomes one
 // nft.Part, and a service port whose input, won addresses and environment (node,
 // configuration) are unchanged since the previous call gets its previous Part back, the
-// same pointer. The output equals Compile's, but a sync costs in proportion to the
-// services that changed (plus a cheap pass over all of them). A Compiler must be used
-// by one goroutine at a time.
+// same pointer. Which inputs changed comes from the snapshot's model.Changes when the
+// snapshot follows the one compiled last (the model cache's change set); otherwise each
+// service port is compared with its previous input. The output equals Compile's, but a
+// sync costs in proportion to the services that changed (plus a cheap pass over all of
+// them). A Compiler must be used by one goroutine at a time.
 type Compiler struct {
 	cfg           Config
 	slots         *Slots
 	node          model.Node
 	nodePortAddrs []netip.Addr    // the snapshot's, of the previous call
+	changes       model.Changes   // the previous call's snapshot's
 	parts         []*compiledPart // of the previous call, in service port order
 	// every service's cluster IPs (all families), each with the number of service ports
 	// holding it, kept up to date from the difference between calls (services holds
@@ -274,6 +277,10 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		prev = nil
 		cc.node, cc.nodePortAddrs = snap.Node, snap.NodePortAddrs
 	}
+	// the model says which service ports may differ from the previous snapshot's when
+	// that is the one this compiler saw last; otherwise every input is compared
+	trusted := snap.Changes.Follows(cc.changes)
+	cc.changes = snap.Changes
 	c := &compiler{
 		cfg: cc.cfg, slots: cc.slots, v6: cc.cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
 		local:         cc.cfg.DetectLocal.resolve(cc.cfg.Family == nft.IPv6, snap.Node),
@@ -335,7 +342,8 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		if cp != nil && cp.claims.equal(w) {
 			w = cp.claims
 		}
-		if cp == nil || !cp.claims.equal(w) || !cp.in.Equal(sp) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved)) {
+		sameInput := cp != nil && ((trusted && !snap.Changes.MayDiffer(sp.Name)) || cp.in.Equal(sp))
+		if !sameInput || !cp.claims.equal(w) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved)) {
 			old := cp
 			cp = c.servicePort(sp, w.clone())
 			if old != nil {

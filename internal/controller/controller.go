@@ -89,7 +89,8 @@ type HealthChecks interface {
 	Sync(map[healthcheck.ServiceName]healthcheck.Service) error
 }
 
-// Dataplane is what the controller needs from the kernel side.
+// Dataplane is what the controller needs from the kernel side: *kernel.Applier, or
+// nft/fake's Applier (the kernel's commit semantics in memory) in tests.
 type Dataplane interface {
 	Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error)
 	Resync()
@@ -199,7 +200,7 @@ func (p *Proxy) watch(inf cache.SharedIndexInformer) {
 	// managed fields (server-side apply bookkeeping), annotations and endpoints'
 	// target references are most of an object's size and nothing here reads them:
 	// drop them before the cache keeps the object
-	_ = inf.SetTransform(slim)
+	_ = inf.SetTransform(p.triggers.transform) // slim, keeping trigger times to observe
 	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.triggers.sliceEvent(obj, false); p.changed(obj) },

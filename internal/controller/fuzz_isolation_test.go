@@ -253,8 +253,7 @@ func FuzzIsolation(f *testing.F) {
 				t.Fatal(err)
 			}
 			// the incremental path: the model cache and one compiler per family
-			isnap, _ := cache.Build(svcs, eps, node)
-			isnap.ServiceCIDRs = cfg.ServiceCIDRs
+			isnap, _ := cache.BuildFrom(model.Inputs{Services: svcs, Slices: eps, Node: node, ServiceCIDRs: cfg.ServiceCIDRs})
 			for i, rs := range rulesets {
 				what := fmt.Sprintf("sync %d, %s", step, rs.Family)
 				if got := victimMapping(rs, victimIPs); got != want[i] {

@@ -85,12 +85,17 @@ func FuzzCompileIncremental(f *testing.F) {
 		compilers := map[nft.Family]*compile.Compiler{}
 		compilerCfg := map[nft.Family]compile.Config{}
 		compilerSlots := map[nft.Family]*compile.Slots{}
+		// the controller's path: a model cache whose change sets the compilers trust
+		cache := model.NewCache()
+		cached := map[nft.Family]*compile.Compiler{}
+		cachedCfg := map[nft.Family]compile.Config{}
 		for step, w := range decode(data) {
 			snap, rulesets, ok := compileWorld(t, w, slots)
 			if !ok {
 				continue
 			}
 			_, fresh, _, _ := controller.Compile(w.cfg, map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
+			csnap, _ := cache.BuildFrom(model.Inputs{Services: w.svcs, Slices: w.slices, Node: w.node, ServiceCIDRs: snap.ServiceCIDRs, NodePortAddrs: snap.NodePortAddrs})
 			for i, rs := range rulesets {
 				what := fmt.Sprintf("sync %d: controller.Compile", step)
 				mustBeValid(t, w, what, rs, rs.Family)
@@ -114,6 +119,17 @@ func FuzzCompileIncremental(f *testing.F) {
 				want, _ := compile.Compile(snap, cfg, compile.NewSlots())
 				if a, b := normalize(flat), normalize(want); a != b {
 					t.Fatalf("%s: %s ruleset differs from a fresh compilation\n%s\n%s", what, fam, describe(w), diffLines(b, a))
+				}
+				// the node port addresses come with the snapshot, as in the controller
+				ccfg := cfg
+				ccfg.NodePortAddrs = nil
+				if cached[fam] == nil || !reflect.DeepEqual(ccfg, cachedCfg[fam]) {
+					cached[fam], cachedCfg[fam] = compile.NewCompiler(ccfg, compile.NewSlots()), ccfg
+				}
+				inc, _ = cached[fam].Compile(csnap)
+				flat = mustBeValidParts(t, w, what+" (model cache)", inc, fam)
+				if a, b := normalize(flat), normalize(want); a != b {
+					t.Fatalf("%s (model cache): %s ruleset differs from a fresh compilation\n%s\n%s", what, fam, describe(w), diffLines(b, a))
 				}
 			}
 		}

@@ -136,6 +136,30 @@ func TestTriggersCollect(t *testing.T) {
 	}
 }
 
+// TestTriggersTransform: the informers keep a slice's trigger time only when it can be
+// timed.
+func TestTriggersTransform(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tr := newTriggers(logr.Discard(), start)
+	for _, tc := range []struct {
+		value string
+		kept  bool
+	}{{"2026-01-01T00:00:01.5Z", true}, {"2025-12-31T23:59:59Z", false}, {"yesterday", false}} {
+		s := slice("web", "web-1", "10.244.1.1")
+		s.Annotations = map[string]string{TriggerTimeAnnotation: tc.value, "other": "x"}
+		obj, err := tr.transform(s)
+		got := obj.(*discovery.EndpointSlice).Annotations
+		if err != nil || (tc.kept && (len(got) != 1 || got[TriggerTimeAnnotation] != tc.value)) || (!tc.kept && got != nil) {
+			t.Errorf("%s: annotations %v, %v", tc.value, got, err)
+		}
+	}
+	svc := service("web", "10.96.0.1")
+	svc.Annotations = map[string]string{TriggerTimeAnnotation: "2026-01-01T00:00:01Z"}
+	if obj, _ := tr.transform(svc); obj.(*v1.Service).Annotations != nil {
+		t.Error("a Service kept annotations")
+	}
+}
+
 func TestNoLocalEndpoints(t *testing.T) {
 	a := netip.MustParseAddr
 	ep := func(addr, node string) model.Endpoint {

@@ -7,7 +7,6 @@
 package metrics
 
 import (
-	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -139,6 +138,7 @@ type Prometheus struct {
 	conntrackDuration   *prometheus.HistogramVec
 	conntrackDeleted    *prometheus.CounterVec
 	also                prometheus.Gatherer
+	log                 logr.Logger
 }
 
 var _ Recorder = (*Prometheus)(nil)
@@ -168,7 +168,7 @@ func New(o Options) *Prometheus {
 		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, fam)
 	}
 	p := &Prometheus{
-		reg: prometheus.NewRegistry(), families: o.Families, now: o.Now, also: o.Also,
+		reg: prometheus.NewRegistry(), families: o.Families, now: o.Now, also: o.Also, log: o.Log,
 		syncDuration:        hist("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds (full and partial syncs, successful or not).", syncBuckets),
 		syncFullDuration:    hist("kubeproxy_sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs (the whole table rewritten).", syncBuckets),
 		syncPartialDuration: hist("kubeproxy_sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs (only the difference sent).", syncBuckets),
@@ -240,14 +240,18 @@ func (p *Prometheus) Registry() *prometheus.Registry { return p.reg }
 func (p *Prometheus) Handler() http.Handler {
 	var g prometheus.Gatherer = p.reg
 	if p.also != nil {
-		g = merged{p.reg, p.also}
+		g = merged{p.reg, p.also, p.log}
 	}
 	return promhttp.HandlerFor(g, promhttp.HandlerOpts{Registry: p.reg})
 }
 
 // merged gathers own's families, then those of also that own has not: two collectors
-// of one family (go_* in both registries) would otherwise fail the whole scrape.
-type merged struct{ own, also prometheus.Gatherer }
+// of one family (go_* in both registries) would otherwise fail the whole scrape. An
+// error of also is logged (at V(2)), not returned: it must not fail the scrape of ours.
+type merged struct {
+	own, also prometheus.Gatherer
+	log       logr.Logger
+}
 
 func (m merged) Gather() ([]*dto.MetricFamily, error) {
 	mine, err := m.own.Gather()
@@ -259,13 +263,16 @@ func (m merged) Gather() ([]*dto.MetricFamily, error) {
 		have[f.GetName()] = true
 	}
 	theirs, err2 := m.also.Gather()
+	if err2 != nil {
+		m.log.V(2).Info("Gathering component-base's metrics", "err", err2.Error())
+	}
 	for _, f := range theirs {
 		if !have[f.GetName()] {
 			mine = append(mine, f)
 		}
 	}
 	slices.SortFunc(mine, func(a, b *dto.MetricFamily) int { return strings.Compare(a.GetName(), b.GetName()) })
-	return mine, errors.Join(err, err2)
+	return mine, err
 }
 
 // Legacy is component-base's global registry (legacyregistry) as kube-proxy serves it:

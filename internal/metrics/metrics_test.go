@@ -2,12 +2,14 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -279,4 +281,20 @@ func TestLegacyRegistryServed(t *testing.T) {
 	if body := scrape(t, New(Options{NoRuntimeMetrics: true}).Handler()); strings.Contains(body, "rest_client_") {
 		t.Error("rest_client_* served without Also")
 	}
+}
+
+type failingGatherer struct{}
+
+func (failingGatherer) Gather() ([]*dto.MetricFamily, error) {
+	name, help := "other_metric", "x"
+	return []*dto.MetricFamily{{Name: &name, Help: &help, Type: dto.MetricType_GAUGE.Enum(),
+		Metric: []*dto.Metric{{Gauge: &dto.Gauge{Value: new(float64)}}}}}, errors.New("broken collector")
+}
+
+// TestAlsoErrorDoesNotFailScrape: an error of the other registry leaves our metrics,
+// and what it did gather, served.
+func TestAlsoErrorDoesNotFailScrape(t *testing.T) {
+	p := New(Options{Also: failingGatherer{}, NoRuntimeMetrics: true})
+	p.ServicePorts(2)
+	expect(t, scrape(t, p.Handler()), `nftproxy_service_ports 2`, `other_metric 0`)
 }

@@ -89,6 +89,7 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 	}
 
 	// Services: a replaced object or a changed slice set builds the ports again.
+	var rebuilt map[nsName]bool // handed on as snap.Changes
 	seen := 0
 	for _, svc := range services {
 		cs := c.entry(nsName{svc.Namespace, svc.Name})
@@ -107,6 +108,10 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 			ports := b.service(svc, sortedByName(cs.slices))
 			slices.SortFunc(ports, func(x, y ServicePort) int { return x.Name.Compare(y.Name) })
 			cs.ports, cs.problems, cs.dirty = ports, b.problems, false
+			if rebuilt == nil {
+				rebuilt = map[nsName]bool{}
+			}
+			rebuilt[cs.key] = true
 		}
 	}
 	if seen != len(c.order) || membership {
@@ -143,6 +148,7 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 		snap.Services = append(snap.Services, cs.ports...)
 		problems = append(problems, cs.problems...)
 	}
+	snap.Changes = Changes{cache: c, gen: c.gen, rebuilt: rebuilt}
 	return snap, problems
 }
 

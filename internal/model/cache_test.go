@@ -78,7 +78,25 @@ func TestCacheEqualsBuild(t *testing.T) {
 
 		want, wantProblems := model.Build(sl, es, nil)
 		got, gotProblems := cache.Build(sl, es, nil)
-		if !reflect.DeepEqual(got, want) {
+		if want.Changes.Follows(model.Changes{}) || (prev != nil && !got.Changes.Follows(prev.Changes)) || (prev == nil && got.Changes.Follows(model.Changes{})) {
+			t.Fatalf("step %d: Build's snapshot follows nothing, each of the cache's follows the one before", step)
+		}
+		// the change set's contract: a service port it does not name is the previous one
+		if prev != nil {
+			for i := range got.Services {
+				sp := &got.Services[i]
+				if got.Changes.MayDiffer(sp.Name) {
+					continue
+				}
+				j := slices.IndexFunc(prev.Services, func(p model.ServicePort) bool { return p.Name == sp.Name })
+				if j < 0 || !prev.Services[j].Equal(sp) {
+					t.Fatalf("step %d: %s is not in the change set but differs from the previous snapshot", step, sp.Name)
+				}
+			}
+		}
+		withoutChanges := *got
+		withoutChanges.Changes = model.Changes{}
+		if !reflect.DeepEqual(&withoutChanges, want) {
 			t.Fatalf("step %d: cache snapshot differs from Build:\n got  %v\n want %v", step, dumpSnapshot(got), dumpSnapshot(want))
 		}
 		if !reflect.DeepEqual(problemSet(gotProblems), problemSet(wantProblems)) {
@@ -87,6 +105,9 @@ func TestCacheEqualsBuild(t *testing.T) {
 		// an unchanged service's endpoints are the very same slice as before
 		if prev != nil {
 			for _, sp := range got.Services {
+				if !changed[sp.Name.Name] && got.Changes.MayDiffer(sp.Name) {
+					t.Fatalf("step %d: %s did not change but is in the change set", step, sp.Name)
+				}
 				if changed[sp.Name.Name] || len(sp.Endpoints) == 0 {
 					continue
 				}

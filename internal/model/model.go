@@ -152,6 +152,9 @@ type Snapshot struct {
 	// NodePortAddrs are the local addresses node ports answer on (--nodeport-addresses
 	// resolved when the snapshot was built).
 	NodePortAddrs []netip.Addr
+	// Changes says which service ports may differ from the previous snapshot of the
+	// same Cache.
+	Changes Changes
 }
 
 // Problem is an object (or part of one) that could not be used, with the reason. Each is

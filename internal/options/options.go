@@ -74,11 +74,6 @@ type Options struct {
 	// sysctls.
 	Conntrack config.Conntrack
 
-	// FlagsOverFile makes the flags given win over the --config file (nftproxy verify,
-	// whose "file" is the running proxy's /configz). The proxy itself follows
-	// kube-proxy's precedence, where the file wins.
-	FlagsOverFile bool
-
 	// The typed values, parsed once by Complete from the flags or the --config file.
 	ClusterCIDRs []netip.Prefix           // --cluster-cidr (clusterCIDR)
 	ServiceCIDRs []netip.Prefix           // --service-cluster-ip-range
@@ -95,7 +90,7 @@ type Options struct {
 
 // NewFlagSet returns the flag set and the Options it fills.
 func NewFlagSet() (*pflag.FlagSet, *Options) {
-	o := &Options{}
+	o := &Options{MasqueradeBit: 14} // nftables.masqueradeBit's default; only --config sets it
 	fs := pflag.NewFlagSet("nftproxy", pflag.ContinueOnError)
 	fs.SortFlags = false
 	fs.StringVar(&o.ConfigFile, "config", "", "The path to a kube-proxy configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1). As in kube-proxy, the file replaces the flags of the settings it holds; only -v, --vmodule, --logging-format and --hostname-override given on the command line win over it.")
@@ -310,7 +305,6 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 		}
 		o.HostnameOverride = strings.ToLower(strings.TrimSpace(o.HostnameOverride))
 	}
-	o.MasqueradeBit = 14 // nftables.masqueradeBit's default; only --config sets it
 	if fs.Changed("iptables-masquerade-bit") && o.ConfigFile == "" {
 		o.notes = append(o.notes, "--iptables-masquerade-bit has no effect (as in kube-proxy's nftables mode): the mark bit is nftables.masqueradeBit of --config, default 14")
 	}
@@ -322,9 +316,6 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 		o.file = f
 		for _, b := range bindings {
 			changed := slices.ContainsFunc(b.flags, fs.Changed)
-			if changed && o.FlagsOverFile {
-				continue
-			}
 			if changed && flagsOverFile[b.flags[0]] && (b.flags[0] != "hostname-override" || o.HostnameOverride != "") { // changed: b.flags is not empty
 				continue
 			}
@@ -432,7 +423,7 @@ func (o *Options) Validate() error {
 // them, else from the flags.
 func (o *Options) parse() error {
 	var err error
-	if o.file != nil && !o.FlagsOverFile {
+	if o.file != nil {
 		o.ClusterCIDRs, o.NodePorts = o.file.Parsed.ClusterCIDRs, o.file.Parsed.NodePorts
 	} else {
 		if o.ClusterCIDRs, err = config.ParseClusterCIDRs(o.ClusterCIDR); err != nil {

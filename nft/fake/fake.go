@@ -11,14 +11,15 @@
 //
 // Refused, with kernel.RejectedError and the errno the kernel gives: a jump or goto to a
 // chain that does not exist (ENOENT), a lookup, verdict map, dnat map or set update of a
-// set that does not exist (ENOENT), an element for a
-// set the ruleset does not define (ENOENT), an element whose key or value does not fit
-// the set's types (EINVAL), a verdict map lookup of a set without verdicts (EINVAL),
-// an update of a set that is not dynamic (EOPNOTSUPP), deleting a chain, set or element that does not exist
-// (ENOENT), adding an element that exists with another value or a set that exists with
+// set that does not exist (ENOENT), an element for a set the ruleset does not define
+// (ENOENT), an element whose key or value does not fit the set's types (EINVAL), a
+// verdict map lookup of a set without verdicts (EINVAL), an update of a set that is not
+// dynamic (EOPNOTSUPP), deleting a chain, set or element that does not exist (ENOENT),
+// deleting a chain or set something still refers to, such as another process's rule
+// (EBUSY), adding an element that exists with another value or a set that exists with
 // another definition (EEXIST), a jump loop reachable from a base chain (EMLINK: the
-// kernel gives up at its jump depth limit), and names longer than the kernel's
-// limit (ERANGE: the attribute fails policy validation).
+// kernel gives up at its jump depth limit), and names longer than the kernel's limit
+// (ERANGE: the attribute fails policy validation).
 package fake
 
 import (
@@ -62,6 +63,9 @@ type tableKey struct {
 type table struct {
 	sets   map[string]*set
 	chains map[string]*nft.Chain
+	// deleted by the transaction being checked: a reference left to one of them is
+	// EBUSY (in use), not ENOENT
+	goneSets, goneChains map[string]bool
 }
 
 type set struct {
@@ -312,6 +316,7 @@ func delta(prev, want, cur *table, st *kernel.Stats) []error {
 				fail("deleting set %s: %w", name, syscall.ENOENT)
 			}
 			delete(cur.sets, name)
+			cur.gone(name, "")
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(want.sets)) {
@@ -376,6 +381,7 @@ func delta(prev, want, cur *table, st *kernel.Stats) []error {
 				fail("deleting chain %s: %w", name, syscall.ENOENT)
 			}
 			delete(cur.chains, name)
+			cur.gone("", name)
 		}
 	}
 	for name, w := range want.chains {
@@ -397,6 +403,28 @@ func delta(prev, want, cur *table, st *kernel.Stats) []error {
 		}
 	}
 	return errs
+}
+
+// gone notes a set or chain the transaction deletes.
+func (t *table) gone(set, chain string) {
+	if t.goneSets == nil {
+		t.goneSets, t.goneChains = map[string]bool{}, map[string]bool{}
+	}
+	if set != "" {
+		t.goneSets[set] = true
+	}
+	if chain != "" {
+		t.goneChains[chain] = true
+	}
+}
+
+// missing is the error of a reference to a set or chain that is not there: in use
+// (EBUSY) if this transaction deletes it, no such object (ENOENT) otherwise.
+func (t *table) missing(set, chain string) error {
+	if t.goneSets[set] && set != "" || t.goneChains[chain] && chain != "" {
+		return syscall.EBUSY
+	}
+	return syscall.ENOENT
 }
 
 func sameDef(a, b *nft.Set) bool {
@@ -428,7 +456,7 @@ func (t *table) check(k tableKey) []error {
 		}
 		for _, kb := range slices.Sorted(maps.Keys(s.elems)) {
 			if v := s.elems[kb].Verdict; v != nil && (v.Kind == nft.Jump || v.Kind == nft.Goto) && t.chains[v.Chain] == nil {
-				fail("set %s: element %s: %s to chain %s: %w", name, nft.RenderElementKey(s.def, *s.elems[kb]), verb(v.Kind), v.Chain, syscall.ENOENT)
+				fail("set %s: element %s: %s to chain %s: %w", name, nft.RenderElementKey(s.def, *s.elems[kb]), verb(v.Kind), v.Chain, t.missing("", v.Chain))
 			}
 		}
 	}
@@ -442,7 +470,7 @@ func (t *table) check(k tableKey) []error {
 				to, sets := refs(s)
 				for _, target := range to {
 					if t.chains[target] == nil {
-						fail("chain %s rule %d: jump to chain %s: %w", name, i, target, syscall.ENOENT)
+						fail("chain %s rule %d: jump to chain %s: %w", name, i, target, t.missing("", target))
 					}
 					jumps[name] = append(jumps[name], target)
 				}
@@ -450,7 +478,7 @@ func (t *table) check(k tableKey) []error {
 					ts := t.sets[ref.name]
 					switch {
 					case ts == nil:
-						fail("chain %s rule %d: %s @%s: %w", name, i, ref.use, ref.name, syscall.ENOENT)
+						fail("chain %s rule %d: %s @%s: %w", name, i, ref.use, ref.name, t.missing(ref.name, ""))
 					case ref.verdicts && !isVerdictMap(ts.def), ref.values && (!ts.def.IsMap() || isVerdictMap(ts.def)):
 						fail("chain %s rule %d: %s @%s: not a map of that kind: %w", name, i, ref.use, ref.name, syscall.EINVAL)
 					case ref.dynamic && !ts.def.Dynamic:

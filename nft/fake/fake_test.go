@@ -219,6 +219,36 @@ func TestFakeDeltaMeetsForeignChange(t *testing.T) {
 	}
 }
 
+// nextWithoutS is base without set s and the rule that looks it up.
+func nextWithoutS() *nft.Ruleset {
+	next := clone(base())
+	next.Sets = next.Sets[:1] // vm only
+	c := chain(next, "entry")
+	c.Rules = c.Rules[:1]
+	return next
+}
+
+// TestFakeForeignReferenceBlocksDelete: another process's rule looks up our set; the
+// delta that deletes the set fails with EBUSY, as in the kernel.
+func TestFakeForeignReferenceBlocksDelete(t *testing.T) {
+	f := fake.New()
+	if _, err := f.Apply(base()); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Foreign(nft.IPv4, "t", func(rs *nft.Ruleset) {
+		rs.Chains = append(rs.Chains, &nft.Chain{Name: "intruder", Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: "s"}}}}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Apply(nextWithoutS()); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("deleting a set another process's rule uses: %v, want EBUSY", err)
+	}
+	f.Resync() // a rewrite flushes and deletes every chain, the intruder's too
+	if _, err := f.Apply(nextWithoutS()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestFakeIncrementalEqualsFresh drives one fake with the incremental compiler's
 // rulesets through service changes: after each step it holds what a fresh fake holds
 // after one apply of the same ruleset.
@@ -305,5 +335,20 @@ func TestFakeAgreesWithKernel(t *testing.T) {
 	set(next, "s").Elements = nil
 	if _, err := a.Apply(next); !errors.Is(err, syscall.ENOENT) {
 		t.Errorf("deleting an element that is gone: kernel said %v, the fake says ENOENT", err)
+	}
+
+	// another process's rule uses our set: the delta deleting it fails in both
+	a.Resync()
+	if _, err := a.Apply(base()); err != nil {
+		t.Fatal(err)
+	}
+	ns.MustRun(t, "", "nft", "add", "chain", "ip", "t", "intruder")
+	ns.MustRun(t, "", "nft", "add", "rule", "ip", "t", "intruder", "ip", "saddr", "@s")
+	if _, err := a.Apply(nextWithoutS()); !errors.Is(err, syscall.EBUSY) {
+		t.Errorf("deleting a set another process's rule uses: kernel said %v, the fake says EBUSY", err)
+	}
+	a.Resync()
+	if _, err := a.Apply(nextWithoutS()); err != nil {
+		t.Errorf("rewrite over the intruder: %v", err)
 	}
 }

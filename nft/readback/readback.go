@@ -8,14 +8,11 @@ package readback
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/wire"
@@ -93,15 +90,12 @@ type sideView struct {
 	reached map[string]map[string]bool
 }
 
-// pseudo-attribute carrying the values a lookup into a by-content map selects
-const attrSelected = 0xffff
-
 func newSideView(st *wire.TableState, pick func(*nft.Set) bool) *sideView {
 	v := &sideView{st: st, rules: map[string][]string{}, resolved: map[string][]wire.RuleState{},
 		byContent: map[string]bool{}, reached: map[string]map[string]bool{}}
 	if pick != nil {
 		for name, s := range st.Sets {
-			if s.Flags&unix.NFT_SET_MAP != 0 && s.KeyLen == 4 && pick(wire.SetDef(s)) {
+			if s.IsMap() && s.KeyLen == 4 && pick(wire.SetDef(s)) {
 				v.byContent[name] = true
 			}
 		}
@@ -125,21 +119,18 @@ func newSideView(st *wire.TableState, pick func(*nft.Set) bool) *sideView {
 func (v *sideView) resolveByContent(r wire.RuleState) wire.RuleState {
 	out := wire.RuleState{UserData: r.UserData, Exprs: slices.Clone(r.Exprs)}
 	for i := 0; i+1 < len(out.Exprs); i++ {
-		ng, lk := out.Exprs[i], out.Exprs[i+1]
-		if ng.Name != "numgen" || lk.Name != "lookup" {
+		name, mod, off, ok := wire.NumgenLookup(out.Exprs[i], out.Exprs[i+1])
+		set := v.st.Sets[name]
+		if !ok || set == nil || !v.byContent[set.Name] {
 			continue
 		}
-		set := v.st.Sets[cstring(lk.Attrs[unix.NFTA_LOOKUP_SET])]
-		if set == nil || !v.byContent[set.Name] {
-			continue
-		}
-		mod, off := be32(ng.Attrs[unix.NFTA_NG_MODULUS]), be32(ng.Attrs[unix.NFTA_NG_OFFSET])
 		vals := make([]string, 0, min(mod, 1<<16))
 		if v.reached[set.Name] == nil {
 			v.reached[set.Name] = map[string]bool{}
 		}
 		for k := off; k < off+mod && k-off < 1<<16; k++ {
-			key := string(le32(k))
+			kb, _ := wire.AppendValues(nil, []nft.Datatype{nft.TypeNumgen}, []nft.Value{nft.Num(k)})
+			key := string(kb)
 			if e, ok := set.Elements[key]; ok {
 				vals = append(vals, hex.EncodeToString(e.Data))
 				v.reached[set.Name][key] = true
@@ -148,9 +139,7 @@ func (v *sideView) resolveByContent(r wire.RuleState) wire.RuleState {
 			}
 		}
 		sort.Strings(vals)
-		ng = wire.ExprState{Name: ng.Name, Attrs: wire.WithoutAttrs(ng.Attrs, unix.NFTA_NG_OFFSET)}
-		lk = wire.ExprState{Name: lk.Name, Attrs: wire.WithoutAttrs(lk.Attrs, unix.NFTA_LOOKUP_SET, unix.NFTA_LOOKUP_SET_ID)}
-		lk.Attrs[attrSelected] = []byte(strings.Join(vals, ","))
+		ng, lk := wire.Selecting(out.Exprs[i], out.Exprs[i+1], strings.Join(vals, ","))
 		out.Exprs[i], out.Exprs[i+1] = ng, lk
 	}
 	return out
@@ -223,7 +212,7 @@ func compareStates(got, want *wire.TableState, rs *nft.Ruleset, cfg config) Diff
 			}
 			add("set %s: kernel definition `%s`, expected `%s`", name, wire.SetHeader(rs.Family, gs), wire.SetHeader(rs.Family, ws))
 		}
-		if ws.Flags&unix.NFT_SET_EVAL != 0 {
+		if ws.Dynamic() {
 			continue // dynamic: elements are learned by the rules
 		}
 		for _, k := range union(sortedKeys(gs.Elements), sortedKeys(ws.Elements)) {
@@ -294,7 +283,7 @@ func setDefDiff(got, want *wire.SetState) []string {
 	cmp("key type", got.KeyType, want.KeyType)
 	cmp("key length", got.KeyLen, want.KeyLen)
 	cmp("data type", fmt.Sprintf("%#x", got.DataType), fmt.Sprintf("%#x", want.DataType))
-	if want.DataType != unix.NFT_DATA_VERDICT { // the kernel reports a verdict's size, nft sends 0
+	if !want.Verdicts() { // the kernel reports a verdict's size, nft sends 0
 		cmp("data length", got.DataLen, want.DataLen)
 	}
 	cmp("timeout (ms)", got.Timeout, want.Timeout)
@@ -393,8 +382,8 @@ func (r *renderer) rule(v *sideView, chain string, i int) string {
 		if dec, ok := wire.DecodeRule(r.rs.Family, c.Rules[i]); ok {
 			out := "`" + nft.RenderRule(r.rs.Family, dec) + "`"
 			for _, e := range rule.Exprs {
-				if sel, ok := e.Attrs[attrSelected]; ok {
-					out += " selecting " + r.selected(string(sel))
+				if sel, ok := wire.Selected(e); ok {
+					out += " selecting " + r.selected(sel)
 				}
 			}
 			return out
@@ -414,33 +403,10 @@ func (r *renderer) rule(v *sideView, chain string, i int) string {
 
 // expr describes an expression that matches no expected rule, with its main operands.
 func (r *renderer) expr(e wire.ExprState) string {
-	p := e.Name
-	switch e.Name {
-	case "payload":
-		base := [...]string{"link", "network", "transport", "inner"}[min(be32(e.Attrs[unix.NFTA_PAYLOAD_BASE]), 3)]
-		p += fmt.Sprintf(" %s+%d/%d", base, be32(e.Attrs[unix.NFTA_PAYLOAD_OFFSET]), be32(e.Attrs[unix.NFTA_PAYLOAD_LEN]))
-	case "meta", "ct":
-		p += fmt.Sprintf(" key %d", be32(e.Attrs[unix.NFTA_META_KEY]))
-	case "cmp":
-		op := [...]string{"==", "!=", "<", "<=", ">", ">="}[min(be32(e.Attrs[unix.NFTA_CMP_OP]), 5)]
-		p += " " + op + " " + strings.TrimPrefix(wire.DataString(e.Attrs[unix.NFTA_CMP_DATA]), "value ")
-	case "lookup":
-		if sel, ok := e.Attrs[attrSelected]; ok {
-			p += " selecting " + r.selected(string(sel))
-		} else {
-			p += " @" + cstring(e.Attrs[unix.NFTA_LOOKUP_SET])
-		}
-	case "numgen":
-		p += fmt.Sprintf(" mod %d", be32(e.Attrs[unix.NFTA_NG_MODULUS]))
-		if off, ok := e.Attrs[unix.NFTA_NG_OFFSET]; ok {
-			p += fmt.Sprintf(" offset %d", be32(off))
-		}
-	case "immediate":
-		if v, ok := wire.ImmediateVerdict(e.Attrs[unix.NFTA_IMMEDIATE_DATA]); ok {
-			p += " " + v
-		}
+	if sel, ok := wire.Selected(e); ok {
+		return e.Name + " selecting " + r.selected(sel)
 	}
-	return p
+	return wire.DescribeExpr(e)
 }
 
 // selected decodes the values a lookup into a by-content map selects.
@@ -461,7 +427,7 @@ func (r *renderer) selected(sel string) string {
 // elem renders an element as nft would: key, value, comment.
 func (r *renderer) elem(set string, s *wire.SetState, e wire.ElemState) string {
 	keyTypes, dataTypes := wire.TypesOf(s.KeyType, s.KeyLen), wire.TypesOf(s.DataType, s.DataLen)
-	if s.DataType == unix.NFT_DATA_VERDICT {
+	if s.Verdicts() {
 		dataTypes = nil
 	}
 	for _, rs := range r.rs.Sets {
@@ -470,7 +436,7 @@ func (r *renderer) elem(set string, s *wire.SetState, e wire.ElemState) string {
 			break
 		}
 	}
-	if r.got.byContent[set] && r.contentTypes != nil && s.Flags&unix.NFT_SET_MAP != 0 {
+	if r.got.byContent[set] && r.contentTypes != nil && s.IsMap() {
 		dataTypes = r.contentTypes
 	}
 	out := wire.RenderBytes(keyTypes, e.Key)
@@ -485,19 +451,6 @@ func (r *renderer) elem(set string, s *wire.SetState, e wire.ElemState) string {
 	}
 	return out
 }
-
-func be32(b []byte) uint32 {
-	if len(b) < 4 {
-		return 0
-	}
-	return binary.BigEndian.Uint32(b)
-}
-
-// le32 is an integer key as registers hold it (host byte order; amd64/arm64 are little
-// endian), as nft/wire encodes numgen keys.
-func le32(v uint32) []byte { return binary.LittleEndian.AppendUint32(nil, v) }
-
-func cstring(b []byte) string { return string(bytes.TrimRight(b, "\x00")) }
 
 func sortedKeys[K ~string, V any](m map[K]V) []K {
 	keys := make([]K, 0, len(m))

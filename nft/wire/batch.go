@@ -1,14 +1,3 @@
-// Package wire is nf_tables on the wire: the one place in nftproxy that knows the
-// netlink message and attribute layouts of nf_tables objects. It encodes typed rulesets
-// (package nft) into messages exactly as nft 1.0.6 would (Batch, sent to the kernel as
-// one transaction), decodes the kernel's dumps and events back (TableState, Decode),
-// opens the netlink sockets (Dial) and asks the kernel for its ruleset generation
-// (GenID). It keeps no state between calls: the applier (nft/kernel), the monitor
-// (nft/monitor) and the verifier (nft/readback) build on it.
-//
-// Netlink framing and attribute parsing go through github.com/mdlayher/netlink; rule
-// expressions are marshalled by github.com/google/nftables/expr, which frames its
-// attributes with the same library (docs/architecture.md says why it is kept).
 package wire
 
 import (
@@ -20,7 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
@@ -243,21 +231,15 @@ func (b *Batch) DelChain(name string) {
 
 // AddRule appends a rule to a chain.
 func (b *Batch) AddRule(chain string, r nft.Rule) error {
-	es, err := exprs(b.fam, r)
-	if err != nil {
-		return fmt.Errorf("chain %s: %w", chain, err)
-	}
 	b.begin(unix.NFT_MSG_NEWRULE, nlmCreate|nlmAppend)
 	b.str(unix.NFTA_RULE_TABLE, b.table)
 	b.str(unix.NFTA_RULE_CHAIN, chain)
 	list := b.nest(unix.NFTA_RULE_EXPRESSIONS)
-	for _, e := range es {
-		data, err := expr.Marshal(byte(b.fam), e)
-		if err != nil {
+	for _, s := range r.Stmts {
+		if err := b.stmt(b.fam, s); err != nil {
 			b.abandon()
-			return fmt.Errorf("chain %s: encoding %T: %w", chain, e, err)
+			return fmt.Errorf("chain %s: %w", chain, err)
 		}
-		b.attr(unix.NLA_F_NESTED|unix.NFTA_LIST_ELEM, data)
 	}
 	b.close(list)
 	if r.Comment != "" {

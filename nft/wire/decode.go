@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nft"
@@ -152,25 +151,18 @@ func decodeStmt(fam nft.Family, es []ExprState) (nft.Stmt, int) {
 	return nil, 0
 }
 
-// encodeStmt is a statement's expressions as the kernel dumps them.
+// encodeStmt is a statement's expressions as the kernel dumps them: the statement
+// encoded alone, as AddRule encodes it, and parsed back.
 func encodeStmt(fam nft.Family, s nft.Stmt) ([]ExprState, error) {
-	exprs, err := stmtExprs(fam, s)
-	if err != nil {
+	b := &Batch{fam: fam}
+	if err := b.AddRule("", nft.Rule{Stmts: []nft.Stmt{s}}); err != nil {
 		return nil, err
 	}
-	out := make([]ExprState, 0, len(exprs))
-	for _, e := range exprs {
-		data, err := expr.Marshal(byte(fam), e)
-		if err != nil {
-			return nil, err
-		}
-		d, err := decodeExpr(data)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, d)
+	st := newTableState(fam, "")
+	if err := b.each(func(_ uint16, payload []byte) error { return st.addRuleMsg(payload) }); err != nil {
+		return nil, err
 	}
-	return out, nil
+	return st.Chains[""].Rules[0].Exprs, nil
 }
 
 // candidates are the statements the expressions could start with, their operands read

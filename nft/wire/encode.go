@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nft"
@@ -21,117 +20,249 @@ const (
 	reg32base = 8 // NFT_REG32_00
 )
 
-// exprs encodes one rule's statements.
-func exprs(fam nft.Family, r nft.Rule) ([]expr.Any, error) {
-	var out []expr.Any
-	for _, s := range r.Stmts {
-		e, err := stmtExprs(fam, s)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e...)
-	}
-	return out, nil
-}
+// Expressions are written straight into the batch, each as nft 1.0.6 (libnftnl) lays
+// it out: NFTA_LIST_ELEM { NFTA_EXPR_NAME, NFTA_EXPR_DATA { attributes } }, integers
+// big endian, register contents in host order.
 
-func stmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
+// stmt appends the expressions of one statement.
+func (b *Batch) stmt(fam nft.Family, s nft.Stmt) error {
 	switch s := s.(type) {
 	case nft.MatchPrefix:
-		return prefixMatch(fam, s), nil
+		b.prefixMatch(fam, s)
 	case nft.MatchIifname:
 		if len(s.Name) > 15 || s.Name == "" {
-			return nil, fmt.Errorf("iifname %q: not 1 to 15 bytes", s.Name)
+			return fmt.Errorf("iifname %q: not 1 to 15 bytes", s.Name)
 		}
 		name := []byte(s.Name) // a prefix compares only its bytes
 		if !s.Prefix {
 			name = make([]byte, 16) // a whole name compares the NUL-padded IFNAMSIZ bytes
 			copy(name, s.Name)
 		}
-		op := expr.CmpOpEq
+		op := uint32(unix.NFT_CMP_EQ)
 		if s.Op == nft.OpNeq {
-			op = expr.CmpOpNeq
+			op = unix.NFT_CMP_NEQ
 		}
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
-			&expr.Cmp{Op: op, Register: reg1, Data: name},
-		}, nil
+		b.meta(unix.NFT_META_IIFNAME, reg1, false)
+		b.cmp(op, reg1, name)
 	case nft.MatchL4Proto:
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{s.Proto}},
-		}, nil
+		b.meta(unix.NFT_META_L4PROTO, reg1, false)
+		b.cmp(unix.NFT_CMP_EQ, reg1, []byte{s.Proto})
 	case nft.MatchCtStateNew:
-		return ctBit(expr.CtKeySTATE, expr.CtStateBitNEW), nil
+		b.ctBit(unix.NFT_CT_STATE, ctStateBitNew)
 	case nft.MatchCtStatusDNAT:
-		return ctBit(expr.CtKeySTATUS, 1<<5 /* IPS_DST_NAT */), nil
+		b.ctBit(unix.NFT_CT_STATUS, 1<<5 /* IPS_DST_NAT */)
 	case nft.MatchMarkUnset:
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: le32(s.Bits), Xor: le32(0)},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: le32(0)},
-		}, nil
+		b.meta(unix.NFT_META_MARK, reg1, false)
+		b.bitwise(reg1, 4, le32(s.Bits), le32(0))
+		b.cmp(unix.NFT_CMP_EQ, reg1, le32(0))
 	case nft.MatchFibDaddrLocal:
-		return []expr.Any{
-			&expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: le32(unix.RTN_LOCAL)},
-		}, nil
+		b.fib(unix.NFTA_FIB_F_DADDR)
+		b.cmp(unix.NFT_CMP_EQ, reg1, le32(unix.RTN_LOCAL))
+	case nft.MatchFibSaddrLocal:
+		b.fib(unix.NFTA_FIB_F_SADDR)
+		b.cmp(unix.NFT_CMP_EQ, reg1, le32(unix.RTN_LOCAL))
 	case nft.Lookup:
-		return append(loadFields(fam, s.Fields), &expr.Lookup{SourceRegister: reg1, SetName: s.Set}), nil
+		b.loadFields(fam, s.Fields)
+		b.lookup(s.Set, reg1, nil)
 	case nft.VMap:
-		return append(loadFields(fam, s.Fields), &expr.Lookup{SourceRegister: reg1, DestRegister: 0, IsDestRegSet: true, SetName: s.Map}), nil
+		b.loadFields(fam, s.Fields)
+		verdictReg := uint32(0) // NFT_REG_VERDICT
+		b.lookup(s.Map, reg1, &verdictReg)
 	case nft.Verdict:
-		v, err := verdict(s)
-		return []expr.Any{v}, err
+		code, chain, err := verdictCode(s)
+		if err != nil {
+			return err
+		}
+		b.verdictExpr(code, chain)
 	case nft.Reject:
 		code := uint8(3) // ICMP_PORT_UNREACH
 		if fam == nft.IPv6 {
 			code = 4 // ICMPV6_PORT_UNREACH
 		}
-		return []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code}}, nil
+		b.expr("reject", func() {
+			b.u32(unix.NFTA_REJECT_TYPE, unix.NFT_REJECT_ICMP_UNREACH)
+			b.attr(unix.NFTA_REJECT_ICMP_CODE, []byte{code})
+		})
 	case nft.SetMarkBits:
 		mask, xor := ^s.Bits, s.Bits
 		if s.Xor {
 			mask = 0xffffffff
 		}
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: le32(mask), Xor: le32(xor)},
-			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
-		}, nil
+		b.meta(unix.NFT_META_MARK, reg1, false)
+		b.bitwise(reg1, 4, le32(mask), le32(xor))
+		b.meta(unix.NFT_META_MARK, reg1, true)
 	case nft.Masquerade:
-		return []expr.Any{&expr.Masq{FullyRandom: s.FullyRandom}}, nil
+		b.expr("masq", func() {
+			if s.FullyRandom {
+				b.u32(unix.NFTA_MASQ_FLAGS, unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY)
+			}
+		})
 	case nft.DNATNumgenMap:
-		return []expr.Any{
-			&expr.Numgen{Register: reg1, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM, Offset: s.Offset},
-			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: s.Map},
-			dnatRegs(fam, natPortReg(fam)),
-		}, nil
+		b.numgen(s.Mod, s.Offset)
+		b.lookup(s.Map, reg1, &[]uint32{reg1}[0])
+		b.dnat(fam, natPortReg(fam))
 	case nft.Counter:
-		return []expr.Any{&expr.Counter{}}, nil
-	case nft.MatchFibSaddrLocal:
-		return []expr.Any{
-			&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: le32(unix.RTN_LOCAL)},
-		}, nil
+		b.expr("counter", func() {
+			b.u64(unix.NFTA_COUNTER_BYTES, 0)
+			b.u64(unix.NFTA_COUNTER_PACKETS, 0)
+		})
 	case nft.MatchNumgen:
-		return []expr.Any{
-			&expr.Numgen{Register: reg1, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: le32(0)},
-		}, nil
+		b.numgen(s.Mod, 0)
+		b.cmp(unix.NFT_CMP_EQ, reg1, le32(0))
 	case nft.DNATTo:
-		return []expr.Any{
-			&expr.Immediate{Register: reg1, Data: s.Addr.AsSlice()},
-			&expr.Immediate{Register: reg2, Data: binary.BigEndian.AppendUint16(nil, s.Port)},
-			dnatRegs(fam, reg2),
-		}, nil
+		b.immediate(reg1, s.Addr.AsSlice())
+		b.immediate(reg2, binary.BigEndian.AppendUint16(nil, s.Port))
+		b.dnat(fam, reg2)
 	case nft.UpdateSaddr:
 		off, n := addrField(fam, nft.FieldSaddr)
-		return []expr.Any{
-			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
-			&expr.Dynset{SrcRegKey: reg1, SetName: s.Set, Operation: unix.NFT_DYNSET_OP_UPDATE},
-		}, nil
+		b.payload(reg1, unix.NFT_PAYLOAD_NETWORK_HEADER, off, n)
+		b.expr("dynset", func() {
+			b.u32(unix.NFTA_DYNSET_SREG_KEY, reg1)
+			b.u32(unix.NFTA_DYNSET_OP, unix.NFT_DYNSET_OP_UPDATE)
+			b.str(unix.NFTA_DYNSET_SET_NAME, s.Set)
+			b.u32(unix.NFTA_DYNSET_SET_ID, 0)
+			b.u32(unix.NFTA_DYNSET_FLAGS, 0)
+		})
+	default:
+		return fmt.Errorf("wire: no encoding for statement %T", s)
 	}
-	return nil, fmt.Errorf("kernel: no encoding for statement %T", s)
+	return nil
+}
+
+// ctStateBitNew is NF_CT_STATE_BIT(IP_CT_NEW).
+const ctStateBitNew = 8
+
+// expr appends one expression: its name, then the attributes data writes.
+func (b *Batch) expr(name string, data func()) {
+	el := b.nest(unix.NFTA_LIST_ELEM)
+	b.str(unix.NFTA_EXPR_NAME, name)
+	d := b.nest(unix.NFTA_EXPR_DATA)
+	data()
+	b.close(d)
+	b.close(el)
+}
+
+// meta loads a meta key into reg, or with set, sets it from reg.
+func (b *Batch) meta(key, reg uint32, set bool) {
+	b.expr("meta", func() {
+		b.u32(unix.NFTA_META_KEY, key)
+		if set {
+			b.u32(unix.NFTA_META_SREG, reg)
+		} else {
+			b.u32(unix.NFTA_META_DREG, reg)
+		}
+	})
+}
+
+func (b *Batch) cmp(op, reg uint32, data []byte) {
+	b.expr("cmp", func() {
+		b.u32(unix.NFTA_CMP_SREG, reg)
+		b.u32(unix.NFTA_CMP_OP, op)
+		b.value(unix.NFTA_CMP_DATA, data)
+	})
+}
+
+// value is a nested NFTA_DATA_VALUE attribute.
+func (b *Batch) value(typ uint16, data []byte) {
+	n := b.nest(typ)
+	b.attr(unix.NFTA_DATA_VALUE, data)
+	b.close(n)
+}
+
+// bitwise is reg = (reg & mask) ^ xor over n bytes.
+func (b *Batch) bitwise(reg, n uint32, mask, xor []byte) {
+	b.expr("bitwise", func() {
+		b.u32(unix.NFTA_BITWISE_SREG, reg)
+		b.u32(unix.NFTA_BITWISE_DREG, reg)
+		b.u32(unix.NFTA_BITWISE_LEN, n)
+		b.value(unix.NFTA_BITWISE_MASK, mask)
+		b.value(unix.NFTA_BITWISE_XOR, xor)
+	})
+}
+
+// ctBit matches a conntrack key having bit set.
+func (b *Batch) ctBit(key, bit uint32) {
+	b.expr("ct", func() {
+		b.u32(unix.NFTA_CT_KEY, key)
+		b.u32(unix.NFTA_CT_DREG, reg1)
+	})
+	b.bitwise(reg1, 4, le32(bit), le32(0))
+	b.cmp(unix.NFT_CMP_NEQ, reg1, le32(0))
+}
+
+// fib loads the address type of the packet's source or destination (flag) into reg1.
+func (b *Batch) fib(flag uint32) {
+	b.expr("fib", func() {
+		b.u32(unix.NFTA_FIB_DREG, reg1)
+		b.u32(unix.NFTA_FIB_FLAGS, flag)
+		b.u32(unix.NFTA_FIB_RESULT, unix.NFT_FIB_RESULT_ADDRTYPE)
+	})
+}
+
+// lookup looks sreg up in set; with dreg, the value found goes there (a map).
+func (b *Batch) lookup(set string, sreg uint32, dreg *uint32) {
+	b.expr("lookup", func() {
+		b.u32(unix.NFTA_LOOKUP_SREG, sreg)
+		if dreg != nil {
+			b.u32(unix.NFTA_LOOKUP_DREG, *dreg)
+		}
+		b.str(unix.NFTA_LOOKUP_SET, set)
+		b.u32(unix.NFTA_LOOKUP_SET_ID, 0)
+	})
+}
+
+// verdictExpr is an immediate verdict.
+func (b *Batch) verdictExpr(code uint32, chain string) {
+	b.expr("immediate", func() {
+		b.u32(unix.NFTA_IMMEDIATE_DREG, 0) // NFT_REG_VERDICT
+		d := b.nest(unix.NFTA_IMMEDIATE_DATA)
+		v := b.nest(unix.NFTA_DATA_VERDICT)
+		b.u32(unix.NFTA_VERDICT_CODE, code)
+		if chain != "" {
+			b.str(unix.NFTA_VERDICT_CHAIN, chain)
+		}
+		b.close(v)
+		b.close(d)
+	})
+}
+
+func (b *Batch) immediate(reg uint32, data []byte) {
+	b.expr("immediate", func() {
+		b.u32(unix.NFTA_IMMEDIATE_DREG, reg)
+		b.value(unix.NFTA_IMMEDIATE_DATA, data)
+	})
+}
+
+// numgen loads "numgen random mod mod offset offset" into reg1.
+func (b *Batch) numgen(mod, offset uint32) {
+	b.expr("numgen", func() {
+		b.u32(unix.NFTA_NG_DREG, reg1)
+		b.u32(unix.NFTA_NG_MODULUS, mod)
+		b.u32(unix.NFTA_NG_TYPE, unix.NFT_NG_RANDOM)
+		b.u32(unix.NFTA_NG_OFFSET, offset)
+	})
+}
+
+// dnat translates the destination to the address in reg1 and the port in portReg.
+func (b *Batch) dnat(fam nft.Family, portReg uint32) {
+	b.expr("nat", func() {
+		b.u32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
+		b.u32(unix.NFTA_NAT_FAMILY, uint32(fam))
+		b.u32(unix.NFTA_NAT_REG_ADDR_MIN, reg1)
+		b.u32(unix.NFTA_NAT_REG_ADDR_MAX, reg1)
+		b.u32(unix.NFTA_NAT_REG_PROTO_MIN, portReg)
+		b.u32(unix.NFTA_NAT_REG_PROTO_MAX, portReg)
+		b.u32(unix.NFTA_NAT_FLAGS, unix.NF_NAT_RANGE_PROTO_SPECIFIED)
+	})
+}
+
+func (b *Batch) payload(reg, base, offset, n uint32) {
+	b.expr("payload", func() {
+		b.u32(unix.NFTA_PAYLOAD_DREG, reg)
+		b.u32(unix.NFTA_PAYLOAD_BASE, base)
+		b.u32(unix.NFTA_PAYLOAD_OFFSET, offset)
+		b.u32(unix.NFTA_PAYLOAD_LEN, n)
+	})
 }
 
 // natPortReg is where a map lookup leaves the port of an "address . port" value.
@@ -142,55 +273,27 @@ func natPortReg(fam nft.Family) uint32 {
 	return reg32base + 1
 }
 
-func dnatRegs(fam nft.Family, portReg uint32) *expr.NAT {
-	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(fam), RegAddrMin: reg1, RegAddrMax: reg1, RegProtoMin: portReg, RegProtoMax: portReg, Specified: true}
-}
-
-func verdict(v nft.Verdict) (*expr.Verdict, error) {
-	switch v.Kind {
-	case nft.Accept:
-		return &expr.Verdict{Kind: expr.VerdictAccept}, nil
-	case nft.Drop:
-		return &expr.Verdict{Kind: expr.VerdictDrop}, nil
-	case nft.Return:
-		return &expr.Verdict{Kind: expr.VerdictReturn}, nil
-	case nft.Jump:
-		return &expr.Verdict{Kind: expr.VerdictJump, Chain: v.Chain}, nil
-	case nft.Goto:
-		return &expr.Verdict{Kind: expr.VerdictGoto, Chain: v.Chain}, nil
-	}
-	return nil, fmt.Errorf("kernel: unknown verdict kind %d", v.Kind)
-}
-
-func ctBit(key expr.CtKey, bit uint32) []expr.Any {
-	return []expr.Any{
-		&expr.Ct{Key: key, Register: reg1},
-		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: le32(bit), Xor: le32(0)},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: le32(0)},
-	}
-}
-
 // prefixMatch loads only the bytes the prefix covers, masking a partial last byte, as nft
 // does.
-func prefixMatch(fam nft.Family, m nft.MatchPrefix) []expr.Any {
+func (b *Batch) prefixMatch(fam nft.Family, m nft.MatchPrefix) {
 	p := m.Prefix.Masked()
 	off, _ := addrField(fam, m.Field)
 	n := uint32((p.Bits() + 7) / 8)
 	want := p.Addr().AsSlice()[:n]
-	out := []expr.Any{&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}}
+	b.payload(reg1, unix.NFT_PAYLOAD_NETWORK_HEADER, off, n)
 	if p.Bits()%8 != 0 {
 		mask := make([]byte, n)
 		for i := range mask {
 			mask[i] = 0xff
 		}
 		mask[n-1] = byte(0xff << (8 - p.Bits()%8))
-		out = append(out, &expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: n, Mask: mask, Xor: make([]byte, n)})
+		b.bitwise(reg1, n, mask, make([]byte, n))
 	}
-	op := expr.CmpOpEq
+	op := uint32(unix.NFT_CMP_EQ)
 	if m.Op == nft.OpNeq {
-		op = expr.CmpOpNeq
+		op = unix.NFT_CMP_NEQ
 	}
-	return append(out, &expr.Cmp{Op: op, Register: reg1, Data: want})
+	b.cmp(op, reg1, want)
 }
 
 // addrField returns the network header offset and length of saddr/daddr.
@@ -209,8 +312,7 @@ func addrField(fam nft.Family, f nft.Field) (uint32, uint32) {
 
 // loadFields loads a concatenation into consecutive registers starting at NFT_REG_1, each
 // field rounded up to 4 bytes, as nft lays out lookup keys.
-func loadFields(fam nft.Family, fs []nft.Field) []expr.Any {
-	var out []expr.Any
+func (b *Batch) loadFields(fam nft.Family, fs []nft.Field) {
 	var used uint32 // bytes of the concatenation so far
 	for _, f := range fs {
 		reg := uint32(reg1)
@@ -220,17 +322,16 @@ func loadFields(fam nft.Family, fs []nft.Field) []expr.Any {
 		switch f {
 		case nft.FieldSaddr, nft.FieldDaddr:
 			off, n := addrField(fam, f)
-			out = append(out, &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n})
+			b.payload(reg, unix.NFT_PAYLOAD_NETWORK_HEADER, off, n)
 			used += n
 		case nft.FieldL4Proto:
-			out = append(out, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg})
+			b.meta(unix.NFT_META_L4PROTO, reg, false)
 			used += 4
 		case nft.FieldTHDport:
-			out = append(out, &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+			b.payload(reg, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
 			used += 4
 		}
 	}
-	return out
 }
 
 func le32(v uint32) []byte {
