@@ -212,6 +212,16 @@ func RenderStmt(fam Family, s Stmt) string {
 			return fmt.Sprintf("%s %s%s", fieldName(fam, s.Field), op, p.Addr())
 		}
 		return fmt.Sprintf("%s %s%s", fieldName(fam, s.Field), op, p)
+	case MatchIifname:
+		op := ""
+		if s.Op == OpNeq {
+			op = "!= "
+		}
+		name := s.Name
+		if s.Prefix {
+			name += "*"
+		}
+		return "iifname " + op + strconv.Quote(name)
 	case MatchL4Proto:
 		return "meta l4proto " + ProtoName(s.Proto)
 	case MatchCtStateNew:

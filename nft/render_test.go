@@ -14,6 +14,7 @@ import (
 // renderWant is the exact rendering of each AllStmtKinds value, by type name, per family.
 var renderWant = map[string]struct{ ip, ip6 string }{
 	"MatchPrefix":        {"ip saddr != 10.0.0.0/8", "ip6 saddr != 10.0.0.0/8"},
+	"MatchIifname":       {`iifname != "veth*"`, `iifname != "veth*"`},
 	"MatchL4Proto":       {"meta l4proto tcp", "meta l4proto tcp"},
 	"MatchCtStateNew":    {"ct state new", "ct state new"},
 	"MatchCtStatusDNAT":  {"ct status dnat", "ct status dnat"},

@@ -33,6 +33,14 @@ type MatchPrefix struct {
 	Prefix netip.Prefix
 }
 
+// MatchIifname matches the input interface's name ("iifname "cni0""), or with Prefix
+// every name that begins with Name ("iifname "veth*"").
+type MatchIifname struct {
+	Op     Op
+	Name   string // at most 15 bytes
+	Prefix bool
+}
+
 // MatchL4Proto matches the transport protocol ("meta l4proto tcp").
 type MatchL4Proto struct{ Proto uint8 }
 
@@ -120,6 +128,7 @@ type DNATTo struct {
 type UpdateSaddr struct{ Set string }
 
 func (MatchPrefix) isStmt()        {}
+func (MatchIifname) isStmt()       {}
 func (MatchL4Proto) isStmt()       {}
 func (MatchCtStateNew) isStmt()    {}
 func (MatchCtStatusDNAT) isStmt()  {}
@@ -143,6 +152,7 @@ func (UpdateSaddr) isStmt()        {}
 func AllStmtKinds() []Stmt {
 	return []Stmt{
 		MatchPrefix{Field: FieldSaddr, Op: OpNeq, Prefix: netip.MustParsePrefix("10.0.0.0/8")},
+		MatchIifname{Op: OpNeq, Name: "veth", Prefix: true},
 		MatchL4Proto{Proto: 6},
 		MatchCtStateNew{},
 		MatchCtStatusDNAT{},

@@ -137,13 +137,12 @@ func explainConfig(o *options.Options) (controller.Config, error) {
 	if err != nil {
 		return controller.Config{}, err
 	}
-	cidrs, _ := o.ClusterCIDRs() // validated
 	return controller.Config{
 		NodeName:          nodeName,
-		ClusterCIDRs:      cidrs,
+		DetectLocal:       o.DetectLocal,
 		MasqueradeAll:     o.MasqueradeAll,
 		MasqueradeBit:     uint32(o.MasqueradeBit),
-		NodePortAddresses: o.NodePortCIDRs(),
+		NodePortAddresses: o.NodePorts,
 	}, nil
 }
 
@@ -189,13 +188,25 @@ func packetFor(req *explainRequest, cfg controller.Config, snap *model.Snapshot)
 		}
 		pkt.Saddr, sc.source = ips[0], "the node"
 	default:
-		for _, c := range cfg.ClusterCIDRs {
+		// a pod: an address in the cluster CIDR (ClusterCIDR mode) or the node's pod
+		// CIDR (other modes), coming in through the pod interface (interface modes)
+		cidrs, what := cfg.DetectLocal.ClusterCIDRs, "--cluster-cidr"
+		if cfg.DetectLocal.Mode != compile.LocalClusterCIDR && cfg.DetectLocal.Mode != "" {
+			cidrs, what = snap.Node.PodCIDRs, "pod CIDR on the Node object"
+		}
+		for _, c := range cidrs {
 			if c.Addr().Is6() == v6 {
-				pkt.Saddr, sc.source = c.Addr().Next(), "a pod"
+				pkt.Saddr, sc.source = c.Masked().Addr().Next(), "a pod"
 			}
 		}
 		if !pkt.Saddr.IsValid() {
-			return pkt, sc, fmt.Errorf("no %s --cluster-cidr to pick a pod address from: give the client address with --from", pkt.Family)
+			return pkt, sc, fmt.Errorf("no %s %s to pick a pod address from: give the client address with --from", pkt.Family, what)
+		}
+		switch cfg.DetectLocal.Mode {
+		case compile.LocalBridgeInterface:
+			pkt.Iifname = cfg.DetectLocal.Interface
+		case compile.LocalInterfaceNamePrefix:
+			pkt.Iifname = cfg.DetectLocal.Interface + "0"
 		}
 	}
 	return pkt, sc, nil
@@ -407,6 +418,13 @@ func masqueradeReason(o trace.Outcome) string {
 			for _, st := range s.Rule.Stmts {
 				if m, ok := st.(nft.MatchPrefix); ok && m.Field == nft.FieldSaddr {
 					return fmt.Sprintf("the source is outside the cluster CIDR %s", m.Prefix)
+				}
+				if m, ok := st.(nft.MatchIifname); ok { // --detect-local-mode with interfaces
+					name := m.Name
+					if m.Prefix {
+						name += "*"
+					}
+					return fmt.Sprintf("the packet did not come in through the pods' interface %s (--detect-local-mode)", name)
 				}
 			}
 			return "the source is outside the cluster CIDR"

@@ -243,6 +243,24 @@ func TestExplain(t *testing.T) {
 	}
 }
 
+// Under --detect-local-mode=InterfaceNamePrefix the masquerade reason names the
+// interfaces; a packet given by --from did not come in through them.
+func TestExplainInterfaceMode(t *testing.T) {
+	client := fake.NewClientset(cluster()...)
+	req, err := parseExplain([]string{"--hostname-override=node-1", "--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth",
+		"--from", "10.244.3.3", "10.96.0.10:80"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := explain(context.Background(), client, req, &b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "masqueraded: the packet did not come in through the pods' interface veth* (--detect-local-mode)"; !strings.Contains(b.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, b.String())
+	}
+}
+
 func TestParseExplain(t *testing.T) {
 	req, err := parseExplain([]string{"--rules", "--local", "--from", "192.0.2.10", "--cluster-cidr", "10.244.0.0/16", "10.96.0.10:53/udp"}, io.Discard)
 	if err != nil {

@@ -329,7 +329,7 @@ func (w *walker) walk(chain string, p float64, local bool, depth int) {
 					w.affinity = set.Timeout
 				}
 				conditional = true
-			case nft.MatchPrefix, nft.MatchFibSaddrLocal, nft.MatchFibDaddrLocal, nft.MatchMarkUnset, nft.MatchL4Proto:
+			case nft.MatchPrefix, nft.MatchIifname, nft.MatchFibSaddrLocal, nft.MatchFibDaddrLocal, nft.MatchMarkUnset, nft.MatchL4Proto:
 				conditional = true
 			case nft.Verdict:
 				switch {

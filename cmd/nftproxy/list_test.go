@@ -59,7 +59,7 @@ func listSnapshot() *model.Snapshot {
 func listConfig() compile.Config {
 	return compile.Config{
 		Family:        nft.IPv4,
-		ClusterCIDR:   netip.MustParsePrefix("10.244.0.0/16"),
+		DetectLocal:   compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
 		MasqueradeBit: 14,
 		NodePortAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
 	}
@@ -175,7 +175,7 @@ func TestListKernel(t *testing.T) {
 		Endpoints:  []model.Endpoint{{Addr: netip.MustParseAddr("fd00:244::5"), Port: 8443, Ready: true, Serving: true}},
 	}
 	rs6, _ := compile.Compile(&model.Snapshot{Node: snap.Node, Services: []model.ServicePort{six}},
-		compile.Config{Family: nft.IPv6, ClusterCIDR: netip.MustParsePrefix("fd00:244::/56"), MasqueradeBit: 14}, compile.NewSlots())
+		compile.Config{Family: nft.IPv6, DetectLocal: compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/56")}}, MasqueradeBit: 14}, compile.NewSlots())
 	for _, r := range []*nft.Ruleset{rs, rs6} {
 		if _, err := a.Apply(r); err != nil {
 			t.Fatal(err)

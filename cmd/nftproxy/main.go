@@ -194,7 +194,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 		return err
 	}
 	nodeName := cfg.NodeName
-	if len(cfg.ClusterCIDRs) == 0 && !o.MasqueradeAll {
+	if cfg.DetectLocal.Mode == compile.LocalClusterCIDR && len(cfg.DetectLocal.ClusterCIDRs) == 0 && !o.MasqueradeAll {
 		log.Info("No --cluster-cidr: traffic from outside the cluster to cluster IPs will not be masqueraded")
 	}
 	rc, err := clientConfig(o)
@@ -215,7 +215,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 	if err := conntrack.SetSysctls(log, o.Conntrack, conntrack.SysctlEnv{}); err != nil {
 		return fmt.Errorf("could not set conntrack parameters: %w", err)
 	}
-	log.Info("Starting nftproxy", "node", nodeName, "clusterCIDRs", o.ClusterCIDR, "apiServer", rc.Host)
+	log.Info("Starting nftproxy", "node", nodeName, "detectLocalMode", cfg.DetectLocal.Mode, "clusterCIDRs", o.ClusterCIDRs, "apiServer", rc.Host)
 	controller.WarnKubeProxyLeftovers(log, applier)
 	ct, err := netlink.NewHandle(unix.NETLINK_NETFILTER) // stale UDP conntrack entries
 	if err != nil {
@@ -268,7 +268,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 		}
 	}()
 	hc.SetProxyHealth(func() bool { return serve.Healthy(p.Status(), o.SyncPeriod, time.Now()) })
-	health := &serve.Health{Status: p.Status, SyncPeriod: o.SyncPeriod, Node: serve.WatchNode(ctx, log, client, nodeName), Probes: rec,
+	health := &serve.Health{Status: p.Status, SyncPeriod: o.SyncPeriod, Node: p.Node, Probes: rec,
 		Started: started, StartupGrace: serve.StartupGrace}
 	// Both servers answer from now on, while p.Run waits for the API server.
 	if err := serve.Start(ctx, log, "healthz", o.HealthzBindAddress, health.Handler(), httplimit.Health); err != nil {
@@ -300,8 +300,6 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 	if err != nil {
 		return controller.Config{}, err
 	}
-	cidrs, _ := o.ClusterCIDRs()        // validated
-	serviceCIDRs, _ := o.ServiceCIDRs() // validated
 	served, own, anyAddr := o.ServedPorts()
 	if anyAddr { // a server on 0.0.0.0 answers on every address the node has now
 		if local, err := localAddrs(); err == nil {
@@ -310,11 +308,11 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 	}
 	return controller.Config{
 		NodeName:          nodeName,
-		ClusterCIDRs:      cidrs,
-		ServiceCIDRs:      serviceCIDRs,
+		DetectLocal:       o.DetectLocal,
+		ServiceCIDRs:      o.ServiceCIDRs,
 		MasqueradeAll:     o.MasqueradeAll,
 		MasqueradeBit:     uint32(o.MasqueradeBit),
-		NodePortAddresses: o.NodePortCIDRs(),
+		NodePortAddresses: o.NodePorts,
 		MinSyncPeriod:     o.MinSyncPeriod,
 		SyncPeriod:        o.SyncPeriod,
 		LocalAddrs:        localAddrs,

@@ -33,8 +33,12 @@ func TestConfigureWriteConfigTo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Values.ClusterCIDR != "10.2.0.0/16" || f.Values.SyncPeriod != 10*time.Second {
+	// As kube-proxy, --config replaces the flag: the file's clusterCIDR is written.
+	if f.Values.ClusterCIDR != "10.1.0.0/16" || f.Values.SyncPeriod != 10*time.Second {
 		t.Errorf("written config: %+v", f.Values)
+	}
+	if !strings.Contains(stderr.String(), "--cluster-cidr is ignored: with --config the file's value is used") {
+		t.Errorf("stderr lacks the note on --cluster-cidr: %s", stderr.String())
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"net/netip"
 	"strings"
 	"testing"
@@ -33,7 +34,7 @@ func TestListAPICompilesWhatTheProxyWould(t *testing.T) {
 		}
 	}
 	cfg := controller.Config{NodeName: "node-1", ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.100.0.0/16")},
-		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+		DetectLocal: compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}}
 	_, rulesets, _, err := state.compile(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -111,7 +113,13 @@ func TestVerifyOnce(t *testing.T) {
 	}
 
 	// another masquerade bit
-	res, err = verifyOnce(ctx, client, proxyFlags(t, append(flags, "--iptables-masquerade-bit", "15")...), k)
+	// (the bit is nftables.masqueradeBit of --config: --iptables-masquerade-bit has no
+	// effect in nftables mode, as in kube-proxy)
+	bitFile := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(bitFile, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 10.244.0.0/16,fd00:244::/56\nnftables: {masqueradeBit: 15}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res, err = verifyOnce(ctx, client, proxyFlags(t, "--hostname-override", "node-1", "--config", bitFile), k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,9 +229,10 @@ func TestOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.ClusterCIDR != "10.1.0.0/16" || *got.NFTables.MasqueradeBit != 15 || got.HostnameOverride != "node-1" ||
+	// (--iptables-masquerade-bit sets iptables.masqueradeBit, as kube-proxy's flag)
+	if got.ClusterCIDR != "10.1.0.0/16" || *got.IPTables.MasqueradeBit != 15 || got.HostnameOverride != "node-1" ||
 		got.ClientConnection.Kubeconfig != "/root/.kube/config" {
-		t.Errorf("clusterCIDR %q, masqueradeBit %d, hostname %q, kubeconfig %q", got.ClusterCIDR, *got.NFTables.MasqueradeBit, got.HostnameOverride, got.ClientConnection.Kubeconfig)
+		t.Errorf("clusterCIDR %q, iptables.masqueradeBit %d, hostname %q, kubeconfig %q", got.ClusterCIDR, *got.IPTables.MasqueradeBit, got.HostnameOverride, got.ClientConnection.Kubeconfig)
 	}
 	// the proxy's kubeconfig path is the pod's: never taken
 	if got, _ := overlay(proxy, settings(), settings()); got.ClientConnection.Kubeconfig != "" {

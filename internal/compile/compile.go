@@ -46,9 +46,9 @@ const (
 // Config holds the flags that shape the ruleset.
 type Config struct {
 	Family nft.Family
-	// ClusterCIDR is the pod network of this family ("--cluster-cidr"); traffic from
-	// outside it to a cluster IP is masqueraded. Invalid (zero) means unknown.
-	ClusterCIDR   netip.Prefix
+	// DetectLocal tells traffic from the cluster's pods from other traffic
+	// (--detect-local-mode): traffic to a cluster IP that is not local is masqueraded.
+	DetectLocal   DetectLocal
 	MasqueradeAll bool
 	MasqueradeBit uint32 // mark bit index, kube-proxy's default is 14
 	// NodePortAddrs are fixed local addresses node ports answer on, besides the
@@ -283,6 +283,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	cc.changes = snap.Changes
 	c := &compiler{
 		cfg: cc.cfg, slots: cc.slots, v6: cc.cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
+		local:         cc.cfg.DetectLocal.resolve(cc.cfg.Family == nft.IPv6, snap.Node),
 		nodePortAddrs: cc.cfg.NodePortAddrs,
 		frontends:     make(map[frontendKey]model.ServicePortName, len(snap.Services)),
 		nodePorts:     map[nodePortKey]model.ServicePortName{},
@@ -568,7 +569,7 @@ func (c *compiler) problem(p model.Problem) {
 }
 
 func sameNode(a, b model.Node) bool {
-	return a.Name == b.Name && a.Zone == b.Zone && slices.Equal(a.IPs, b.IPs)
+	return a.Name == b.Name && a.Zone == b.Zone && slices.Equal(a.IPs, b.IPs) && slices.Equal(a.PodCIDRs, b.PodCIDRs)
 }
 
 type frontendKey struct {
@@ -594,6 +595,7 @@ type compiler struct {
 	serviceCounters, nodePortCounters                     *nft.Set
 	node                                                  model.Node
 	serviceCIDRs                                          []netip.Prefix
+	local                                                 localCheck   // DetectLocal for this family and node
 	nodePortAddrs                                         []netip.Addr // the configuration's and the snapshot's
 
 	// keys already used, so that conflicting input never produces a duplicate element
@@ -839,9 +841,9 @@ func (c *compiler) externalChain(cp *compiledPart, sp *model.ServicePort, p poli
 		}
 		return ch
 	}
-	if c.cfg.ClusterCIDR.IsValid() {
+	if c.local.ok() {
 		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
-			nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: c.cfg.ClusterCIDR}, goTo(p.svcChain),
+			c.local.match(true), goTo(p.svcChain),
 		}, Comment: "short-circuit pod traffic", Tag: cp.tag(PurposeShortCircuitPods)})
 	}
 	ch.Rules = append(ch.Rules,
@@ -865,8 +867,8 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 			purpose := PurposeMarkAll
 			switch {
 			case c.cfg.MasqueradeAll:
-			case c.cfg.ClusterCIDR.IsValid():
-				match = append(match, nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: c.cfg.ClusterCIDR})
+			case c.local.ok():
+				match = append(match, c.local.match(false))
 				purpose = PurposeMarkOffCluster
 			default:
 				continue

@@ -538,7 +538,7 @@ func TestCompile(t *testing.T) {
 		},
 		{
 			name:   "neither masquerade-all nor cluster CIDR: nothing is marked in the svc chain",
-			cfg:    func(c *Config) { c.ClusterCIDR = netip.Prefix{} },
+			cfg:    func(c *Config) { c.DetectLocal = DetectLocal{} },
 			snap:   snapshot(echo(nil)),
 			chains: map[string][][]nft.Stmt{echoSvc: {dnat(2)}},
 		},

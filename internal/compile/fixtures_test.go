@@ -19,7 +19,7 @@ func configFor(fam nft.Family) Config {
 	if fam == nft.IPv6 {
 		return Config{
 			Family:        nft.IPv6,
-			ClusterCIDR:   netip.MustParsePrefix("fd00:244::/56"),
+			DetectLocal:   DetectLocal{Mode: LocalClusterCIDR, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/56")}},
 			MasqueradeBit: 14,
 			NodePortAddrs: []netip.Addr{ip("2001:db8::10")},
 		}
@@ -30,7 +30,7 @@ func configFor(fam nft.Family) Config {
 func testConfig() Config {
 	return Config{
 		Family:        nft.IPv4,
-		ClusterCIDR:   netip.MustParsePrefix("10.244.0.0/16"),
+		DetectLocal:   DetectLocal{Mode: LocalClusterCIDR, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
 		MasqueradeBit: 14,
 		NodePortAddrs: []netip.Addr{ip("192.0.2.10")},
 	}

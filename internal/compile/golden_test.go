@@ -25,13 +25,20 @@ func TestGolden(t *testing.T) {
 	for name := range scenarios() {
 		names = append(names, name)
 	}
+	for name := range localModeScenarios() {
+		names = append(names, name)
+	}
 	sort.Strings(names)
 	for _, name := range names {
 		for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
 			file := name + "." + fam.String() + ".nft"
 			want[file] = true
 			t.Run(name+"/"+fam.String(), func(t *testing.T) {
-				rs, _ := Compile(scenarios()[name], configFor(fam), NewSlots())
+				snap, cfg := scenarios()[name], configFor(fam)
+				if sc, ok := localModeScenarios()[name]; ok { // one per --detect-local-mode
+					snap, cfg = sc.snap, sc.config(fam)
+				}
+				rs, _ := Compile(snap, cfg, NewSlots())
 				got := nft.Render(rs)
 				path := filepath.Join("testdata", file)
 				if *update {

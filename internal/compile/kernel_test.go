@@ -22,13 +22,19 @@ func TestKernelDifferential(t *testing.T) {
 	sort.Strings(names)
 	for _, name := range names {
 		for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
-			t.Run(name+"/"+fam.String(), func(t *testing.T) { differential(t, scenarios()[name], fam) })
+			t.Run(name+"/"+fam.String(), func(t *testing.T) { differential(t, scenarios()[name], configFor(fam)) })
+		}
+	}
+	// the --detect-local-mode goldens: source ranges and iifname matches
+	for name, sc := range localModeScenarios() {
+		for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
+			t.Run(name+"/"+fam.String(), func(t *testing.T) { differential(t, sc.snap, sc.config(fam)) })
 		}
 	}
 }
 
-func differential(t *testing.T, snap *model.Snapshot, fam nft.Family) {
-	rs, _ := Compile(snap, configFor(fam), NewSlots())
+func differential(t *testing.T, snap *model.Snapshot, cfg Config) {
+	rs, _ := Compile(snap, cfg, NewSlots())
 	text, viaNetlink := testnetns.New(t), testnetns.New(t)
 	text.MustRun(t, nft.Render(rs), "nft", "-f", "-")
 	if _, err := kernel.New(kernel.WithNetNS(viaNetlink.FD)).Apply(rs); err != nil {

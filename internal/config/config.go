@@ -43,23 +43,30 @@ const (
 // Values are the settings of a KubeProxyConfiguration that nftproxy uses. Each has a
 // command-line flag of the same meaning.
 type Values struct {
-	Kubeconfig         string        // clientConnection.kubeconfig
-	KubeAPIQPS         float32       // clientConnection.qps
-	KubeAPIBurst       int32         // clientConnection.burst
-	KubeAPIContentType string        // clientConnection.contentType
-	HostnameOverride   string        // hostnameOverride
-	ClusterCIDR        string        // clusterCIDR
-	NodePortAddresses  []string      // nodePortAddresses
-	MasqueradeAll      bool          // nftables.masqueradeAll, else iptables.masqueradeAll
-	MasqueradeBit      int32         // nftables.masqueradeBit, else iptables.masqueradeBit
-	SyncPeriod         time.Duration // nftables.syncPeriod, else iptables.syncPeriod
-	MinSyncPeriod      time.Duration // nftables.minSyncPeriod, else iptables.minSyncPeriod
-	HealthzBindAddress string        // healthzBindAddress
-	MetricsBindAddress string        // metricsBindAddress
-	DetectLocalMode    string        // detectLocalMode
-	Verbosity          int           // logging.verbosity
-	LoggingFormat      string        // logging.format
-	Conntrack          Conntrack     // conntrack.*
+	Kubeconfig         string   // clientConnection.kubeconfig
+	KubeAPIQPS         float32  // clientConnection.qps
+	KubeAPIBurst       int32    // clientConnection.burst
+	KubeAPIContentType string   // clientConnection.contentType
+	HostnameOverride   string   // hostnameOverride
+	ClusterCIDR        string   // clusterCIDR
+	NodePortAddresses  []string // nodePortAddresses
+	MasqueradeAll      bool     // nftables.masqueradeAll, else iptables.masqueradeAll
+	MasqueradeBit      int32    // nftables.masqueradeBit, else iptables.masqueradeBit
+	// IPTablesMasqueradeBit is iptables.masqueradeBit (--iptables-masquerade-bit): as in
+	// kube-proxy's nftables mode it marks nothing; it is kept for --write-config-to.
+	IPTablesMasqueradeBit int32
+	SyncPeriod            time.Duration // nftables.syncPeriod, else iptables.syncPeriod
+	MinSyncPeriod         time.Duration // nftables.minSyncPeriod, else iptables.minSyncPeriod
+	HealthzBindAddress    string        // healthzBindAddress
+	MetricsBindAddress    string        // metricsBindAddress
+	DetectLocalMode       string        // detectLocalMode
+	// BridgeInterface and InterfaceNamePrefix are detectLocal.*, used by the
+	// BridgeInterface and InterfaceNamePrefix modes.
+	BridgeInterface     string    // detectLocal.bridgeInterface
+	InterfaceNamePrefix string    // detectLocal.interfaceNamePrefix
+	Verbosity           int       // logging.verbosity
+	LoggingFormat       string    // logging.format
+	Conntrack           Conntrack // conntrack.*
 	// FeatureGates are the file's featureGates; only AllowServiceExternalIPs has an
 	// effect (see ExternalIPsAllowed).
 	FeatureGates map[string]bool // featureGates
@@ -117,9 +124,17 @@ type File struct {
 	Config *v1alpha1.KubeProxyConfiguration
 	// Values are the settings nftproxy uses, validated.
 	Values Values
+	// Parsed are the Values that have a typed form, parsed once here.
+	Parsed Parsed
 	// Notes are things to tell the operator once: settings that have no effect in
 	// nftproxy, unknown fields, settings shadowed by others.
 	Notes []string
+}
+
+// Parsed are the typed forms of Values' strings.
+type Parsed struct {
+	ClusterCIDRs []netip.Prefix    // clusterCIDR
+	NodePorts    NodePortAddresses // nodePortAddresses
 }
 
 // mapped lists the JSON paths of the fields nftproxy uses; every other field with a
@@ -134,7 +149,8 @@ var mapped = map[string]bool{
 	"nftables.masqueradeAll": true, "nftables.masqueradeBit": true,
 	"nftables.syncPeriod": true, "nftables.minSyncPeriod": true,
 	"healthzBindAddress": true, "metricsBindAddress": true,
-	"detectLocalMode": true, "logging.verbosity": true, "logging.format": true,
+	"detectLocalMode": true, "detectLocal.bridgeInterface": true, "detectLocal.interfaceNamePrefix": true,
+	"logging.verbosity": true, "logging.format": true,
 	"featureGates." + GateAllowServiceExternalIPs: true,
 }
 
@@ -189,23 +205,24 @@ func Parse(data []byte) (*File, error) {
 		return nil, fmt.Errorf("decoding: %w", err)
 	}
 	SetDefaults(cfg)
-	vals, more, err := resolve(cfg, present)
+	vals, parsed, more, err := resolve(cfg, present)
 	if err != nil {
 		return nil, err
 	}
 	notes = append(notes, more...)
 	notes = append(notes, notApplicable(cfg)...)
-	return &File{Config: cfg, Values: vals, Notes: notes}, nil
+	return &File{Config: cfg, Values: vals, Parsed: parsed, Notes: notes}, nil
 }
 
-// presentFields returns the dotted paths of every field the document sets.
-func presentFields(data []byte) (map[string]bool, error) {
+// presentFields returns the dotted paths of every field the document sets, with the
+// value the document gives.
+func presentFields(data []byte) (map[string]any, error) {
 	var m map[string]any
 	if err := yaml.Unmarshal(data, &m); err != nil {
 		return nil, err
 	}
-	out := map[string]bool{}
-	flatten("", m, func(path string, _ any) { out[path] = true })
+	out := map[string]any{}
+	flatten("", m, func(path string, v any) { out[path] = v })
 	return out, nil
 }
 
@@ -321,37 +338,43 @@ func AppendPortIfNeeded(addr string, port int) string {
 
 // resolve picks the values nftproxy uses, validating each and naming the field it came
 // from in errors.
-func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Values, []string, error) {
+func resolve(c *v1alpha1.KubeProxyConfiguration, doc map[string]any) (Values, Parsed, []string, error) {
+	present := func(path string) bool { _, ok := doc[path]; return ok }
+	// unset: the document leaves the field out or gives it its zero, which is what
+	// kube-proxy writes for the sections of modes it does not run
+	unset := func(path string) bool { v, ok := doc[path]; return !ok || v == "0s" || v == false }
 	var notes []string
 	set := leaves(c)
 	// pick returns the nftables.* field if the file sets it, else the iptables.* one.
 	pick := func(name string) string {
 		nft, ipt := "nftables."+name, "iptables."+name
-		if present[nft] {
-			if present[ipt] && !reflect.DeepEqual(set[nft], set[ipt]) {
+		if present(nft) {
+			if !unset(ipt) && !reflect.DeepEqual(set[nft], set[ipt]) {
 				notes = append(notes, fmt.Sprintf("config file: %s is used; %s is ignored", nft, ipt))
 			}
 			return nft
 		}
-		if present[ipt] {
+		if !unset(ipt) {
 			return ipt
 		}
 		return nft
 	}
 	v := Values{
-		Kubeconfig:         c.ClientConnection.Kubeconfig,
-		KubeAPIQPS:         c.ClientConnection.QPS,
-		KubeAPIBurst:       c.ClientConnection.Burst,
-		KubeAPIContentType: c.ClientConnection.ContentType,
-		HostnameOverride:   c.HostnameOverride,
-		ClusterCIDR:        c.ClusterCIDR,
-		NodePortAddresses:  c.NodePortAddresses,
-		HealthzBindAddress: c.HealthzBindAddress,
-		MetricsBindAddress: c.MetricsBindAddress,
-		DetectLocalMode:    string(c.DetectLocalMode),
-		Verbosity:          int(c.Logging.Verbosity),
-		LoggingFormat:      c.Logging.Format,
-		Conntrack:          ConntrackFrom(c),
+		Kubeconfig:          c.ClientConnection.Kubeconfig,
+		KubeAPIQPS:          c.ClientConnection.QPS,
+		KubeAPIBurst:        c.ClientConnection.Burst,
+		KubeAPIContentType:  c.ClientConnection.ContentType,
+		HostnameOverride:    c.HostnameOverride,
+		ClusterCIDR:         c.ClusterCIDR,
+		NodePortAddresses:   c.NodePortAddresses,
+		HealthzBindAddress:  c.HealthzBindAddress,
+		MetricsBindAddress:  c.MetricsBindAddress,
+		DetectLocalMode:     string(c.DetectLocalMode),
+		BridgeInterface:     c.DetectLocal.BridgeInterface,
+		InterfaceNamePrefix: c.DetectLocal.InterfaceNamePrefix,
+		Verbosity:           int(c.Logging.Verbosity),
+		LoggingFormat:       c.Logging.Format,
+		Conntrack:           ConntrackFrom(c),
 	}
 	if len(c.FeatureGates) > 0 {
 		v.FeatureGates = maps.Clone(c.FeatureGates)
@@ -368,6 +391,7 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 	} else {
 		v.MasqueradeBit = *c.IPTables.MasqueradeBit
 	}
+	v.IPTablesMasqueradeBit = *c.IPTables.MasqueradeBit
 	v.MasqueradeAll = c.NFTables.MasqueradeAll
 	if strings.HasPrefix(allField, "iptables") {
 		v.MasqueradeAll = c.IPTables.MasqueradeAll
@@ -382,6 +406,8 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 
 	if err := CheckMasqueradeBit(v.MasqueradeBit); err != nil {
 		fail(bitField, "%v", err)
+	} else if err := CheckMasqueradeBit(v.IPTablesMasqueradeBit); err != nil {
+		fail("iptables.masqueradeBit", "%v", err)
 	}
 	if v.SyncPeriod <= 0 {
 		fail(syncField, "%v must be greater than 0", v.SyncPeriod)
@@ -391,13 +417,13 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 	} else if v.SyncPeriod > 0 && v.MinSyncPeriod > v.SyncPeriod {
 		fail(minField, "%v must not exceed %s (%v)", v.MinSyncPeriod, syncField, v.SyncPeriod)
 	}
-	if _, err := ParseClusterCIDRs(v.ClusterCIDR); err != nil {
+	var parsed Parsed
+	var err error
+	if parsed.ClusterCIDRs, err = ParseClusterCIDRs(v.ClusterCIDR); err != nil {
 		fail("clusterCIDR", "%v", err)
 	}
-	for i, a := range v.NodePortAddresses {
-		if err := CheckNodePortAddress(a, v.NodePortAddresses); err != nil {
-			fail(fmt.Sprintf("nodePortAddresses[%d]", i), "%v", err)
-		}
+	if parsed.NodePorts, err = ParseNodePortAddresses("nodePortAddresses", v.NodePortAddresses); err != nil {
+		errs = append(errs, err)
 	}
 	if err := CheckBindAddress(v.HealthzBindAddress); err != nil {
 		fail("healthzBindAddress", "%v", err)
@@ -407,6 +433,16 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 	}
 	if err := CheckDetectLocalMode(v.DetectLocalMode); err != nil {
 		fail("detectLocalMode", "%v", err)
+	}
+	switch v.DetectLocalMode {
+	case LocalModeBridgeInterface:
+		if err := CheckInterfaceName(v.BridgeInterface); err != nil {
+			fail("detectLocal.bridgeInterface", "%v (detectLocalMode is BridgeInterface)", err)
+		}
+	case LocalModeInterfaceNamePrefix:
+		if err := CheckInterfaceName(v.InterfaceNamePrefix); err != nil {
+			fail("detectLocal.interfaceNamePrefix", "%v (detectLocalMode is InterfaceNamePrefix)", err)
+		}
 	}
 	if err := CheckLoggingFormat(v.LoggingFormat); err != nil {
 		fail("logging.format", "%v", err)
@@ -420,7 +456,7 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, present map[string]bool) (Value
 	if v.KubeAPIQPS < 0 {
 		fail("clientConnection.qps", "%v must not be negative", v.KubeAPIQPS)
 	}
-	return v, notes, errors.Join(errs...)
+	return v, parsed, notes, errors.Join(errs...)
 }
 
 // notApplicable lists, one note each, the fields that differ from kube-proxy's
@@ -460,8 +496,11 @@ func leaves(c *v1alpha1.KubeProxyConfiguration) map[string]any {
 	return out
 }
 
-// Apply writes v into c, so that c read back (by nftproxy or by kube-proxy) yields v:
-// mode becomes nftables and the proxy settings go into both nftables.* and iptables.*.
+// Apply writes v into c as kube-proxy v1.37 in nftables mode writes its configuration
+// (--write-config-to): mode nftables; the sync periods and masqueradeAll in the nftables
+// section only (those of iptables and ipvs zero); the masquerade bits each in its own
+// section; nodePortAddresses and detectLocalMode with their nftables-mode defaults. c
+// read back (by nftproxy or by kube-proxy) yields v.
 func (v Values) Apply(c *v1alpha1.KubeProxyConfiguration) {
 	c.APIVersion, c.Kind = v1alpha1.SchemeGroupVersion.String(), "KubeProxyConfiguration"
 	c.Mode = "nftables" // what nftproxy always does
@@ -472,13 +511,22 @@ func (v Values) Apply(c *v1alpha1.KubeProxyConfiguration) {
 	c.HostnameOverride = v.HostnameOverride
 	c.ClusterCIDR = v.ClusterCIDR
 	c.NodePortAddresses = slices.Clone(v.NodePortAddresses)
-	c.NFTables.MasqueradeAll, c.IPTables.MasqueradeAll = v.MasqueradeAll, v.MasqueradeAll
-	c.NFTables.MasqueradeBit, c.IPTables.MasqueradeBit = ptr(v.MasqueradeBit), ptr(v.MasqueradeBit)
-	c.NFTables.SyncPeriod.Duration, c.IPTables.SyncPeriod.Duration = v.SyncPeriod, v.SyncPeriod
-	c.NFTables.MinSyncPeriod.Duration, c.IPTables.MinSyncPeriod.Duration = v.MinSyncPeriod, v.MinSyncPeriod
+	if len(c.NodePortAddresses) == 0 {
+		c.NodePortAddresses = []string{NodePortPrimary}
+	}
+	c.NFTables.MasqueradeAll, c.IPTables.MasqueradeAll = v.MasqueradeAll, false
+	c.NFTables.MasqueradeBit, c.IPTables.MasqueradeBit = ptr(v.MasqueradeBit), ptr(v.IPTablesMasqueradeBit)
+	c.NFTables.SyncPeriod.Duration, c.NFTables.MinSyncPeriod.Duration = v.SyncPeriod, v.MinSyncPeriod
+	c.IPTables.SyncPeriod.Duration, c.IPTables.MinSyncPeriod.Duration = 0, 0
+	c.IPVS.SyncPeriod.Duration, c.IPVS.MinSyncPeriod.Duration = 0, 0
 	c.HealthzBindAddress = v.HealthzBindAddress
 	c.MetricsBindAddress = v.MetricsBindAddress
 	c.DetectLocalMode = v1alpha1.LocalMode(v.DetectLocalMode)
+	if c.DetectLocalMode == "" {
+		c.DetectLocalMode = LocalModeClusterCIDR
+	}
+	c.DetectLocal.BridgeInterface = v.BridgeInterface
+	c.DetectLocal.InterfaceNamePrefix = v.InterfaceNamePrefix
 	c.Logging.Verbosity = logsapi.VerbosityLevel(v.Verbosity)
 	c.Logging.Format = v.LoggingFormat
 	v.Conntrack.ApplyTo(c)

@@ -2,6 +2,8 @@ package config
 
 import (
 	"bytes"
+	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -43,22 +45,23 @@ logging:
   format: json
 `)
 	want := Values{
-		Kubeconfig:         "/var/lib/kube-proxy/kubeconfig.conf",
-		KubeAPIQPS:         20,
-		KubeAPIBurst:       10,
-		KubeAPIContentType: "application/vnd.kubernetes.protobuf",
-		HostnameOverride:   "node-a",
-		ClusterCIDR:        "10.244.0.0/16,fd00:10:244::/56",
-		NodePortAddresses:  []string{"10.0.0.0/8", "all"},
-		MasqueradeAll:      true,
-		MasqueradeBit:      12,
-		SyncPeriod:         10 * time.Second,
-		MinSyncPeriod:      250 * time.Millisecond,
-		HealthzBindAddress: "0.0.0.0:10256",
-		MetricsBindAddress: "127.0.0.1:10249",
-		Verbosity:          2,
-		LoggingFormat:      "json",
-		Conntrack:          DefaultConntrack(),
+		Kubeconfig:            "/var/lib/kube-proxy/kubeconfig.conf",
+		KubeAPIQPS:            20,
+		KubeAPIBurst:          10,
+		KubeAPIContentType:    "application/vnd.kubernetes.protobuf",
+		HostnameOverride:      "node-a",
+		ClusterCIDR:           "10.244.0.0/16,fd00:10:244::/56",
+		NodePortAddresses:     []string{"10.0.0.0/8", "all"},
+		MasqueradeAll:         true,
+		MasqueradeBit:         12,
+		IPTablesMasqueradeBit: 12,
+		SyncPeriod:            10 * time.Second,
+		MinSyncPeriod:         250 * time.Millisecond,
+		HealthzBindAddress:    "0.0.0.0:10256",
+		MetricsBindAddress:    "127.0.0.1:10249",
+		Verbosity:             2,
+		LoggingFormat:         "json",
+		Conntrack:             DefaultConntrack(),
 	}
 	if !reflect.DeepEqual(f.Values, want) {
 		t.Errorf("values:\n got %+v\nwant %+v", f.Values, want)
@@ -72,7 +75,7 @@ func TestDefaults(t *testing.T) {
 	f := mustParse(t, "")
 	want := Values{
 		KubeAPIQPS: 5, KubeAPIBurst: 10, KubeAPIContentType: "application/vnd.kubernetes.protobuf",
-		MasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
+		MasqueradeBit: 14, IPTablesMasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
 		HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249", LoggingFormat: "text",
 		Conntrack: Conntrack{MaxPerCore: 32 * 1024, Min: 128 * 1024, TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour},
 	}
@@ -159,11 +162,11 @@ func TestInvalidValuesNameTheField(t *testing.T) {
 		{`iptables: {syncPeriod: -5s}`, `iptables.syncPeriod: -5s must be greater than 0`},
 		{`nftables: {syncPeriod: 2s, minSyncPeriod: 5s}`, `nftables.minSyncPeriod: 5s must not exceed nftables.syncPeriod (2s)`},
 		{`nodePortAddresses: ["10.0.0.0/8", "nope"]`, `nodePortAddresses[1]: "nope" is not a CIDR`},
-		{`nodePortAddresses: ["primary", "10.0.0.0/8"]`, `nodePortAddresses[0]: "primary" must be used alone`},
-		{`nodePortAddresses: ["localhost"]`, `nodePortAddresses[0]: "localhost" alone`},
+		{`nodePortAddresses: ["all", "10.0.0.0/8", "all"]`, `nodePortAddresses[2]: "all" is given twice`},
 		{`healthzBindAddress: "foo:bar"`, `healthzBindAddress: "foo:bar": "foo" is not an IP address`},
 		{`metricsBindAddress: "127.0.0.1:0"`, `metricsBindAddress: "127.0.0.1:0": "0" is not a port`},
-		{`detectLocalMode: NodeCIDR`, `detectLocalMode: "NodeCIDR" is not supported by nftproxy`},
+		{`detectLocalMode: BridgeInterface`, `detectLocal.bridgeInterface: must not be empty (detectLocalMode is BridgeInterface)`},
+		{"detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: a-very-long-interface}", `detectLocal.interfaceNamePrefix: "a-very-long-interface" is longer than an interface name`},
 		{`detectLocalMode: Nonsense`, `detectLocalMode: "Nonsense" is not one of`},
 		{`logging: {format: xml}`, `logging.format: "xml" is not text or json`},
 		{`clientConnection: {burst: -3}`, `clientConnection.burst: -3 must not be negative`},
@@ -199,7 +202,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	v := Values{
 		Kubeconfig: "/k", KubeAPIQPS: 7.5, KubeAPIBurst: 3, KubeAPIContentType: "application/json",
 		HostnameOverride: "n1", ClusterCIDR: "10.244.0.0/16", NodePortAddresses: []string{"192.0.2.0/24"},
-		MasqueradeAll: true, MasqueradeBit: 3, SyncPeriod: time.Minute, MinSyncPeriod: 3 * time.Second,
+		MasqueradeAll: true, MasqueradeBit: 3, IPTablesMasqueradeBit: 3, SyncPeriod: time.Minute, MinSyncPeriod: 3 * time.Second,
 		HealthzBindAddress: "127.0.0.1:1234", MetricsBindAddress: "", DetectLocalMode: "ClusterCIDR",
 		Verbosity: 4, LoggingFormat: "json",
 	}
@@ -233,13 +236,77 @@ func TestLoadMissingFile(t *testing.T) {
 	}
 }
 
-func TestNormalizeNodePortAddresses(t *testing.T) {
-	out, notes := NormalizeNodePortAddresses([]string{"all", "localhost", "10.0.0.0/8"})
-	if want := []string{"0.0.0.0/0", "::/0", "10.0.0.0/8"}; !reflect.DeepEqual(out, want) {
-		t.Errorf("out = %q, want %q", out, want)
+// nodePortAddresses as kube-proxy v1.37 parses it: keywords and CIDRs in any
+// combination, each keyword once, "primary" the default.
+func TestParseNodePortAddresses(t *testing.T) {
+	pfx := func(ss ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, s := range ss {
+			out = append(out, netip.MustParsePrefix(s))
+		}
+		return out
 	}
-	if len(notes) != 1 || !strings.Contains(notes[0], "localhost") {
-		t.Errorf("notes = %q", notes)
+	for _, tc := range []struct {
+		in   []string
+		want NodePortAddresses
+	}{
+		{nil, NodePortAddresses{Primary: true}},
+		{[]string{"primary"}, NodePortAddresses{Primary: true}},
+		{[]string{"primary", "10.1.2.3/8"}, NodePortAddresses{Primary: true, CIDRs: pfx("10.0.0.0/8")}},
+		{[]string{"all", "localhost", "10.0.0.0/8", "0.0.0.0/0"}, NodePortAddresses{Localhost: true, CIDRs: pfx("0.0.0.0/0", "::/0", "127.0.0.0/8", "::1/128", "10.0.0.0/8")}},
+	} {
+		got, err := ParseNodePortAddresses("n", tc.in)
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%q: got %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+	for _, in := range [][]string{{"primary", "primary"}, {"10.0.0.0/8", "bogus"}, {"10.0.0.0"}} {
+		if _, err := ParseNodePortAddresses("n", in); err == nil {
+			t.Errorf("%q accepted", in)
+		}
+	}
+}
+
+// Resolve gives kube-proxy's nftables-mode meaning per family.
+func TestNodePortAddressesResolve(t *testing.T) {
+	a := netip.MustParseAddr
+	local := func() ([]netip.Addr, error) {
+		return []netip.Addr{a("127.0.0.1"), a("::1"), a("192.0.2.10"), a("10.1.0.5"), a("2001:db8::10")}, nil
+	}
+	nodeIPs := []netip.Addr{a("192.0.2.10")}
+	for _, tc := range []struct {
+		in    []string
+		v6    bool
+		all   bool
+		addrs string
+	}{
+		{nil, false, false, "[192.0.2.10]"},
+		{nil, true, true, "[]"}, // no IPv6 node IP: all local IPv6 addresses, as kube-proxy
+		{[]string{"10.0.0.0/8"}, false, false, "[10.1.0.5]"},
+		{[]string{"10.0.0.0/8"}, true, true, "[]"},  // the list names no IPv6 range
+		{[]string{"localhost"}, false, false, "[]"}, // loopback never answers
+		{[]string{"localhost"}, true, false, "[]"},
+		{[]string{"localhost", "primary"}, false, false, "[192.0.2.10]"},
+		{[]string{"all"}, false, true, "[]"},
+		{[]string{"all"}, true, true, "[]"},
+		{[]string{"primary", "2001:db8::/64"}, true, false, "[2001:db8::10]"},
+	} {
+		n, err := ParseNodePortAddresses("n", tc.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := n.Resolve(tc.v6, nodeIPs, local)
+		if err != nil || r.AllLocal != tc.all || fmt.Sprint(r.Addrs) != tc.addrs {
+			t.Errorf("%q v6=%v: got all=%v %v (%v), want all=%v %s", tc.in, tc.v6, r.AllLocal, r.Addrs, err, tc.all, tc.addrs)
+		}
+	}
+	n, _ := ParseNodePortAddresses("n", []string{"localhost"})
+	n2, _ := ParseNodePortAddresses("n", []string{"10.0.0.0/8"})
+	notes := strings.Join(append(n.Notes(), n2.Notes()...), "\n")
+	for _, want := range []string{`"localhost" has no effect`, "contains only IPv4 addresses; NodePort connections will be accepted on all local IPv6 IPs"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -32,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
@@ -43,13 +45,14 @@ import (
 
 // Config is the proxy's configuration, from kube-proxy's flags.
 type Config struct {
-	NodeName      string
-	ClusterCIDRs  []netip.Prefix // at most one per family
+	NodeName string
+	// DetectLocal tells pods' traffic from other traffic (--detect-local-mode with
+	// --cluster-cidr or the interface flags; NodeCIDR reads the Node's podCIDRs).
+	DetectLocal   compile.DetectLocal
 	MasqueradeAll bool
 	MasqueradeBit uint32
-	// NodePortAddresses: empty or "primary" means the node's primary IPs; otherwise
-	// CIDRs whose local addresses node ports answer on.
-	NodePortAddresses []string
+	// NodePortAddresses are the addresses node ports answer on (--nodeport-addresses).
+	NodePortAddresses config.NodePortAddresses
 	MinSyncPeriod     time.Duration
 	SyncPeriod        time.Duration
 	// LocalAddrs lists the machine's addresses (for --nodeport-addresses CIDRs).
@@ -281,10 +284,12 @@ func (p *Proxy) Run(ctx context.Context) error {
 	defer broadcaster.Shutdown()
 	p.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "nftproxy", Host: p.cfg.NodeName})
 
+	ctx, stop := context.WithCancel(ctx) // so that an error return stops the informers
 	p.factory.Start(ctx.Done())
 	p.sliceFactory.Start(ctx.Done())
 	p.nodeFactory.Start(ctx.Done())
 	defer func() {
+		stop()
 		p.factory.Shutdown()
 		p.sliceFactory.Shutdown()
 		p.cidrFactory.Shutdown()
@@ -298,10 +303,69 @@ func (p *Proxy) Run(ctx context.Context) error {
 		p.log.Info("Stopped before the first sync")
 		return nil
 	}
+	if err := p.waitForPodCIDRs(ctx); err != nil || ctx.Err() != nil {
+		return err
+	}
 	p.log.Info("Informer caches synced; starting sync loop", append(p.listed(),
 		"took", time.Since(waitStart).Round(time.Millisecond), "minSyncPeriod", p.cfg.MinSyncPeriod, "syncPeriod", p.cfg.SyncPeriod)...)
 	p.runner.Loop(ctx.Done())
 	return nil
+}
+
+// PodCIDRTimeout is how long the first sync waits, with --detect-local-mode=NodeCIDR,
+// for the Node to get spec.podCIDRs, as kube-proxy: longer and it fails.
+var PodCIDRTimeout = 5 * time.Minute
+
+// waitForPodCIDRs waits, with --detect-local-mode=NodeCIDR, until this node's Node
+// exists and has pod CIDRs (at most PodCIDRTimeout, then an error, as kube-proxy).
+// Later changes of them are followed: the Node is an input of every sync.
+func (p *Proxy) waitForPodCIDRs(ctx context.Context) error {
+	if p.cfg.DetectLocal.Mode != compile.LocalNodeCIDR {
+		return nil
+	}
+	deadline := time.Now().Add(PodCIDRTimeout)
+	logged := false
+	for {
+		node := p.Node()
+		if node != nil && len(node.Spec.PodCIDRs) > 0 {
+			if logged {
+				p.log.Info("The Node has pod CIDRs", "node", p.cfg.NodeName, "podCIDRs", node.Spec.PodCIDRs)
+			}
+			n := model.NodeOf(node)
+			for _, ip := range n.IPs { // as kube-proxy's warning, for each family the node has
+				if !slices.ContainsFunc(n.PodCIDRs, func(c netip.Prefix) bool { return c.Addr().Is6() == ip.Is6() }) {
+					p.log.Info("Detect-local-mode set to NodeCIDR, but no PodCIDR defined at node for an IP family: its traffic is not told apart",
+						"node", p.cfg.NodeName, "ip", ip, "podCIDRs", node.Spec.PodCIDRs)
+				}
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if node == nil {
+				return fmt.Errorf("--detect-local-mode=NodeCIDR: timeout waiting for node %q to exist", p.cfg.NodeName)
+			}
+			return fmt.Errorf("--detect-local-mode=NodeCIDR: timeout waiting for PodCIDR allocation on node %q", p.cfg.NodeName)
+		}
+		if !logged {
+			p.log.Info("Waiting for the Node's pod CIDRs (--detect-local-mode=NodeCIDR)", "node", p.cfg.NodeName, "timeout", PodCIDRTimeout)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// Node returns this node's Node object as the controller's informer has it; nil while
+// it is unknown or after it is deleted. Callers must not modify it.
+func (p *Proxy) Node() *v1.Node {
+	n, err := p.nodes.Get(p.cfg.NodeName)
+	if err != nil {
+		return nil
+	}
+	return n
 }
 
 // listed counts what the informers listed, for the log line at -v=0 that ends the wait
@@ -532,11 +596,7 @@ func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.
 			ServedPorts:      cfg.ServedPorts,
 			OwnAddrs:         cfg.OwnAddrs,
 			Limits:           cfg.Limits,
-		}
-		for _, c := range cfg.ClusterCIDRs {
-			if c.Addr().Is6() == (fam == nft.IPv6) {
-				cc.ClusterCIDR = c
-			}
+			DetectLocal:      cfg.DetectLocal,
 		}
 		if pl.slots[fam] == nil {
 			pl.slots[fam] = compile.NewSlots()
@@ -572,40 +632,14 @@ func serviceCIDRs(objs []*networkingv1.ServiceCIDR) []netip.Prefix {
 // nodePortAddrs resolves --nodeport-addresses into addresses, or "all local" per family.
 func nodePortAddrs(cfg Config, node model.Node) ([]netip.Addr, map[nft.Family]bool, error) {
 	allLocal := map[nft.Family]bool{}
-	cidrs := cfg.NodePortAddresses
-	if len(cidrs) == 0 || (len(cidrs) == 1 && cidrs[0] == "primary") {
-		return node.IPs, allLocal, nil
-	}
-	var prefixes []netip.Prefix
-	for _, c := range cidrs {
-		pfx, err := netip.ParsePrefix(c)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--nodeport-addresses: %q is not a CIDR", c)
-		}
-		if pfx.Bits() == 0 {
-			fam := nft.IPv4
-			if pfx.Addr().Is6() {
-				fam = nft.IPv6
-			}
-			allLocal[fam] = true
-		}
-		prefixes = append(prefixes, pfx)
-	}
-	if cfg.LocalAddrs == nil {
-		return nil, allLocal, nil
-	}
-	local, err := cfg.LocalAddrs()
-	if err != nil {
-		return nil, nil, fmt.Errorf("listing local addresses for --nodeport-addresses: %w", err)
-	}
 	var out []netip.Addr
-	for _, a := range local {
-		for _, pfx := range prefixes {
-			if pfx.Contains(a) {
-				out = append(out, a)
-				break
-			}
+	for _, fam := range Families {
+		r, err := cfg.NodePortAddresses.Resolve(fam == nft.IPv6, node.IPs, cfg.LocalAddrs)
+		if err != nil {
+			return nil, nil, err
 		}
+		allLocal[fam] = r.AllLocal
+		out = append(out, r.Addrs...)
 	}
 	return out, allLocal, nil
 }

@@ -24,6 +24,8 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
+	proxyconfig "github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/controller"
 )
 
@@ -141,7 +143,7 @@ var (
 	bulkCounts  = []int{0, 0, 0, 1, 16, 17, 256, 300}
 
 	clusterCIDRSets  = [][]netip.Prefix{nil, pfx("10.244.0.0/16"), pfx("fd00:244::/56"), pfx("10.244.0.0/16", "fd00:244::/56"), pfx("0.0.0.0/0")}
-	nodePortAddrSets = [][]string{nil, {"primary"}, {"0.0.0.0/0"}, {"::/0"}, {"0.0.0.0/0", "::/0"}, {"192.0.2.0/24", "2001:db8::/64"}, {"garbage"}, {"10.0.0.0/8"}}
+	nodePortAddrSets = [][]string{nil, {"primary"}, {"0.0.0.0/0"}, {"::/0"}, {"0.0.0.0/0", "::/0"}, {"192.0.2.0/24", "2001:db8::/64"}, {"localhost", "192.0.2.0/24"}, {"10.0.0.0/8"}}
 	serviceCIDRSets  = [][]netip.Prefix{nil, pfx("10.96.0.0/16"), pfx("10.96.0.0/16", "fd00:96::/112"), pfx("fd00:96::/112"), pfx("10.96.0.1/32")}
 	// localAddrs are the machine's addresses --nodeport-addresses CIDRs select from.
 	localAddrs = []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("10.0.0.5"),
@@ -256,13 +258,22 @@ func remove[T any](list []T, i uint8) []T {
 	return append(append([]T(nil), list[:k]...), list[k+1:]...)
 }
 
+// parseNodePorts parses a --nodeport-addresses list of the pool (all valid).
+func parseNodePorts(list []string) proxyconfig.NodePortAddresses {
+	n, err := proxyconfig.ParseNodePortAddresses("--nodeport-addresses", list)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
 func config(h header) controller.Config {
 	cfg := controller.Config{
 		NodeName:          "node-1",
 		MasqueradeAll:     h.Flags&1 != 0,
 		MasqueradeBit:     uint32(h.MasqBit % 32),
-		ClusterCIDRs:      pick(clusterCIDRSets, h.ClusterCIDRs),
-		NodePortAddresses: pick(nodePortAddrSets, h.NodePortAddrs),
+		DetectLocal:       compile.DetectLocal{Mode: compile.LocalClusterCIDR, ClusterCIDRs: pick(clusterCIDRSets, h.ClusterCIDRs)},
+		NodePortAddresses: parseNodePorts(pick(nodePortAddrSets, h.NodePortAddrs)),
 		ServiceCIDRs:      pick(serviceCIDRSets, h.ServiceCIDRs),
 		LocalAddrs:        func() ([]netip.Addr, error) { return localAddrs, nil },
 	}

@@ -82,9 +82,9 @@ func isolationConfig() controller.Config {
 	return controller.Config{
 		NodeName:          "node-1",
 		MasqueradeBit:     14,
-		ClusterCIDRs:      pfx("10.244.0.0/16", "fd00:244::/56"),
+		DetectLocal:       compile.DetectLocal{Mode: compile.LocalClusterCIDR, ClusterCIDRs: pfx("10.244.0.0/16", "fd00:244::/56")},
 		ServiceCIDRs:      pfx("10.96.0.0/16", "fd00:96::/112"),
-		NodePortAddresses: []string{"0.0.0.0/0", "::/0"},
+		NodePortAddresses: parseNodePorts([]string{"all"}),
 		LocalAddrs:        func() ([]netip.Addr, error) { return localAddrs, nil },
 		ServedPorts:       []uint16{10256, 10249},
 		Limits:            compile.Limits{MaxFrontendsPerService: 12, MaxEndpointsPerServicePort: 64, MaxElements: 2000},

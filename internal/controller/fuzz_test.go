@@ -136,14 +136,13 @@ func FuzzCompileIncremental(f *testing.F) {
 	})
 }
 
-// compileWorld runs controller.Compile; ok is false when the configuration is rejected,
-// which it must be exactly when --nodeport-addresses has a value that is not a CIDR.
+// compileWorld runs controller.Compile, which must accept every configuration (the
+// options boundary refuses bad --nodeport-addresses; the Config holds parsed values).
 func compileWorld(t *testing.T, w world, slots map[nft.Family]*compile.Slots) (*model.Snapshot, []*nft.Ruleset, bool) {
 	t.Helper()
 	snap, rulesets, _, err := controller.Compile(w.cfg, slots, w.svcs, w.slices, w.node)
-	garbage := slices.Contains(w.cfg.NodePortAddresses, "garbage")
-	if (err != nil) != garbage {
-		t.Fatalf("controller.Compile: error %v with --nodeport-addresses %q", err, w.cfg.NodePortAddresses)
+	if err != nil {
+		t.Fatalf("controller.Compile: error %v with --nodeport-addresses %+v", err, w.cfg.NodePortAddresses)
 	}
 	if err != nil {
 		return nil, nil, false
@@ -222,7 +221,7 @@ func describe(w world) string {
 		Services any
 		Slices   any
 	}{
-		map[string]any{"clusterCIDRs": w.cfg.ClusterCIDRs, "nodePortAddresses": w.cfg.NodePortAddresses,
+		map[string]any{"detectLocal": w.cfg.DetectLocal, "nodePortAddresses": w.cfg.NodePortAddresses,
 			"serviceCIDRs": w.cfg.ServiceCIDRs, "masqueradeAll": w.cfg.MasqueradeAll, "masqueradeBit": w.cfg.MasqueradeBit},
 		w.node, w.svcs, w.slices,
 	}, "", " ")
@@ -256,32 +255,44 @@ func diffLines(want, got string) string {
 	return "--- fresh (-) vs incremental (+):\n" + strings.Join(out, "\n")
 }
 
-// compileConfig is the compile.Config controller.Compile uses for fam.
+// compileConfig is the compile.Config controller.Compile uses for fam: kube-proxy's
+// nodePortAddresses semantics, written out independently. Per family (IPv4 first): the
+// node's primary IP ("primary") and the local addresses in the family's CIDRs, never
+// loopback; a family without any entry, or with a /0, answers on all local addresses.
 func compileConfig(cfg controller.Config, node model.Node, fam nft.Family) compile.Config {
-	cc := compile.Config{Family: fam, MasqueradeAll: cfg.MasqueradeAll, MasqueradeBit: cfg.MasqueradeBit}
-	for _, c := range cfg.ClusterCIDRs {
-		if c.Addr().Is6() == (fam == nft.IPv6) {
-			cc.ClusterCIDR = c
-		}
-	}
-	cidrs := cfg.NodePortAddresses
-	if len(cidrs) == 0 || (len(cidrs) == 1 && cidrs[0] == "primary") {
-		cc.NodePortAddrs = node.IPs
-		return cc
-	}
-	var prefixes []netip.Prefix
-	for _, c := range cidrs {
-		p := netip.MustParsePrefix(c)
-		if p.Bits() == 0 && p.Addr().Is6() == (fam == nft.IPv6) {
-			cc.NodePortAllLocal = true
-		}
-		prefixes = append(prefixes, p)
-	}
+	cc := compile.Config{Family: fam, MasqueradeAll: cfg.MasqueradeAll, MasqueradeBit: cfg.MasqueradeBit, DetectLocal: cfg.DetectLocal}
+	npa := cfg.NodePortAddresses
 	local, _ := cfg.LocalAddrs()
-	for _, a := range local {
-		if slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
-			cc.NodePortAddrs = append(cc.NodePortAddrs, a)
+	for _, f := range controller.Families {
+		v6 := f == nft.IPv6
+		var cidrs []netip.Prefix
+		all := false
+		for _, p := range npa.CIDRs {
+			if p.Addr().Is6() == v6 {
+				cidrs = append(cidrs, p)
+				all = all || p.Bits() == 0
+			}
 		}
+		var addrs []netip.Addr
+		if npa.Primary {
+			for _, a := range node.IPs {
+				if a.Is6() == v6 && !a.IsLoopback() {
+					addrs = append(addrs, a)
+				}
+			}
+		}
+		if all || (len(cidrs) == 0 && len(addrs) == 0) {
+			if f == fam {
+				cc.NodePortAllLocal = true
+			}
+			continue
+		}
+		for _, a := range local {
+			if !a.IsLoopback() && !slices.Contains(addrs, a) && slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+				addrs = append(addrs, a)
+			}
+		}
+		cc.NodePortAddrs = append(cc.NodePortAddrs, addrs...)
 	}
 	return cc
 }

@@ -80,6 +80,13 @@ func (b *builder) node(n *v1.Node) Node {
 		return Node{}
 	}
 	out := Node{Name: n.Name, Zone: n.Labels[v1.LabelTopologyZone]}
+	for _, c := range n.Spec.PodCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || slices.ContainsFunc(out.PodCIDRs, func(q netip.Prefix) bool { return q.Addr().Is6() == p.Addr().Is6() }) {
+			continue // the API validates podCIDRs; one per family, as kube-proxy uses
+		}
+		out.PodCIDRs = append(out.PodCIDRs, p.Masked())
+	}
 	// Primary IPs as kubelet reports them: the first InternalIP of each family, or the
 	// first ExternalIP when a family has no InternalIP.
 	var have4, have6 bool

@@ -136,6 +136,9 @@ type Node struct {
 	// IPs are the node's primary addresses, at most one per family, InternalIP first.
 	IPs  []netip.Addr
 	Zone string
+	// PodCIDRs are the node's spec.podCIDRs, at most one per family (for
+	// --detect-local-mode=NodeCIDR).
+	PodCIDRs []netip.Prefix
 }
 
 // Snapshot is the complete input of one sync: everything the compiler needs is in it

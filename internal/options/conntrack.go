@@ -30,28 +30,9 @@ func init() {
 	bindings = append(bindings, binding{
 		[]string{"conntrack-max-per-core", "conntrack-min", "conntrack-tcp-timeout-established", "conntrack-tcp-timeout-close-wait",
 			"conntrack-tcp-be-liberal", "conntrack-udp-timeout", "conntrack-udp-timeout-stream"},
-		func(*Options, config.Values) {}, // per flag, in applyConntrackFile
+		func(o *Options, v config.Values) { o.Conntrack = v.Conntrack },
 		func(o *Options, v *config.Values) { v.Conntrack = o.Conntrack },
 	})
-}
-
-// applyConntrackFile takes each conntrack setting from the --config file unless its
-// flag was given.
-func (o *Options) applyConntrackFile(fs *pflag.FlagSet, f config.Conntrack) {
-	ct := &o.Conntrack
-	for flag, apply := range map[string]func(){
-		"conntrack-max-per-core":            func() { ct.MaxPerCore = f.MaxPerCore },
-		"conntrack-min":                     func() { ct.Min = f.Min },
-		"conntrack-tcp-timeout-established": func() { ct.TCPEstablishedTimeout = f.TCPEstablishedTimeout },
-		"conntrack-tcp-timeout-close-wait":  func() { ct.TCPCloseWaitTimeout = f.TCPCloseWaitTimeout },
-		"conntrack-tcp-be-liberal":          func() { ct.TCPBeLiberal = f.TCPBeLiberal },
-		"conntrack-udp-timeout":             func() { ct.UDPTimeout = f.UDPTimeout },
-		"conntrack-udp-timeout-stream":      func() { ct.UDPStreamTimeout = f.UDPStreamTimeout },
-	} {
-		if !fs.Changed(flag) {
-			apply()
-		}
-	}
 }
 
 // applyDeprecatedPorts gives --healthz-port and --metrics-port kube-proxy's meaning:

@@ -9,7 +9,7 @@ import (
 )
 
 // The --conntrack-* flags take effect (no longer "no effect"), with kube-proxy's
-// defaults; the file's conntrack.* fills the ones not given as flags.
+// defaults; with --config the file's conntrack.* replaces them (as kube-proxy).
 func TestConntrackFlagsAndFile(t *testing.T) {
 	o, err := parse(t, "--conntrack-max-per-core=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=30s")
 	if err != nil {
@@ -28,10 +28,13 @@ func TestConntrackFlagsAndFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = config.Conntrack{MaxPerCore: 1000, Min: 7, TCPEstablishedTimeout: 0, TCPCloseWaitTimeout: time.Hour,
-		TCPBeLiberal: false, UDPStreamTimeout: 2 * time.Minute}
+	want = config.Conntrack{MaxPerCore: 1000, Min: 5, TCPEstablishedTimeout: 0, TCPCloseWaitTimeout: time.Hour,
+		TCPBeLiberal: true, UDPStreamTimeout: 2 * time.Minute}
 	if o.Conntrack != want {
-		t.Errorf("file and flags: %+v, want %+v", o.Conntrack, want)
+		t.Errorf("file and flags: %+v, want %+v (the file's)", o.Conntrack, want)
+	}
+	if notes := strings.Join(o.Notes(), "\n"); !strings.Contains(notes, "--conntrack-min is ignored") || !strings.Contains(notes, "--conntrack-tcp-be-liberal is ignored") {
+		t.Errorf("conntrack flags given with --config not reported: %s", notes)
 	}
 	if got := config.ConntrackFrom(o.EffectiveConfig()); got != want {
 		t.Errorf("--write-config-to would write %+v", got)

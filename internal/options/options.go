@@ -1,8 +1,11 @@
 // Package options defines nftproxy's command line: kube-proxy's flag names with
 // kube-proxy's meanings, so that a kube-proxy DaemonSet's arguments work unchanged. Flags
 // of kube-proxy that have no meaning here are accepted and reported. --config reads
-// kube-proxy's configuration file (see internal/config); flags given on the command line
-// win over it.
+// kube-proxy's configuration file (see internal/config) and, as in kube-proxy, replaces
+// the flags of the settings it holds (except logging flags and --hostname-override).
+//
+// Values that have a typed form (CIDRs, --nodeport-addresses, --detect-local-mode) are
+// parsed once, by Complete, into Options' typed fields; everything after uses those.
 package options
 
 import (
@@ -46,8 +49,13 @@ type Options struct {
 	KubeAPIBurst       int32
 	KubeAPIContentType string
 	DetectLocalMode    string
-	ConfigFile         string
-	WriteConfigTo      string
+	// BridgeInterface and InterfaceNamePrefix: --pod-bridge-interface and
+	// --pod-interface-name-prefix, for --detect-local-mode BridgeInterface and
+	// InterfaceNamePrefix.
+	BridgeInterface     string
+	InterfaceNamePrefix string
+	ConfigFile          string
+	WriteConfigTo       string
 	// FeatureGates: --feature-gates (or the file's featureGates); only
 	// AllowServiceExternalIPs has an effect.
 	FeatureGates map[string]bool
@@ -66,7 +74,14 @@ type Options struct {
 	// sysctls.
 	Conntrack config.Conntrack
 
+	// The typed values, parsed once by Complete from the flags or the --config file.
+	ClusterCIDRs []netip.Prefix           // --cluster-cidr (clusterCIDR)
+	ServiceCIDRs []netip.Prefix           // --service-cluster-ip-range
+	NodePorts    config.NodePortAddresses // --nodeport-addresses (nodePortAddresses)
+	DetectLocal  compile.DetectLocal      // --detect-local-mode and its inputs
+
 	healthzPort, metricsPort int32 // kube-proxy's deprecated --healthz-port, --metrics-port
+	iptablesMasqueradeBit    int32 // --iptables-masquerade-bit: no effect (kube-proxy's nftables mode)
 
 	ignored []string     // kube-proxy flags that were set but have no effect
 	file    *config.File // the --config file, once Complete has loaded it
@@ -75,19 +90,19 @@ type Options struct {
 
 // NewFlagSet returns the flag set and the Options it fills.
 func NewFlagSet() (*pflag.FlagSet, *Options) {
-	o := &Options{}
+	o := &Options{MasqueradeBit: 14} // nftables.masqueradeBit's default; only --config sets it
 	fs := pflag.NewFlagSet("nftproxy", pflag.ContinueOnError)
 	fs.SortFlags = false
-	fs.StringVar(&o.ConfigFile, "config", "", "The path to a kube-proxy configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1). Flags given on the command line win over the file.")
+	fs.StringVar(&o.ConfigFile, "config", "", "The path to a kube-proxy configuration file (KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1). As in kube-proxy, the file replaces the flags of the settings it holds; only -v, --vmodule, --logging-format and --hostname-override given on the command line win over it.")
 	fs.StringVar(&o.WriteConfigTo, "write-config-to", "", "If set, write the effective configuration (defaults, --config file and flags) to this file and exit.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Path to kubeconfig file with authorization information (the master location can be overridden by --master). In-cluster config is used when empty.")
 	fs.StringVar(&o.Master, "master", "", "The address of the Kubernetes API server (overrides any value in kubeconfig).")
 	fs.StringVar(&o.HostnameOverride, "hostname-override", "", "If non-empty, will be used as the name of the Node that nftproxy is running on. If unset, the node name is assumed to be the same as the node's hostname.")
 	fs.StringVar(&o.ServiceCIDR, "service-cluster-ip-range", "", "The CIDR ranges of service cluster IPs (comma-separated, at most one per IP family), as given to kube-apiserver. Only used when the API serves no ServiceCIDR objects; new connections to unallocated addresses in them are dropped. (nftproxy only)")
 	fs.StringVar(&o.ClusterCIDR, "cluster-cidr", "", "The CIDR range of the pods in the cluster (comma-separated, at most one per IP family). Traffic to a service from outside this range is masqueraded.")
-	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", nil, "A list of CIDR ranges that contain valid node IPs, or the keywords 'primary' (alone: the node's primary IPs from its Node object, the default) or 'all' (0.0.0.0/0 and ::/0). NodePort connections are accepted on local IPs in these ranges.")
+	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", nil, "A list of CIDR ranges and/or the keywords 'primary' (the node's primary IPs from its Node object; the default), 'localhost' (127.0.0.0/8 and ::1/128) and 'all' (0.0.0.0/0 and ::/0). NodePort connections are accepted on local IPs in these ranges; an IP family the list does not cover accepts them on all its local IPs, and loopback IPs never do (as kube-proxy's nftables mode).")
 	fs.BoolVar(&o.MasqueradeAll, "masquerade-all", false, "SNAT all traffic sent via Service cluster IPs.")
-	fs.Int32Var(&o.MasqueradeBit, "iptables-masquerade-bit", 14, "The bit of the packet mark (0-31) used to mark packets for masquerading, as kube-proxy's iptables and nftables modes.")
+	fs.Int32Var(&o.iptablesMasqueradeBit, "iptables-masquerade-bit", 14, "The bit of the packet mark (0-31) kube-proxy's iptables and ipvs modes mark packets to masquerade with. No effect, as in kube-proxy's nftables mode, which uses nftables.masqueradeBit of --config (default 14).")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "The minimum period between syncs of the ruleset to the kernel; changes within it are batched.")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", 30*time.Second, "An interval at which the proxy syncs even without changes (a no-op when nothing changed); the whole table is rewritten once an hour, and at once when the netlink monitor sees it altered.")
 	fs.DurationVar(&o.MinSyncPeriod, "iptables-min-sync-period", time.Second, "kube-proxy's name for --min-sync-period.")
@@ -104,7 +119,9 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", 5, "QPS to use while talking with the Kubernetes API server.")
 	fs.Int32Var(&o.KubeAPIBurst, "kube-api-burst", 10, "Burst to use while talking with the Kubernetes API server.")
 	fs.StringVar(&o.KubeAPIContentType, "kube-api-content-type", "application/vnd.kubernetes.protobuf", "Content type of requests sent to the API server.")
-	fs.StringVar(&o.DetectLocalMode, "detect-local-mode", "ClusterCIDR", "Mode to use to detect local traffic. Only ClusterCIDR is supported.")
+	fs.StringVar(&o.DetectLocalMode, "detect-local-mode", "ClusterCIDR", "Mode to use to detect local traffic (from pods): ClusterCIDR (source in --cluster-cidr), NodeCIDR (source in the Node's spec.podCIDRs), BridgeInterface (entering through --pod-bridge-interface) or InterfaceNamePrefix (entering through an interface named --pod-interface-name-prefix*). Ignored with --config, as kube-proxy.")
+	fs.StringVar(&o.BridgeInterface, "pod-bridge-interface", "", "A bridge interface name. When --detect-local-mode is BridgeInterface, traffic entering through it is local.")
+	fs.StringVar(&o.InterfaceNamePrefix, "pod-interface-name-prefix", "", "An interface name prefix. When --detect-local-mode is InterfaceNamePrefix, traffic entering through an interface whose name begins with it is local.")
 	fs.Var(&gatesValue{o: o}, "feature-gates", "A set of key=value pairs that describe feature gates, as kube-proxy's. Only AllowServiceExternalIPs has an effect: false programs no Service externalIPs at all. Others are reported and ignored.")
 	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", compile.DefaultMaxFrontendsPerService, "The most frontends (ports × cluster, external and load-balancer IPs) one Service may have; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxEndpointsPerServicePort, "max-endpoints-per-service-port", compile.DefaultMaxEndpointsPerServicePort, "The most endpoints one port of a Service may have; a Service with a port over it is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
@@ -125,7 +142,7 @@ var ignoredFlags = map[string]bool{
 	"ipvs-exclude-cidrs": false, "ipvs-min-sync-period": false, "ipvs-scheduler": false,
 	"ipvs-strict-arp": true, "ipvs-sync-period": false, "ipvs-tcp-timeout": false,
 	"ipvs-tcpfin-timeout": false, "ipvs-udp-timeout": false,
-	"oom-score-adj": false, "pod-bridge-interface": false, "pod-interface-name-prefix": false,
+	"oom-score-adj":    false,
 	"proxy-port-range": false, "show-hidden-metrics-for-version": false,
 	"log-flush-frequency": false, "log-json-split-stream": true, "log-json-info-buffer-size": false,
 	"log-text-split-stream": true, "log-text-info-buffer-size": false,
@@ -257,21 +274,40 @@ var bindings = []binding{
 	{[]string{"cluster-cidr"}, func(o *Options, v config.Values) { o.ClusterCIDR = v.ClusterCIDR }, func(o *Options, v *config.Values) { v.ClusterCIDR = o.ClusterCIDR }},
 	{[]string{"nodeport-addresses"}, func(o *Options, v config.Values) { o.NodePortAddresses = slices.Clone(v.NodePortAddresses) }, func(o *Options, v *config.Values) { v.NodePortAddresses = slices.Clone(o.NodePortAddresses) }},
 	{[]string{"masquerade-all"}, func(o *Options, v config.Values) { o.MasqueradeAll = v.MasqueradeAll }, func(o *Options, v *config.Values) { v.MasqueradeAll = o.MasqueradeAll }},
-	{[]string{"iptables-masquerade-bit"}, func(o *Options, v config.Values) { o.MasqueradeBit = v.MasqueradeBit }, func(o *Options, v *config.Values) { v.MasqueradeBit = o.MasqueradeBit }},
+	{nil, func(o *Options, v config.Values) { o.MasqueradeBit = v.MasqueradeBit }, func(o *Options, v *config.Values) { v.MasqueradeBit = o.MasqueradeBit }}, // no flag: nftables.masqueradeBit
+	{[]string{"iptables-masquerade-bit"}, func(o *Options, v config.Values) { o.iptablesMasqueradeBit = v.IPTablesMasqueradeBit }, func(o *Options, v *config.Values) { v.IPTablesMasqueradeBit = o.iptablesMasqueradeBit }},
 	{[]string{"sync-period", "iptables-sync-period", "nftables-sync-period"}, func(o *Options, v config.Values) { o.SyncPeriod = v.SyncPeriod }, func(o *Options, v *config.Values) { v.SyncPeriod = o.SyncPeriod }},
 	{[]string{"min-sync-period", "iptables-min-sync-period", "nftables-min-sync-period"}, func(o *Options, v config.Values) { o.MinSyncPeriod = v.MinSyncPeriod }, func(o *Options, v *config.Values) { v.MinSyncPeriod = o.MinSyncPeriod }},
 	{[]string{"healthz-bind-address"}, func(o *Options, v config.Values) { o.HealthzBindAddress = v.HealthzBindAddress }, func(o *Options, v *config.Values) { v.HealthzBindAddress = o.HealthzBindAddress }},
 	{[]string{"metrics-bind-address"}, func(o *Options, v config.Values) { o.MetricsBindAddress = v.MetricsBindAddress }, func(o *Options, v *config.Values) { v.MetricsBindAddress = o.MetricsBindAddress }},
 	{[]string{"detect-local-mode"}, func(o *Options, v config.Values) { o.DetectLocalMode = v.DetectLocalMode }, func(o *Options, v *config.Values) { v.DetectLocalMode = o.DetectLocalMode }},
+	{[]string{"pod-bridge-interface"}, func(o *Options, v config.Values) { o.BridgeInterface = v.BridgeInterface }, func(o *Options, v *config.Values) { v.BridgeInterface = o.BridgeInterface }},
+	{[]string{"pod-interface-name-prefix"}, func(o *Options, v config.Values) { o.InterfaceNamePrefix = v.InterfaceNamePrefix }, func(o *Options, v *config.Values) { v.InterfaceNamePrefix = o.InterfaceNamePrefix }},
 	{[]string{"v"}, func(o *Options, v config.Values) { o.Verbosity = v.Verbosity }, func(o *Options, v *config.Values) { v.Verbosity = o.Verbosity }},
 	{[]string{"logging-format"}, func(o *Options, v config.Values) { o.LoggingFormat = v.LoggingFormat }, func(o *Options, v *config.Values) { v.LoggingFormat = o.LoggingFormat }},
 	{[]string{"feature-gates"}, func(o *Options, v config.Values) { o.FeatureGates = maps.Clone(v.FeatureGates) }, func(o *Options, v *config.Values) { v.FeatureGates = maps.Clone(o.FeatureGates) }},
 }
 
-// Complete runs after fs.Parse: it loads --config, if given, into every setting whose
-// flag was not given on the command line (flags win over the file), and completes
-// server addresses given as a bare IP with the default port.
+// flagsOverFile are the flags that, given on the command line, win over --config, as
+// in kube-proxy v1.37: the logging flags (copied over the file's logging section) and a
+// non-empty --hostname-override. Every other setting comes from the file alone.
+var flagsOverFile = map[string]bool{"v": true, "logging-format": true, "hostname-override": true}
+
+// Complete runs after fs.Parse: it loads --config, if given, which replaces the flags of
+// the settings it holds except those in flagsOverFile (each such flag given is reported
+// as ignored, as kube-proxy silently ignores it), completes server addresses given as a
+// bare IP with the default port, and parses the typed values once (ClusterCIDRs,
+// ServiceCIDRs, NodePorts, DetectLocal): an invalid one is an error naming its flag.
 func (o *Options) Complete(fs *pflag.FlagSet) error {
+	if o.HostnameOverride != "" { // processHostnameOverrideFlag upstream
+		if strings.TrimSpace(o.HostnameOverride) == "" {
+			return fmt.Errorf("--hostname-override: empty hostname-override is invalid")
+		}
+		o.HostnameOverride = strings.ToLower(strings.TrimSpace(o.HostnameOverride))
+	}
+	if fs.Changed("iptables-masquerade-bit") && o.ConfigFile == "" {
+		o.notes = append(o.notes, "--iptables-masquerade-bit has no effect (as in kube-proxy's nftables mode): the mark bit is nftables.masqueradeBit of --config, default 14")
+	}
 	if o.ConfigFile != "" {
 		f, err := config.Load(o.ConfigFile)
 		if err != nil {
@@ -279,14 +315,20 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 		}
 		o.file = f
 		for _, b := range bindings {
-			if !slices.ContainsFunc(b.flags, fs.Changed) {
-				b.apply(o, f.Values)
+			changed := slices.ContainsFunc(b.flags, fs.Changed)
+			if changed && flagsOverFile[b.flags[0]] && (b.flags[0] != "hostname-override" || o.HostnameOverride != "") { // changed: b.flags is not empty
+				continue
+			}
+			b.apply(o, f.Values)
+			for _, name := range b.flags {
+				if fs.Changed(name) {
+					o.notes = append(o.notes, fmt.Sprintf("--%s is ignored: with --config the file's value is used (as in kube-proxy)", name))
+				}
 			}
 		}
-		o.applyConntrackFile(fs, f.Values.Conntrack)
 		o.notes = append(o.notes, f.Notes...)
 	}
-	if fs.Changed("feature-gates") {
+	if fs.Changed("feature-gates") && o.file == nil {
 		o.notes = append(o.notes, config.GateNotes("--feature-gates", o.FeatureGates)...)
 	}
 	if !o.ExternalIPsAllowed() {
@@ -295,9 +337,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 	o.applyDeprecatedPorts(fs)
 	o.HealthzBindAddress = config.AppendPortIfNeeded(o.HealthzBindAddress, config.HealthzPort)
 	o.MetricsBindAddress = config.AppendPortIfNeeded(o.MetricsBindAddress, config.MetricsPort)
-	_, notes := config.NormalizeNodePortAddresses(o.NodePortAddresses)
-	o.notes = append(o.notes, notes...)
-	return nil
+	return o.parse()
 }
 
 // Values returns the effective settings that a configuration file can hold.
@@ -333,41 +373,11 @@ func (o *Options) NodeName() (string, error) {
 	return strings.ToLower(h), nil
 }
 
-// ClusterCIDRs parses --cluster-cidr: at most one CIDR per family.
-func (o *Options) ClusterCIDRs() ([]netip.Prefix, error) {
-	p, err := config.ParseClusterCIDRs(o.ClusterCIDR)
-	if err != nil {
-		return nil, fmt.Errorf("--cluster-cidr: %w", err)
-	}
-	return p, nil
-}
-
-// ServiceCIDRs parses --service-cluster-ip-range: at most one CIDR per family.
-func (o *Options) ServiceCIDRs() ([]netip.Prefix, error) {
-	p, err := config.ParseClusterCIDRs(o.ServiceCIDR)
-	if err != nil {
-		return nil, fmt.Errorf("--service-cluster-ip-range: %w", err)
-	}
-	return p, nil
-}
-
-// NodePortCIDRs returns --nodeport-addresses as the proxy takes it: empty or
-// ["primary"] for the node's primary IPs, else CIDRs ("all" expanded).
-func (o *Options) NodePortCIDRs() []string {
-	out, _ := config.NormalizeNodePortAddresses(o.NodePortAddresses)
-	return out
-}
-
-// Validate checks values that flags' types do not. A value that came from the --config
-// file was checked when it was loaded, with an error naming its field there.
+// Validate checks values that flags' types do not (Complete parsed the typed ones). A
+// value that came from the --config file was checked when it was loaded, with an error
+// naming its field there.
 func (o *Options) Validate() error {
-	if _, err := o.ClusterCIDRs(); err != nil {
-		return err
-	}
-	if _, err := o.ServiceCIDRs(); err != nil {
-		return err
-	}
-	if err := config.CheckMasqueradeBit(o.MasqueradeBit); err != nil {
+	if err := config.CheckMasqueradeBit(o.iptablesMasqueradeBit); err != nil {
 		return fmt.Errorf("--iptables-masquerade-bit: %w", err)
 	}
 	if o.SyncPeriod <= 0 {
@@ -378,11 +388,6 @@ func (o *Options) Validate() error {
 	}
 	if o.MinSyncPeriod > o.SyncPeriod {
 		return fmt.Errorf("--min-sync-period (%v) must not exceed --sync-period (%v)", o.MinSyncPeriod, o.SyncPeriod)
-	}
-	for _, a := range o.NodePortAddresses {
-		if err := config.CheckNodePortAddress(a, o.NodePortAddresses); err != nil {
-			return fmt.Errorf("--nodeport-addresses: %w", err)
-		}
 	}
 	if err := config.CheckBindAddress(o.HealthzBindAddress); err != nil {
 		return fmt.Errorf("--healthz-bind-address: %w", err)
@@ -395,9 +400,6 @@ func (o *Options) Validate() error {
 	}
 	if len(o.VModule) > 0 && o.LoggingFormat == "json" {
 		return fmt.Errorf("--vmodule works with --logging-format=text only (as kube-proxy's)")
-	}
-	if err := config.CheckDetectLocalMode(o.DetectLocalMode); err != nil {
-		return fmt.Errorf("--detect-local-mode: %w", err)
 	}
 	for flag, n := range map[string]int{"--max-frontends-per-service": o.MaxFrontendsPerService,
 		"--max-endpoints-per-service-port": o.MaxEndpointsPerServicePort, "--max-table-elements": o.MaxTableElements} {
@@ -413,6 +415,52 @@ func (o *Options) Validate() error {
 	}
 	if o.KubeAPIBurst < 0 || o.KubeAPIQPS < 0 {
 		return fmt.Errorf("--kube-api-qps and --kube-api-burst must not be negative")
+	}
+	return nil
+}
+
+// parse fills the typed values: from the --config file's parsed values when it gave
+// them, else from the flags.
+func (o *Options) parse() error {
+	var err error
+	if o.file != nil {
+		o.ClusterCIDRs, o.NodePorts = o.file.Parsed.ClusterCIDRs, o.file.Parsed.NodePorts
+	} else {
+		if o.ClusterCIDRs, err = config.ParseClusterCIDRs(o.ClusterCIDR); err != nil {
+			return fmt.Errorf("--cluster-cidr: %w", err)
+		}
+		if o.NodePorts, err = config.ParseNodePortAddresses("--nodeport-addresses", o.NodePortAddresses); err != nil {
+			return err
+		}
+		if err := config.CheckDetectLocalMode(o.DetectLocalMode); err != nil {
+			return fmt.Errorf("--detect-local-mode: %w", err)
+		}
+		switch o.DetectLocalMode {
+		case config.LocalModeBridgeInterface:
+			if err := config.CheckInterfaceName(o.BridgeInterface); err != nil {
+				return fmt.Errorf("--pod-bridge-interface: %w (--detect-local-mode is BridgeInterface)", err)
+			}
+		case config.LocalModeInterfaceNamePrefix:
+			if err := config.CheckInterfaceName(o.InterfaceNamePrefix); err != nil {
+				return fmt.Errorf("--pod-interface-name-prefix: %w (--detect-local-mode is InterfaceNamePrefix)", err)
+			}
+		}
+	}
+	if o.ServiceCIDRs, err = config.ParseClusterCIDRs(o.ServiceCIDR); err != nil {
+		return fmt.Errorf("--service-cluster-ip-range: %w", err)
+	}
+	o.notes = append(o.notes, o.NodePorts.Notes()...)
+	o.DetectLocal = compile.DetectLocal{Mode: compile.LocalMode(o.DetectLocalMode), ClusterCIDRs: o.ClusterCIDRs}
+	switch o.DetectLocal.Mode {
+	case "":
+		o.DetectLocal.Mode = compile.LocalClusterCIDR
+	case compile.LocalBridgeInterface:
+		o.DetectLocal.Interface = o.BridgeInterface
+	case compile.LocalInterfaceNamePrefix:
+		o.DetectLocal.Interface = o.InterfaceNamePrefix
+	}
+	if o.DetectLocal.Mode != compile.LocalClusterCIDR {
+		o.DetectLocal.ClusterCIDRs = nil // --cluster-cidr is not used (as kube-proxy)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package options
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
 )
 
@@ -42,7 +44,7 @@ func TestDefaultsWithoutConfig(t *testing.T) {
 	}
 	want := config.Values{
 		KubeAPIQPS: 5, KubeAPIBurst: 10, KubeAPIContentType: "application/vnd.kubernetes.protobuf",
-		MasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
+		MasqueradeBit: 14, IPTablesMasqueradeBit: 14, SyncPeriod: 30 * time.Second, MinSyncPeriod: time.Second,
 		HealthzBindAddress: "0.0.0.0:10256", MetricsBindAddress: "127.0.0.1:10249",
 		DetectLocalMode: "ClusterCIDR", LoggingFormat: "text", Conntrack: config.DefaultConntrack(),
 	}
@@ -59,8 +61,10 @@ func TestDefaultsWithoutConfig(t *testing.T) {
 	}
 }
 
-// Everything not given as a flag comes from the file; every flag given wins, even when
-// it is set to its default value.
+// With --config, kube-proxy v1.37's precedence: the file replaces the flags of every
+// setting it holds (flags given are reported as ignored), except the logging flags and a
+// non-empty --hostname-override, which win over the file (options.go Complete,
+// copyLogsFromFlags, processHostnameOverrideFlag upstream).
 func TestConfigFileAndFlagPrecedence(t *testing.T) {
 	path := writeFile(t, `
 clientConnection: {kubeconfig: /from/file, qps: 50, burst: 100}
@@ -73,10 +77,15 @@ metricsBindAddress: 127.0.0.1:2222
 logging: {verbosity: 3, format: json}
 `)
 	o, err := parse(t, "--config", path,
-		"--cluster-cidr", "10.2.0.0/16", // flag wins
-		"--iptables-masquerade-bit=14", // flag equal to the default still wins
-		"-v=1",
-		"--iptables-min-sync-period=500ms", // kube-proxy's alias of --min-sync-period
+		"--cluster-cidr", "10.2.0.0/16", // ignored: the file's
+		"--iptables-masquerade-bit=14",     // ignored
+		"--iptables-min-sync-period=500ms", // ignored
+		"--detect-local-mode=NodeCIDR",     // ignored (its help says so upstream)
+		"--conntrack-min=7",                // ignored
+		"--kubeconfig=/from/flag",          // ignored
+		"-v=1",                             // wins
+		"--logging-format=text",            // wins
+		"--hostname-override=Flag-Node ",   // wins
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -84,13 +93,42 @@ logging: {verbosity: 3, format: json}
 	want := config.Values{
 		Kubeconfig: "/from/file", KubeAPIQPS: 50, KubeAPIBurst: 100,
 		KubeAPIContentType: "application/vnd.kubernetes.protobuf",
-		HostnameOverride:   "file-node", ClusterCIDR: "10.2.0.0/16", NodePortAddresses: []string{"192.0.2.0/24"},
-		MasqueradeAll: true, MasqueradeBit: 14, SyncPeriod: 10 * time.Second, MinSyncPeriod: 500 * time.Millisecond,
+		HostnameOverride:   "flag-node", ClusterCIDR: "10.1.0.0/16", NodePortAddresses: []string{"192.0.2.0/24"},
+		MasqueradeAll: true, MasqueradeBit: 9, IPTablesMasqueradeBit: 14, SyncPeriod: 10 * time.Second, MinSyncPeriod: 2 * time.Second,
 		HealthzBindAddress: "127.0.0.1:1111", MetricsBindAddress: "127.0.0.1:2222",
-		Verbosity: 1, LoggingFormat: "json", Conntrack: config.DefaultConntrack(),
+		Verbosity: 1, LoggingFormat: "text", Conntrack: config.DefaultConntrack(),
 	}
 	if got := o.Values(); !reflect.DeepEqual(got, want) {
 		t.Errorf("effective:\n got %+v\nwant %+v", got, want)
+	}
+	if name, _ := o.NodeName(); name != "flag-node" {
+		t.Errorf("node name %q, want flag-node", name)
+	}
+	if fmt.Sprint(o.ClusterCIDRs) != "[10.1.0.0/16]" || o.DetectLocal.Mode != compile.LocalClusterCIDR || fmt.Sprint(o.DetectLocal.ClusterCIDRs) != "[10.1.0.0/16]" {
+		t.Errorf("typed values not the file's: %v %+v", o.ClusterCIDRs, o.DetectLocal)
+	}
+	notes := strings.Join(o.Notes(), "\n")
+	for _, f := range []string{"cluster-cidr", "iptables-masquerade-bit", "iptables-min-sync-period", "detect-local-mode", "conntrack-min", "kubeconfig"} {
+		if !strings.Contains(notes, "--"+f+" is ignored: with --config the file's value is used") {
+			t.Errorf("no note that --%s is ignored:\n%s", f, notes)
+		}
+	}
+	for _, f := range []string{"--v ", "--logging-format", "--hostname-override"} {
+		if strings.Contains(notes, f+" is ignored") {
+			t.Errorf("%s reported ignored:\n%s", f, notes)
+		}
+	}
+	// An empty --hostname-override leaves the file's; a blank one is an error (kube-proxy's).
+	if o, err := parse(t, "--config", path, "--hostname-override="); err != nil || o.HostnameOverride != "file-node" {
+		t.Errorf("empty --hostname-override: %v %q, want the file's", err, o.HostnameOverride)
+	}
+	if _, err := parse(t, "--config", path, "--hostname-override=  "); err == nil || !strings.Contains(err.Error(), "empty hostname-override is invalid") {
+		t.Errorf("blank --hostname-override: %v", err)
+	}
+	// Without --config the flags are the configuration.
+	o, err = parse(t, "--cluster-cidr", "10.2.0.0/16", "--conntrack-min=7")
+	if err != nil || fmt.Sprint(o.ClusterCIDRs) != "[10.2.0.0/16]" || o.Conntrack.Min != 7 {
+		t.Errorf("flags alone: %v %v %d", err, o.ClusterCIDRs, o.Conntrack.Min)
 	}
 }
 
@@ -127,7 +165,7 @@ func TestInvalidConfigFileNamesField(t *testing.T) {
 
 func TestNotesReportIgnoredFlagsAndFields(t *testing.T) {
 	path := writeFile(t, "mode: ipvs\nnodePortAddresses: [localhost, 10.0.0.0/8]\n")
-	o, err := parse(t, "--config", path, "--proxy-mode=iptables", "--ipvs-strict-arp")
+	o, err := parse(t, "--proxy-mode=iptables", "--ipvs-strict-arp", "--config", path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,8 +180,8 @@ func TestNotesReportIgnoredFlagsAndFields(t *testing.T) {
 			t.Errorf("notes lack %q:\n%s", want, got)
 		}
 	}
-	if want := []string{"10.0.0.0/8"}; !reflect.DeepEqual(o.NodePortCIDRs(), want) {
-		t.Errorf("NodePortCIDRs = %q, want %q", o.NodePortCIDRs(), want)
+	if want := "[127.0.0.0/8 ::1/128 10.0.0.0/8]"; fmt.Sprint(o.NodePorts.CIDRs) != want || o.NodePorts.Primary {
+		t.Errorf("NodePorts = %+v, want CIDRs %s", o.NodePorts, want)
 	}
 }
 
@@ -163,8 +201,8 @@ func TestConfigFlagsNotIgnored(t *testing.T) {
 // The effective configuration, written and read back through --config, gives the same
 // settings: --write-config-to output is a usable config file.
 func TestEffectiveConfigRoundTrip(t *testing.T) {
-	path := writeFile(t, "mode: ipvs\nclusterCIDR: 10.1.0.0/16\nconntrack: {maxPerCore: 0}\n")
-	o, err := parse(t, "--config", path, "--hostname-override", "n1", "--sync-period=1m", "--nodeport-addresses=all", "--masquerade-all")
+	path := writeFile(t, "mode: ipvs\nclusterCIDR: 10.1.0.0/16\nconntrack: {maxPerCore: 0}\nnodePortAddresses: [primary]\ndetectLocalMode: ClusterCIDR\n")
+	o, err := parse(t, "--config", path, "--hostname-override", "n1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,12 +250,14 @@ func TestValidateFlags(t *testing.T) {
 		{[]string{"--sync-period=0"}, `--sync-period: 0s must be greater than 0`},
 		{[]string{"--min-sync-period=-1s"}, `--min-sync-period: -1s must not be negative`},
 		{[]string{"--min-sync-period=1m", "--sync-period=30s"}, `--min-sync-period (1m0s) must not exceed --sync-period (30s)`},
-		{[]string{"--nodeport-addresses=primary,10.0.0.0/8"}, `--nodeport-addresses: "primary" must be used alone`},
-		{[]string{"--nodeport-addresses=bogus"}, `--nodeport-addresses: "bogus" is not a CIDR`},
+		{[]string{"--nodeport-addresses=primary,10.0.0.0/8,primary"}, `--nodeport-addresses[2]: "primary" is given twice`},
+		{[]string{"--nodeport-addresses=bogus"}, `--nodeport-addresses[0]: "bogus" is not a CIDR`},
 		{[]string{"--healthz-bind-address=nohost:1"}, `--healthz-bind-address: "nohost:1": "nohost" is not an IP address`},
 		{[]string{"--metrics-bind-address=1.2.3.4:99999"}, `--metrics-bind-address: "1.2.3.4:99999": "99999" is not a port`},
 		{[]string{"--logging-format=xml"}, `--logging-format: "xml" is not text or json`},
-		{[]string{"--detect-local-mode=NodeCIDR"}, `--detect-local-mode: "NodeCIDR" is not supported`},
+		{[]string{"--detect-local-mode=Nodecidr"}, `--detect-local-mode: "Nodecidr" is not one of`},
+		{[]string{"--detect-local-mode=BridgeInterface"}, `--pod-bridge-interface: must not be empty`},
+		{[]string{"--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=x/y"}, `--pod-interface-name-prefix: "x/y" is not an interface name`},
 		{[]string{"-v=-1"}, `-v: -1 must not be negative`},
 	} {
 		_, err := parse(t, tc.args...)
@@ -283,8 +323,8 @@ func TestFeatureGateAllowServiceExternalIPs(t *testing.T) {
 	if c := o.EffectiveConfig(); c.FeatureGates["AllowServiceExternalIPs"] {
 		t.Errorf("effective config lost the gate: %v", c.FeatureGates)
 	}
-	if o, _ = parse(t, "--config="+file, "--feature-gates=AllowServiceExternalIPs=true"); !o.ExternalIPsAllowed() {
-		t.Errorf("the flag does not win over the file")
+	if o, _ = parse(t, "--config="+file, "--feature-gates=AllowServiceExternalIPs=true"); o.ExternalIPsAllowed() {
+		t.Errorf("the flag wins over the file (kube-proxy ignores --feature-gates with --config)")
 	}
 }
 
@@ -316,5 +356,37 @@ func TestServedPorts(t *testing.T) {
 	o, _ = parse(t, "--metrics-bind-address=", "--healthz-bind-address=192.0.2.10:10256")
 	if ports, _, all := o.ServedPorts(); fmt.Sprint(ports) != "[10256]" || all {
 		t.Errorf("metrics disabled, healthz on one address: ports %v all %v, want [10256] false", ports, all)
+	}
+}
+
+// --detect-local-mode and its inputs become one typed value (issue 14 item 4), from the
+// flags or from the file's detectLocalMode and detectLocal block.
+func TestDetectLocalModes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want compile.DetectLocal
+	}{
+		{nil, compile.DetectLocal{Mode: compile.LocalClusterCIDR}},
+		{[]string{"--cluster-cidr=10.244.0.0/16,fd00::/56"}, compile.DetectLocal{Mode: compile.LocalClusterCIDR,
+			ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00::/56")}}},
+		{[]string{"--detect-local-mode=NodeCIDR", "--cluster-cidr=10.244.0.0/16"}, compile.DetectLocal{Mode: compile.LocalNodeCIDR}},
+		{[]string{"--detect-local-mode=BridgeInterface", "--pod-bridge-interface=cbr0"}, compile.DetectLocal{Mode: compile.LocalBridgeInterface, Interface: "cbr0"}},
+		{[]string{"--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth"}, compile.DetectLocal{Mode: compile.LocalInterfaceNamePrefix, Interface: "veth"}},
+		{[]string{"--config", writeFile(t, "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: cali}\n")},
+			compile.DetectLocal{Mode: compile.LocalInterfaceNamePrefix, Interface: "cali"}},
+		{[]string{"--config", writeFile(t, "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cni0}\n")},
+			compile.DetectLocal{Mode: compile.LocalBridgeInterface, Interface: "cni0"}},
+	} {
+		o, err := parse(t, tc.args...)
+		if err != nil {
+			t.Errorf("%q: %v", tc.args, err)
+			continue
+		}
+		if !reflect.DeepEqual(o.DetectLocal, tc.want) {
+			t.Errorf("%q: %+v, want %+v", tc.args, o.DetectLocal, tc.want)
+		}
+		if len(o.Ignored()) != 0 {
+			t.Errorf("%q: reported as without effect: %q", tc.args, o.Ignored())
+		}
 	}
 }

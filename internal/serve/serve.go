@@ -87,8 +87,9 @@ type Health struct {
 	// sync as /livez sees it (zero: unbounded).
 	Started      time.Time
 	StartupGrace time.Duration
-	// Node returns this node's Node object, nil while it is unknown. When Node itself
-	// is nil the node is not checked.
+	// Node returns this node's Node object, nil while it is unknown: the controller's
+	// (controller.Proxy.Node; one Node informer in the process). When Node itself is
+	// nil the node is not checked.
 	Node func() *v1.Node
 	// Now is the clock; default time.Now.
 	Now func() time.Time

@@ -16,11 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
@@ -162,40 +160,6 @@ func TestHealthyRule(t *testing.T) {
 	if !Healthy(controller.Status{}, time.Nanosecond, now) {
 		t.Error("nothing pending must be healthy")
 	}
-}
-
-func TestWatchNode(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	client := fake.NewClientset()
-	node := WatchNode(ctx, logr.Discard(), client, "n1")
-	if node() != nil {
-		t.Fatal("node known before it exists")
-	}
-	waitFor := func(what string, cond func(*v1.Node) bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond(node()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s; node %v", what, node())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
-	if _, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor("the node", func(n *v1.Node) bool { return NodeEligible(n) })
-	n.DeletionTimestamp = &metav1.Time{Time: time.Now()}
-	if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor("the deletion timestamp", func(n *v1.Node) bool { return n != nil && !NodeEligible(n) })
-	if err := client.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor("the node to go", func(n *v1.Node) bool { return n == nil })
 }
 
 func TestStart(t *testing.T) {

@@ -37,7 +37,7 @@ func verifySnapshot() *model.Snapshot {
 func cfg6() compile.Config {
 	return compile.Config{
 		Family:        nft.IPv6,
-		ClusterCIDR:   netip.MustParsePrefix("fd00:244::/56"),
+		DetectLocal:   compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/56")}},
 		MasqueradeBit: 14,
 		NodePortAddrs: []netip.Addr{netip.MustParseAddr("2001:db8::10")},
 	}

@@ -3,6 +3,7 @@ package trace
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -13,6 +14,13 @@ func (tr *tracer) stmt(t *thread, s nft.Stmt) ([]branch, error) {
 	switch s := s.(type) {
 	case nft.MatchPrefix:
 		return tr.matchPrefix(t, s)
+	case nft.MatchIifname:
+		in := t.pkt.Iifname
+		if t.pkt.Hook == nft.Output {
+			in = "" // no input interface
+		}
+		is := in == s.Name || (s.Prefix && strings.HasPrefix(in, s.Name))
+		return cond(t, is == (s.Op == nft.OpEq)), nil
 	case nft.MatchL4Proto:
 		return cond(t, t.pkt.L4Proto == s.Proto), nil
 	case nft.MatchCtStateNew:

@@ -31,6 +31,9 @@ type Packet struct {
 	Daddr   netip.Addr
 	L4Proto uint8 // IP protocol number: 6 tcp, 17 udp, 132 sctp
 	Dport   uint16
+	// Iifname is the interface the packet came in on ("iifname"); "" for a locally
+	// generated packet, or when it does not matter.
+	Iifname string
 	// Hook is where the packet enters the ruleset: nft.Prerouting for a packet arriving
 	// from the network, nft.Output for a locally generated one.
 	Hook nft.HookPoint

@@ -53,10 +53,10 @@ func snapshot() *model.Snapshot {
 
 func ruleset(t *testing.T, fam nft.Family) *nft.Ruleset {
 	t.Helper()
-	cfg := compile.Config{Family: fam, ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), MasqueradeBit: 14,
+	cfg := compile.Config{Family: fam, DetectLocal: compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}, MasqueradeBit: 14,
 		NodePortAddrs: []netip.Addr{ip(nodeIP), ip(nodeIP6)}}
 	if fam == nft.IPv6 {
-		cfg.ClusterCIDR = netip.MustParsePrefix("fd00:244::/56")
+		cfg.DetectLocal.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:244::/56")}
 	}
 	rs, problems := compile.Compile(snapshot(), cfg, compile.NewSlots())
 	if len(problems) > 0 {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -203,6 +204,12 @@ func candidates(fam nft.Family, es []ExprState) []nft.Stmt {
 		}
 	case "meta":
 		switch be32(e.Attrs[unix.NFTA_META_KEY]) {
+		case unix.NFT_META_IIFNAME:
+			if d := cmpValue(at(1)); len(d) > 0 {
+				name, prefix := strings.TrimRight(string(d), "\x00"), len(d) < 16
+				out = append(out, nft.MatchIifname{Op: nft.OpEq, Name: name, Prefix: prefix},
+					nft.MatchIifname{Op: nft.OpNeq, Name: name, Prefix: prefix})
+			}
 		case unix.NFT_META_L4PROTO:
 			if d := cmpValue(at(1)); len(d) == 1 {
 				out = append(out, nft.MatchL4Proto{Proto: d[0]})

@@ -29,6 +29,21 @@ func (b *Batch) stmt(fam nft.Family, s nft.Stmt) error {
 	switch s := s.(type) {
 	case nft.MatchPrefix:
 		b.prefixMatch(fam, s)
+	case nft.MatchIifname:
+		if len(s.Name) > 15 || s.Name == "" {
+			return fmt.Errorf("iifname %q: not 1 to 15 bytes", s.Name)
+		}
+		name := []byte(s.Name) // a prefix compares only its bytes
+		if !s.Prefix {
+			name = make([]byte, 16) // a whole name compares the NUL-padded IFNAMSIZ bytes
+			copy(name, s.Name)
+		}
+		op := uint32(unix.NFT_CMP_EQ)
+		if s.Op == nft.OpNeq {
+			op = unix.NFT_CMP_NEQ
+		}
+		b.meta(unix.NFT_META_IIFNAME, reg1, false)
+		b.cmp(op, reg1, name)
 	case nft.MatchL4Proto:
 		b.meta(unix.NFT_META_L4PROTO, reg1, false)
 		b.cmp(unix.NFT_CMP_EQ, reg1, []byte{s.Proto})

@@ -34,6 +34,20 @@ func refStmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
 	switch s := s.(type) {
 	case nft.MatchPrefix:
 		return refPrefixMatch(fam, s), nil
+	case nft.MatchIifname:
+		name := []byte(s.Name)
+		if !s.Prefix {
+			name = make([]byte, 16)
+			copy(name, s.Name)
+		}
+		op := expr.CmpOpEq
+		if s.Op == nft.OpNeq {
+			op = expr.CmpOpNeq
+		}
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+			&expr.Cmp{Op: op, Register: reg1, Data: name},
+		}, nil
 	case nft.MatchL4Proto:
 		return []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
@@ -236,6 +250,7 @@ func TestExpressionsAsBefore(t *testing.T) {
 		nft.Masquerade{}, nft.SetMarkBits{Bits: 0x4000, Xor: true},
 		nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: "service-nodeports"},
 		nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: "nodeport-ips"},
+		nft.MatchIifname{Op: nft.OpEq, Name: "cbr0"},
 	}
 	six := map[string]nft.Stmt{
 		"prefix": nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("fd00:10:244::/56")},

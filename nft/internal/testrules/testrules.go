@@ -19,7 +19,7 @@ import (
 func Config() compile.Config {
 	return compile.Config{
 		Family:        nft.IPv4,
-		ClusterCIDR:   netip.MustParsePrefix("10.244.0.0/16"),
+		DetectLocal:   compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
 		MasqueradeBit: 14,
 		NodePortAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
 	}
