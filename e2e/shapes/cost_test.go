@@ -208,7 +208,7 @@ func measureShape(t *testing.T, shape string, n, e, changes int) (time.Duration,
 func measureCurrent(t *testing.T, n, e, changes int) (time.Duration, map[string][]Cost) {
 	ns := testnetns.New(t)
 	a := kernel.New(kernel.WithNetNS(ns.FD))
-	cfg := compile.Config{Family: nft.IPv4, ClusterCIDR: netip.MustParsePrefix(ClusterCIDR), MasqueradeBit: 14,
+	cfg := compile.Config{Family: nft.IPv4, DetectLocal: compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(ClusterCIDR)}}, MasqueradeBit: 14,
 		NodePortAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}}
 	cc := compile.NewCompiler(cfg, compile.NewSlots())
 	toModel := func(name string, s Service) model.ServicePort {

@@ -61,7 +61,7 @@ func TestNewFlowCost(t *testing.T) {
 		case "none":
 		case Current:
 			a := kernel.New(kernel.WithNetNS(ns.FD))
-			cfg := compile.Config{Family: nft.IPv4, ClusterCIDR: netip.MustParsePrefix(ClusterCIDR), MasqueradeBit: 14,
+			cfg := compile.Config{Family: nft.IPv4, DetectLocal: compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix(ClusterCIDR)}}, MasqueradeBit: 14,
 				NodePortAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}}
 			snap := &model.Snapshot{}
 			for i, s := range svcs {
