@@ -59,6 +59,7 @@ type Values struct {
 	MinSyncPeriod         time.Duration // nftables.minSyncPeriod, else iptables.minSyncPeriod
 	HealthzBindAddress    string        // healthzBindAddress
 	MetricsBindAddress    string        // metricsBindAddress
+	EnableProfiling       bool          // enableProfiling: /debug/pprof on the metrics server
 	DetectLocalMode       string        // detectLocalMode
 	// BridgeInterface and InterfaceNamePrefix are detectLocal.*, used by the
 	// BridgeInterface and InterfaceNamePrefix modes.
@@ -148,7 +149,7 @@ var mapped = map[string]bool{
 	"iptables.syncPeriod": true, "iptables.minSyncPeriod": true,
 	"nftables.masqueradeAll": true, "nftables.masqueradeBit": true,
 	"nftables.syncPeriod": true, "nftables.minSyncPeriod": true,
-	"healthzBindAddress": true, "metricsBindAddress": true,
+	"healthzBindAddress": true, "metricsBindAddress": true, "enableProfiling": true,
 	"detectLocalMode": true, "detectLocal.bridgeInterface": true, "detectLocal.interfaceNamePrefix": true,
 	"logging.verbosity": true, "logging.format": true,
 	"featureGates." + GateAllowServiceExternalIPs: true,
@@ -369,6 +370,7 @@ func resolve(c *v1alpha1.KubeProxyConfiguration, doc map[string]any) (Values, Pa
 		NodePortAddresses:   c.NodePortAddresses,
 		HealthzBindAddress:  c.HealthzBindAddress,
 		MetricsBindAddress:  c.MetricsBindAddress,
+		EnableProfiling:     c.EnableProfiling,
 		DetectLocalMode:     string(c.DetectLocalMode),
 		BridgeInterface:     c.DetectLocal.BridgeInterface,
 		InterfaceNamePrefix: c.DetectLocal.InterfaceNamePrefix,
@@ -521,6 +523,7 @@ func (v Values) Apply(c *v1alpha1.KubeProxyConfiguration) {
 	c.IPVS.SyncPeriod.Duration, c.IPVS.MinSyncPeriod.Duration = 0, 0
 	c.HealthzBindAddress = v.HealthzBindAddress
 	c.MetricsBindAddress = v.MetricsBindAddress
+	c.EnableProfiling = v.EnableProfiling
 	c.DetectLocalMode = v1alpha1.LocalMode(v.DetectLocalMode)
 	if c.DetectLocalMode == "" {
 		c.DetectLocalMode = LocalModeClusterCIDR

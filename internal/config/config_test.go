@@ -132,7 +132,6 @@ configSyncPeriod: 15m
 clusterCIDR: 10.0.0.0/8
 `)
 	want := []string{
-		`config file: enableProfiling: true has no effect in nftproxy`,
 		`config file: featureGates.SomeGate: true has no effect in nftproxy`,
 		`config file: ipvs.scheduler: "rr" has no effect in nftproxy`,
 		`config file: ipvs.strictARP: true has no effect in nftproxy`,

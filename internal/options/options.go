@@ -280,6 +280,7 @@ var bindings = []binding{
 	{[]string{"min-sync-period", "iptables-min-sync-period", "nftables-min-sync-period"}, func(o *Options, v config.Values) { o.MinSyncPeriod = v.MinSyncPeriod }, func(o *Options, v *config.Values) { v.MinSyncPeriod = o.MinSyncPeriod }},
 	{[]string{"healthz-bind-address"}, func(o *Options, v config.Values) { o.HealthzBindAddress = v.HealthzBindAddress }, func(o *Options, v *config.Values) { v.HealthzBindAddress = o.HealthzBindAddress }},
 	{[]string{"metrics-bind-address"}, func(o *Options, v config.Values) { o.MetricsBindAddress = v.MetricsBindAddress }, func(o *Options, v *config.Values) { v.MetricsBindAddress = o.MetricsBindAddress }},
+	{[]string{"profiling"}, func(o *Options, v config.Values) { o.Profiling = v.EnableProfiling }, func(o *Options, v *config.Values) { v.EnableProfiling = o.Profiling }},
 	{[]string{"detect-local-mode"}, func(o *Options, v config.Values) { o.DetectLocalMode = v.DetectLocalMode }, func(o *Options, v *config.Values) { v.DetectLocalMode = o.DetectLocalMode }},
 	{[]string{"pod-bridge-interface"}, func(o *Options, v config.Values) { o.BridgeInterface = v.BridgeInterface }, func(o *Options, v *config.Values) { v.BridgeInterface = o.BridgeInterface }},
 	{[]string{"pod-interface-name-prefix"}, func(o *Options, v config.Values) { o.InterfaceNamePrefix = v.InterfaceNamePrefix }, func(o *Options, v *config.Values) { v.InterfaceNamePrefix = o.InterfaceNamePrefix }},

@@ -390,3 +390,28 @@ func TestDetectLocalModes(t *testing.T) {
 		}
 	}
 }
+
+// The file's enableProfiling serves /debug/pprof as --profiling does; with --config the
+// flag is ignored as the other flags the file holds.
+func TestConfigFileEnableProfiling(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		args []string
+		want bool
+	}{
+		{"enableProfiling: true\n", nil, true},
+		{"enableProfiling: false\n", []string{"--profiling"}, false},
+		{"", []string{"--profiling"}, false},
+	} {
+		o, err := parse(t, append([]string{"--config", writeFile(t, tc.file)}, tc.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Profiling != tc.want {
+			t.Errorf("file %q, flags %q: Profiling %v, want %v", tc.file, tc.args, o.Profiling, tc.want)
+		}
+	}
+	if o, err := parse(t, "--profiling"); err != nil || !o.Profiling {
+		t.Errorf("--profiling without --config: Profiling %v, err %v", o.Profiling, err)
+	}
+}
