@@ -11,25 +11,18 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
+	"github.com/nftproxy/nftproxy/internal/testrules"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 	"github.com/nftproxy/nftproxy/nft/readback"
 	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
-// listPort returns a TCP service port "default/name:http" with n endpoints from
-// 10.244.first+1 on, on node-2 unless local.
+// listPort returns testrules.Service with its endpoints on node-2.
 func listPort(name, clusterIP string, nodePort uint16, first, n int) model.ServicePort {
-	sp := model.ServicePort{
-		Name:       model.ServicePortName{Namespace: "default", Name: name, Port: "http", Protocol: model.ProtoTCP},
-		ClusterIPs: []netip.Addr{netip.MustParseAddr(clusterIP)},
-		Port:       80,
-		NodePort:   nodePort,
-	}
-	for i := first; i < first+n; i++ {
-		sp.Endpoints = append(sp.Endpoints, model.Endpoint{
-			Addr: netip.AddrFrom4([4]byte{10, 244, 0, byte(1 + i)}), Port: 8080, Ready: true, Serving: true, NodeName: "node-2",
-		})
+	sp := testrules.Service(name, clusterIP, nodePort, first, n)
+	for i := range sp.Endpoints {
+		sp.Endpoints[i].NodeName = "node-2"
 	}
 	return sp
 }
@@ -56,14 +49,7 @@ func listSnapshot() *model.Snapshot {
 	}
 }
 
-func listConfig() compile.Config {
-	return compile.Config{
-		Family:        nft.IPv4,
-		DetectLocal:   compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
-		MasqueradeBit: 14,
-		NodePortAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")},
-	}
-}
+func listConfig() compile.Config { return testrules.Config() }
 
 // wantList is the listing of listSnapshot. The load balancer admits its own address as
 // a source too: the node (192.0.2.10) is in the source range and reaches a VIP it holds

@@ -12,9 +12,9 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
+	"github.com/nftproxy/nftproxy/internal/testrules"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/fake"
-	"github.com/nftproxy/nftproxy/nft/internal/testrules"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
 

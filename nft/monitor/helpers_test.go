@@ -5,7 +5,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
-	"github.com/nftproxy/nftproxy/nft/internal/testrules"
+	"github.com/nftproxy/nftproxy/internal/testrules"
 )
 
 func cfg() compile.Config { return testrules.Config() }

@@ -1,4 +1,4 @@
-// Package testrules has the small inputs the tests of nft/... compile into rulesets:
+// Package testrules has the small inputs tests compile into rulesets (nft/... and cmd):
 // one configuration and a service port maker. Only tests import it.
 package testrules
 
