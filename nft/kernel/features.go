@@ -85,10 +85,11 @@ type Feature struct {
 // timeout, userdata, NFTA_SET_EXPR; element attributes: key, data, userdata,
 // NFTA_SET_ELEM_EXPR) and from the compiled rulesets (internal/compile/testdata).
 // Newer kernel attributes nftproxy only reads, never sends: NFTA_SET_EXPRESSIONS and
-// NFTA_SET_ELEM_EXPRESSIONS (5.11), so they do not raise the floor. Nor does reject,
-// which nftproxy only uses in filter input/forward/output (reject in prerouting
-// needs 5.9), and no chain comments (NFTA_CHAIN_USERDATA, 5.10) or table owner flag
-// (5.12) are sent.
+// NFTA_SET_ELEM_EXPRESSIONS (commit 8cfd9b0f8515 "netfilter: nftables: generalize set
+// expressions support", after 5.7; release not checked), so they do not raise the
+// floor. Nor does reject, which nftproxy only uses in filter input/forward/output
+// (reject in prerouting needs 5.9, per kube-proxy's pkg/proxy/nftables/README.md), and
+// no chain comments or table owner flag (newer kernels too) are sent.
 //
 // An older kernel does not always refuse what it lacks: attributes it does not know
 // are ignored by its netlink parser, so below the floor counters or numgen offsets
