@@ -104,15 +104,15 @@ type Feature struct {
 // comments or table owner flag (newer kernels) are sent.
 //
 // An older kernel does not always refuse what it lacks: attributes it does not know
-// are ignored by its netlink parser (read in the 5.6.4 source: it ignores NFTA_SET_EXPR and keeps elements
-// without their NFTA_SET_ELEM_EXPR), so below the floor the counters would silently
-// be missing. That is why the release is checked at startup.
+// are ignored by its netlink parser (read in the 5.6.4 source: it ignores
+// NFTA_SET_EXPR and keeps elements without their NFTA_SET_ELEM_EXPR), so below the
+// floor the counters would silently be missing. That is why the release is checked at startup.
 var Features = []Feature{
 	{
 		Name: "nf_tables", Major: 3, Minor: 13,
 		What: "tables, filter and nat base chains, verdict maps with jump/goto, payload incl. th (transport header), meta mark, ct state/status, counter, dnat from registers (address and port), reject",
 		Source: "nf_tables in 3.13 (Kernel Recipes 2014, \"What's new in nftables\": introduced in the 3.13 kernel; merge commit 96518518cc41 \"netfilter: add nftables\"); " +
-			"3.13.10 tree: NFT_CT_STATUS, NFTA_NAT_REG_PROTO_MIN, NFT_PAYLOAD_TRANSPORT_HEADER, nft_reject",
+			"3.13.10 tree: NFT_CT_STATUS, NFTA_NAT_REG_PROTO_MIN, NFT_PAYLOAD_TRANSPORT_HEADER, nft_reject_ipv4",
 		Verified: true,
 	},
 	{
