@@ -140,7 +140,7 @@ func TestLogVersion(t *testing.T) {
 	logVersion(log, func() (kernel.Release, error) { return kernel.ParseRelease("4.10.1-test") })
 	out := buf.String()
 	for _, want := range []string{`"nftproxy version"`, ` version="v`, ` goVersion="` + runtime.Version() + `"`, ` kernel="4.10.1-test"`,
-		` nftablesFeatures=["nf_tables","masquerade","concatenations","set-timeouts","numgen","fib"]`} {
+		` nftablesFeatures=["nf_tables","meta-l4proto","rule-comments","set-ids","masquerade","concatenations","set-timeouts","set-comments","numgen","fib"]`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("startup line lacks %s:\n%s", want, out)
 		}

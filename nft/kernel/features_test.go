@@ -82,8 +82,56 @@ func TestFeaturesFloor(t *testing.T) {
 		t.Errorf("floor %d.%d, newest feature %s needs %d.%d", FloorMajor, FloorMinor, top.Name, top.Major, top.Minor)
 	}
 	r, _ := ParseRelease("4.10.0")
-	if got := Available(r); !slices.Equal(got, []string{"nf_tables", "masquerade", "concatenations", "set-timeouts", "numgen", "fib"}) {
+	if got := Available(r); !slices.Equal(got, []string{"nf_tables", "meta-l4proto", "rule-comments", "set-ids", "masquerade", "concatenations", "set-timeouts", "set-comments", "numgen", "fib"}) {
 		t.Errorf("4.10 features: %q", got)
+	}
+}
+
+// TestFeatureSources: every feature says what it is for and where its kernel version
+// comes from; the list is oldest first (CheckRelease and the startup log read it in
+// order); and the floor rests on verified entries only: every feature at the floor's
+// release names the release in its source, so the floor is not a guess.
+func TestFeatureSources(t *testing.T) {
+	for i, f := range Features {
+		if f.Name == "" || f.What == "" || f.Source == "" {
+			t.Errorf("feature %d %+v lacks a name, a use or a source", i, f)
+		}
+		if i > 0 {
+			p := Features[i-1]
+			if f.Major < p.Major || (f.Major == p.Major && f.Minor < p.Minor) {
+				t.Errorf("%s (%d.%d) listed after %s (%d.%d): not oldest first", f.Name, f.Major, f.Minor, p.Name, p.Major, p.Minor)
+			}
+		}
+		if f.Major == FloorMajor && f.Minor == FloorMinor && !f.Verified {
+			t.Errorf("%s sets the floor %d.%d but its release is unverified: %s", f.Name, FloorMajor, FloorMinor, f.Source)
+		}
+	}
+	names := map[string]bool{}
+	for _, f := range Features {
+		if names[f.Name] {
+			t.Errorf("feature %s listed twice", f.Name)
+		}
+		names[f.Name] = true
+	}
+}
+
+// TestFeatureFloorIsNewest: the floor constants are exactly the newest entry, and a
+// kernel at the floor has every feature while one just below lacks the newest.
+func TestFeatureFloorIsNewest(t *testing.T) {
+	newest := Features[len(Features)-1]
+	if newest.Major != FloorMajor || newest.Minor != FloorMinor {
+		t.Fatalf("floor %d.%d, newest feature %s needs %d.%d", FloorMajor, FloorMinor, newest.Name, newest.Major, newest.Minor)
+	}
+	at := Release{Major: FloorMajor, Minor: FloorMinor}
+	if got := Available(at); len(got) != len(Features) {
+		t.Errorf("at the floor %s: features %q, want all %d", at, got, len(Features))
+	}
+	below := Release{Major: FloorMajor, Minor: FloorMinor - 1}
+	if got := Available(below); slices.Contains(got, newest.Name) {
+		t.Errorf("below the floor %s: has %s", below, newest.Name)
+	}
+	if _, err := CheckRelease(below); err == nil || !strings.Contains(err.Error(), newest.Name) {
+		t.Errorf("below the floor: %v", err)
 	}
 }
 
