@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
@@ -403,11 +405,26 @@ func (e *env) testNoForbidden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var bad []string
+	rbac, err := cluster.ManifestRBAC(cluster.ManifestsDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bad, warmup []string
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.Contains(strings.ToLower(line), "forbidden") {
-			bad = append(bad, line)
+		if !strings.Contains(strings.ToLower(line), "forbidden") {
+			continue
 		}
+		// A restarted kube-apiserver refuses requests its RBAC authorizer has not
+		// loaded the rules for yet (apiserver-loss restarts it): a 403 for what the
+		// ClusterRole grants is that, not a missing permission.
+		if m := forbiddenRequest.FindStringSubmatch(line); m != nil && grants(rbac.ClusterRole, m[1], m[2]) {
+			warmup = append(warmup, line)
+			continue
+		}
+		bad = append(bad, line)
+	}
+	if len(warmup) > 0 {
+		t.Logf("%d 403s for permissions the ClusterRole grants (the restarted API server's authorizer warming up):\n%s", len(warmup), strings.Join(warmup[:min(len(warmup), 3)], "\n"))
 	}
 	if len(bad) > 0 {
 		t.Errorf("%d forbidden lines in %s:\n%s", len(bad), e.proxy.Log, strings.Join(bad[:min(len(bad), 10)], "\n"))
@@ -415,6 +432,19 @@ func (e *env) testNoForbidden(t *testing.T) {
 	if n := strings.Count(string(b), "Synced") + strings.Count(string(b), "First sync done"); n < 3 {
 		t.Errorf("only %d syncs logged: the log does not cover a real run", n)
 	}
+}
+
+// forbiddenRequest finds the verb and resource of an API server's 403 message.
+var forbiddenRequest = regexp.MustCompile(`cannot (\w+) resource \\?"([a-z.]+)\\?"`)
+
+// grants reports whether the ClusterRole allows verb on resource (of any group).
+func grants(role *rbacv1.ClusterRole, verb, resource string) bool {
+	for _, r := range role.Rules {
+		if slices.Contains(r.Resources, resource) && (slices.Contains(r.Verbs, verb) || slices.Contains(r.Verbs, "*")) {
+			return true
+		}
+	}
+	return false
 }
 
 // relNftStateless lists nftproxy's IPv4 and IPv6 tables without counter values
