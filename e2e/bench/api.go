@@ -258,8 +258,23 @@ func (a *api) populate(ctx context.Context, from, to, eps int) error {
 		if err := retry(ctx, func() error { return a.createSlice(ctx, i, a.endpoints(i, eps)) }); err != nil {
 			return err
 		}
-		return retry(ctx, func() error { return a.createService(ctx, i) })
+		return retry(ctx, func() error { return a.ensureService(ctx, i) })
 	})
+}
+
+// ensureService creates service i; a create that fails because its ClusterIP is taken
+// counts as done when service i already holds that IP (an earlier attempt that timed out
+// on a loaded machine went through: the allocator answers before the name check).
+func (a *api) ensureService(ctx context.Context, i int) error {
+	err := a.createService(ctx, i)
+	if err == nil || !apierrors.IsInvalid(err) {
+		return err
+	}
+	got, gerr := a.cs.CoreV1().Services(benchNS).Get(ctx, svcName(i), metav1.GetOptions{})
+	if gerr == nil && got.Spec.ClusterIP == a.clusterIP(i).String() {
+		return nil
+	}
+	return err
 }
 
 // reshape gives services [from, to) eps endpoints each.

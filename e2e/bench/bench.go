@@ -57,6 +57,9 @@ type Options struct {
 	Samples      int           // ClusterIPs probed per cold start (first and last included)
 	Proxies      []string      // subset of proxy names; empty: all three
 	Logf         func(format string, args ...any)
+	// Checkpoint, if set, is called with the results so far after every proxy run (a
+	// run stopped early still leaves what it measured).
+	Checkpoint func(*Results)
 }
 
 // AllScenarios are the measurements Options.Scenarios can choose (the cold start always
@@ -297,6 +300,7 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 			if err := s.runProxy(ctx, p, r, opts); err != nil {
 				return s.res, err
 			}
+			s.checkpoint()
 		}
 	}
 	if o.BigSize > 0 && o.BigSize > have {
@@ -327,6 +331,17 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 	s.res.Seconds = time.Since(start).Seconds()
 	s.res.Host.Load += ", at the end " + loadAvg()
 	return s.res, nil
+}
+
+// checkpoint hands the results so far to Options.Checkpoint, marked as partial.
+func (s *suite) checkpoint() {
+	if s.o.Checkpoint == nil {
+		return
+	}
+	s.res.Ratios = ratios(s.res.Runs)
+	s.res.Notes = append(notes(), "Partial: written after the last completed proxy run; the suite had not finished.")
+	s.res.Seconds = time.Since(s.res.Started).Seconds()
+	s.o.Checkpoint(s.res)
 }
 
 func (s *suite) setup(ctx context.Context) error {

@@ -65,6 +65,11 @@ func TestSideBySide(t *testing.T) {
 		// relative to the repository, not to the package directory go test runs in
 		out = filepath.Join(repoRoot(), out)
 	}
+	o.Checkpoint = func(r *Results) {
+		if err := r.Write(out); err != nil {
+			t.Logf("checkpoint: %v", err)
+		}
+	}
 	res := runSuite(t, o)
 	if err := res.Write(out); err != nil {
 		t.Fatal(err)
