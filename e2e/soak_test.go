@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -85,6 +86,7 @@ func TestChurnSoak(t *testing.T) {
 	ch.deleteAll(ctx)
 	e.verifyEventually(t, verifyArgs, "after the warm-up")
 	before := e.settledMemory(t)
+	beforeProfile := e.heapProfile(t, "before")
 	t.Logf("before the churn: %s", before)
 
 	start := time.Now()
@@ -99,6 +101,7 @@ func TestChurnSoak(t *testing.T) {
 	ch.deleteAll(ctx)
 	e.verifyEventually(t, verifyArgs, "after deleting the churned objects")
 	after := e.settledMemory(t)
+	e.logHeapGrowth(t, beforeProfile, e.heapProfile(t, "after"))
 	res, err := run.Stop()
 	if err != nil {
 		t.Error(err)
@@ -237,6 +240,34 @@ func (e *env) forceGC(t *testing.T) {
 	if code, _, err := e.c.HTTPGet(ctx, e.c.NodeNS, "http://127.0.0.1:10249/debug/pprof/heap?gc=1"); err != nil || code != 200 {
 		t.Fatalf("heap profile: %d %v", code, err)
 	}
+}
+
+// heapProfile saves the proxy's heap profile (after a collection) in the cluster's work
+// directory and returns its path.
+func (e *env) heapProfile(t *testing.T, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	code, body, err := e.c.HTTPGet(ctx, e.c.NodeNS, "http://127.0.0.1:10249/debug/pprof/heap?gc=1")
+	if err != nil || code != 200 {
+		t.Fatalf("heap profile: %d %v", code, err)
+	}
+	path := filepath.Join(e.c.WorkDir, "heap-"+name+".pb.gz")
+	if err := os.WriteFile(path, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// logHeapGrowth logs where the live heap grew between two profiles (go tool pprof's
+// top of the difference), so that a failed leak check says what grew.
+func (e *env) logHeapGrowth(t *testing.T, before, after string) {
+	out, err := exec.Command("go", "tool", "pprof", "-top", "-sample_index=inuse_space", "-nodecount=15", "-diff_base", before, e.bin, after).CombinedOutput()
+	if err != nil {
+		t.Logf("go tool pprof: %v\n%s", err, out)
+		return
+	}
+	t.Logf("SOAK: live heap growth by function (profiles %s, %s):\n%s", before, after, out)
 }
 
 func (e *env) metrics(t *testing.T) map[string]float64 {
