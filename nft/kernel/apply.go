@@ -382,6 +382,9 @@ func note(m map[string]refElem, bm map[string]*refElem, key []byte) {
 
 // add counts one contribution of es to set s.
 func (d *elemDelta) add(s *nft.Set, es []nft.Element) error {
+	if len(es) == 0 {
+		return nil // an untouched set stays out of the sync's work (emit walks touched sets)
+	}
 	m, bm := d.maps(s.Name)
 	var kb [64]byte
 	for i := range es {
@@ -407,6 +410,9 @@ func (d *elemDelta) add(s *nft.Set, es []nft.Element) error {
 
 // remove takes back one contribution of es to set s.
 func (d *elemDelta) remove(s *nft.Set, es []nft.Element) error {
+	if len(es) == 0 {
+		return nil
+	}
 	m, bm := d.maps(s.Name)
 	var kb [64]byte
 	for _, e := range es {
