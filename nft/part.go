@@ -3,12 +3,14 @@ package nft
 import (
 	"strconv"
 	"strings"
+	"weak"
 )
 
 // A Part is what one owner (one service port) adds to a ruleset: its own chains and sets,
 // and elements of the ruleset's shared sets. Keeping parts apart lets an incremental
-// compiler reuse an unchanged owner's Part as is, and lets the kernel applier skip it by
-// identity: a sync then costs in proportion to what changed, not to the table's size.
+// compiler reuse an unchanged owner's Part as is, and lets the kernel applier skip it:
+// a sync then costs in proportion to what changed, not to the table's size. How the
+// compiler tells the applier which parts changed is PartChanges.
 //
 // Two parts may add the same key to a shared set (two services with the same endpoint
 // in the hairpin set) only with identical elements; the set holds it once, for as long
@@ -22,6 +24,44 @@ type Part struct {
 	Chains   []*Chain
 	Sets     []*Set
 	Elements []SetElements
+}
+
+// PartChanges is the contract between a program that derives a ruleset from a previous
+// one (nftproxy: the incremental compile.Compiler) and a reader that keeps the previous
+// one (the kernel applier): what changed, so the reader looks at those parts only.
+//
+//   - Since is the ruleset this one was derived from (a weak pointer: a chain of
+//     rulesets, each naming the one before, would otherwise keep every one alive).
+//   - Parts holds every owner whose part is not, pointer for pointer, the one in Since:
+//     owner → its part in this ruleset (added or replaced), or nil (removed). Every
+//     Part of the ruleset whose owner is not in Parts is the same *Part, under the same
+//     owner, as in Since. A part named here may still be equal to the old one.
+//   - The ruleset's own Sets and Chains are not covered: readers compare them.
+//
+// A reader may trust Parts only when DerivedFrom holds: Since is exactly the ruleset it
+// holds, and the ruleset's Parts are still the slice the change set was made for (a copy
+// of the ruleset with other parts, Changes copied along, is not described). Otherwise,
+// and for the zero value, it compares every part. Parts are immutable once built, so
+// "same pointer" means "same content".
+type PartChanges struct {
+	Since weak.Pointer[Ruleset]
+	Parts map[string]*Part
+	of    []*Part // the Parts of the ruleset described
+}
+
+// ChangesSince returns the change set of a ruleset whose Parts are of, derived from
+// since; parts maps each owner whose part changed to its part in of (nil: removed).
+func ChangesSince(since *Ruleset, of []*Part, parts map[string]*Part) PartChanges {
+	return PartChanges{Since: weak.Make(since), Parts: parts, of: of}
+}
+
+// DerivedFrom reports whether rs.Changes states the changes from prev to rs: prev is not
+// nil, is the very ruleset the change set was derived from, and rs's Parts are the ones
+// it was made for.
+func (rs *Ruleset) DerivedFrom(prev *Ruleset) bool {
+	c := rs.Changes
+	return prev != nil && c.Parts != nil && c.Since.Value() == prev &&
+		len(c.of) == len(rs.Parts) && (len(c.of) == 0 || &c.of[0] == &rs.Parts[0])
 }
 
 // A Tag says what a part, rule or set element is for, in the terms of the program that

@@ -36,6 +36,9 @@ type Ruleset struct {
 	Chains []*Chain // in render order: regular chains first, base chains last
 	// Parts hold the objects of each service port (see Part); Flatten merges them in.
 	Parts []*Part
+	// Changes, when set, names the parts that differ from those of the ruleset this one
+	// was derived from (see PartChanges). The zero value says nothing.
+	Changes PartChanges
 }
 
 // Chain is a regular chain (Hook == nil) or a base chain attached to a netfilter hook.

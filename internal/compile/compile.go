@@ -147,6 +147,7 @@ type Compiler struct {
 	nodePortAddrs []netip.Addr    // the snapshot's, of the previous call
 	changes       model.Changes   // the previous call's snapshot's
 	parts         []*compiledPart // of the previous call, in service port order
+	last          *nft.Ruleset    // the previous call's ruleset (its Changes' Since)
 	// every service's cluster IPs (all families), each with the number of service ports
 	// holding it, kept up to date from the difference between calls (services holds
 	// the previous call's service ports: snapshots are immutable)
@@ -296,6 +297,9 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	c.init()
 	services := snap.Services
 	var dropped []model.ServicePortName // slot owners no longer used
+	// the parts that are not the previous call's (nft.PartChanges): owner → part, nil
+	// when gone; kept only when prev holds every previous part
+	changed := map[string]*nft.Part{}
 
 	// the previous part of each service port (both lists are in name order)
 	sc := &cc.scratch
@@ -312,10 +316,12 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 				break
 			}
 			dropped = append(dropped, prev[j].owners...)
+			changed[prev[j].part.Owner] = nil
 		}
 	}
 	for ; j < len(prev); j++ {
 		dropped = append(dropped, prev[j].owners...)
+		changed[prev[j].part.Owner] = nil
 	}
 
 	// endpoints at an address that became or stopped being a cluster IP are compiled again
@@ -335,6 +341,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		if sc.state[i] != stateHas {
 			if cp != nil {
 				dropped = append(dropped, cp.owners...)
+				changed[cp.part.Owner] = nil
 			}
 			continue // set aside, or no address in this family
 		}
@@ -352,7 +359,11 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 						dropped = append(dropped, o)
 					}
 				}
+				if old.part.Owner != cp.part.Owner {
+					changed[old.part.Owner] = nil
+				}
 			}
+			changed[cp.part.Owner] = cp.part
 		}
 		c.problems = append(c.problems, cp.problems...)
 		next = append(next, cp)
@@ -376,6 +387,11 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	}
 	rs := c.finish(pages)
 	rs.Parts = parts
+	if prev != nil || cc.last == nil || len(cc.last.Parts) == 0 {
+		// every previous part was matched, dropped or kept: the change set is complete
+		rs.Changes = nft.ChangesSince(cc.last, rs.Parts, changed)
+	}
+	cc.last = rs
 	return rs, c.problems
 }
 

@@ -1,6 +1,7 @@
 // Package kernel programs nf_tables: an Applier remembers the rulesets it last wrote,
-// diffs each new one against them (parts by identity, set elements by key) and sends
-// the difference as ONE transaction, which the kernel commits atomically or not at all;
+// diffs each new one against them (parts by the ruleset's change set, nft.PartChanges,
+// or by identity; set elements by key) and sends the difference as ONE transaction,
+// which the kernel commits atomically or not at all;
 // after a refusal it undoes its bookkeeping, so the next attempt is still a delta. It
 // also answers queries about the kernel: the tables present (Tables), counters
 // (CountersByOwner, SetCounts, RuleCounts), the running release and the nf_tables
@@ -61,6 +62,9 @@ type state struct {
 	elems  map[string]map[string]refElem // set → key bytes → element
 	// known is false for a state read from the kernel: only names, content unknown
 	known bool
+	// distrust is set when a refused transaction's undo restored the state: the next
+	// diff compares every part rather than trust a ruleset's change set
+	distrust bool
 }
 
 // undo restores a state that diffParts updated in place, after the kernel refused the
@@ -83,6 +87,7 @@ func (u *undo) part(owner string) {
 func (u *undo) apply() {
 	st := u.st
 	st.rs, st.sets, st.chains = u.rs, u.sets, u.chains
+	st.distrust = true
 	for owner, p := range u.parts {
 		if p == nil {
 			delete(st.parts, owner)
@@ -377,6 +382,9 @@ func note(m map[string]refElem, bm map[string]*refElem, key []byte) {
 
 // add counts one contribution of es to set s.
 func (d *elemDelta) add(s *nft.Set, es []nft.Element) error {
+	if len(es) == 0 {
+		return nil // an untouched set stays out of the sync's work (emit walks touched sets)
+	}
 	m, bm := d.maps(s.Name)
 	var kb [64]byte
 	for i := range es {
@@ -402,6 +410,9 @@ func (d *elemDelta) add(s *nft.Set, es []nft.Element) error {
 
 // remove takes back one contribution of es to set s.
 func (d *elemDelta) remove(s *nft.Set, es []nft.Element) error {
+	if len(es) == 0 {
+		return nil
+	}
 	m, bm := d.maps(s.Name)
 	var kb [64]byte
 	for _, e := range es {
@@ -563,7 +574,7 @@ func (d *elemDelta) addElements(byName map[string]*nft.Set, sets []*nft.Set, par
 }
 
 // diffParts diffs prev, whose content is known, against rs: the ruleset's own chains and
-// sets by name and content, its parts by identity.
+// sets by name and content, its parts by its change set (trustedChanges) or by identity.
 func diffParts(b *wire.Batch, prev *state, rs *nft.Ruleset, st *Stats, u *undo) error {
 	d := &elemDelta{st: prev, before: map[string]map[string]*refElem{}}
 	u.d = d
@@ -627,30 +638,12 @@ func diffParts(b *wire.Batch, prev *state, rs *nft.Ruleset, st *Stats, u *undo) 
 	}
 	prev.chains = curChains
 
-	// parts: identical ones are skipped; changed, new and gone ones are diffed
-	same := 0
-	var changed [][2]*nft.Part // old (nil: new), new
-	for _, p := range rs.Parts {
-		old := prev.parts[p.Owner]
-		if old == p {
-			same++
-			continue
-		}
-		if old != nil {
-			same++ // counted as present in both
-		}
-		changed = append(changed, [2]*nft.Part{old, p})
-	}
-	if same < len(prev.parts) {
-		cur := make(map[string]bool, len(rs.Parts))
-		for _, p := range rs.Parts {
-			cur[p.Owner] = true
-		}
-		for owner, old := range prev.parts {
-			if !cur[owner] {
-				changed = append(changed, [2]*nft.Part{old, nil})
-			}
-		}
+	// parts: identical ones are skipped; changed, new and gone ones are diffed. The
+	// ruleset's change set names them when it was derived from the one in prev;
+	// otherwise every part is compared by identity.
+	changed, trusted := trustedChanges(prev, rs)
+	if !trusted {
+		changed = changedParts(prev, rs)
 	}
 	// all old elements are taken back before new ones are counted: a key that moves
 	// from one part to another (a node port changing hands) must end with the new element
@@ -673,7 +666,73 @@ func diffParts(b *wire.Batch, prev *state, rs *nft.Ruleset, st *Stats, u *undo) 
 		}
 	}
 	prev.rs = rs
+	prev.distrust = false
 	return pl.emit(b, d, byName, st)
+}
+
+// changedParts compares every part of rs with prev's by identity and returns those
+// that differ (old: nil when new; new: nil when gone).
+func changedParts(prev *state, rs *nft.Ruleset) [][2]*nft.Part {
+	same := 0
+	var changed [][2]*nft.Part
+	for _, p := range rs.Parts {
+		old := prev.parts[p.Owner]
+		if old == p {
+			same++
+			continue
+		}
+		if old != nil {
+			same++ // counted as present in both
+		}
+		changed = append(changed, [2]*nft.Part{old, p})
+	}
+	if same < len(prev.parts) {
+		cur := make(map[string]bool, len(rs.Parts))
+		for _, p := range rs.Parts {
+			cur[p.Owner] = true
+		}
+		for owner, old := range prev.parts {
+			if !cur[owner] {
+				changed = append(changed, [2]*nft.Part{old, nil})
+			}
+		}
+	}
+	return changed
+}
+
+// trustedChanges returns the parts that differ between prev and rs (old: nil when new;
+// new: nil when gone), in owner order, from rs's change set (nft.PartChanges) when it
+// describes the changes since prev's ruleset, and reports whether it did. It does not
+// trust a change set after a refused transaction (prev.distrust), nor one whose counts
+// do not add up to rs's parts.
+func trustedChanges(prev *state, rs *nft.Ruleset) ([][2]*nft.Part, bool) {
+	cs := rs.Changes
+	if prev.distrust || !rs.DerivedFrom(prev.rs) {
+		return nil, false
+	}
+	owners := slices.Sorted(maps.Keys(cs.Parts))
+	changed := make([][2]*nft.Part, 0, len(owners))
+	n := len(prev.parts)
+	for _, owner := range owners {
+		old, p := prev.parts[owner], cs.Parts[owner]
+		if p != nil && p.Owner != owner {
+			return nil, false
+		}
+		if old == p {
+			continue
+		}
+		switch {
+		case old == nil:
+			n++
+		case p == nil:
+			n--
+		}
+		changed = append(changed, [2]*nft.Part{old, p})
+	}
+	if n != len(rs.Parts) {
+		return nil, false // not the change set of these parts: compare them all
+	}
+	return changed, true
 }
 
 // removeElements takes back the elements a part contributed.
