@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -48,25 +46,7 @@ func (r *recordingFake) table() string { return r.Render(nft.IPv4, compile.Table
 type danglingGoto struct{ Dataplane }
 
 func (d danglingGoto) Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error) {
-	poison := netip.MustParseAddr("10.244.9.9")
-	out := make([]*nft.Ruleset, len(rulesets))
-	for i, rs := range rulesets {
-		c := *rs
-		c.Parts = slices.Clone(rs.Parts)
-		for j, p := range c.Parts {
-			for _, se := range p.Elements {
-				if slices.ContainsFunc(se.Elements, func(e nft.Element) bool { return len(e.Data) > 0 && e.Data[0].Addr == poison }) {
-					q := *p
-					q.Chains = append(slices.Clone(p.Chains), &nft.Chain{Name: "poison-" + p.Owner,
-						Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: "no-such-chain"}}}}})
-					c.Parts[j] = &q
-					break
-				}
-			}
-		}
-		out[i] = &c
-	}
-	return d.Dataplane.Apply(out...)
+	return d.Dataplane.Apply(poisoned(rulesets)...)
 }
 
 // TestFakeSync: the first sync and later changes reach the fake, whose table after the

@@ -20,6 +20,13 @@ import (
 type poisoningApplier struct{ *kernel.Applier }
 
 func (a poisoningApplier) Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error) {
+	return a.Applier.Apply(poisoned(rulesets)...)
+}
+
+// poisoned returns the rulesets with, in every part carrying endpoint 10.244.9.9, a chain
+// that goes to a chain that does not exist: the compiler never writes that, and the
+// kernel (and so nft/fake) refuses it.
+func poisoned(rulesets []*nft.Ruleset) []*nft.Ruleset {
 	poison := netip.MustParseAddr("10.244.9.9")
 	out := make([]*nft.Ruleset, len(rulesets))
 	for i, rs := range rulesets {
@@ -37,7 +44,7 @@ func (a poisoningApplier) Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error) 
 		}
 		out[i] = &c
 	}
-	return a.Applier.Apply(out...)
+	return out
 }
 
 // TestKernelRefusalIsIsolated is TestRefusedServiceIsIsolated against the kernel, in a
