@@ -80,7 +80,8 @@ func verifySettings(args []string, stderr io.Writer) (*options.Options, controll
 		fmt.Fprintf(stderr, "usage: nftproxy verify [flags]\n\n"+
 			"Compares nftproxy's tables in the kernel with what the Services, EndpointSlices and\n"+
 			"Node in the API compile to, with the running proxy's settings (read from its\n"+
-			"/configz; flags given here override them, --config replaces them). Prints every\n"+
+			"/configz; flags given here override them, --config replaces them, except\n"+
+			"--kubeconfig, which verify always uses as given). Prints every\n"+
 			"difference, rules and elements in nft syntax as the kernel holds them (a rule\n"+
 			"nftproxy never writes by its expressions); exits 0 when equal, 1 when different,\n"+
 			"2 on error.\n\n%s", fs.FlagUsages())
@@ -99,9 +100,15 @@ func verifySettings(args []string, stderr io.Writer) (*options.Options, controll
 	if *fromProxy && !fs.Changed("config") {
 		defer proxySettings(o, stderr)()
 	}
+	// verify talks to the API as whoever runs it: a --kubeconfig given here is used even
+	// with --config, whose clientConnection.kubeconfig is the proxy pod's path.
+	kubeconfig := o.Kubeconfig
 	if err := o.Complete(fs); err != nil {
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
 		return nil, none, 0, verifyError
+	}
+	if fs.Changed("kubeconfig") {
+		o.Kubeconfig = kubeconfig
 	}
 	if err := o.Validate(); err != nil {
 		fmt.Fprintln(stderr, "nftproxy verify:", err)

@@ -239,3 +239,29 @@ func TestOverlay(t *testing.T) {
 		t.Errorf("the proxy's kubeconfig %q was taken", got.ClientConnection.Kubeconfig)
 	}
 }
+
+// With --config (the proxy's own file, whose clientConnection.kubeconfig is the pod's
+// path), a --kubeconfig given to verify is still the one it uses; without the flag the
+// file's stands.
+func TestVerifyKubeconfigOverConfigFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclientConnection: {kubeconfig: /etc/nftproxy/kubeconfig.conf}\nclusterCIDR: 10.244.0.0/16\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config", file, "--kubeconfig", "/tmp/admin.conf", "--hostname-override", "node-1"}, "/tmp/admin.conf"},
+		{[]string{"--config", file, "--hostname-override", "node-1"}, "/etc/nftproxy/kubeconfig.conf"},
+	} {
+		var stderr bytes.Buffer
+		o, _, _, code := verifySettings(tc.args, &stderr)
+		if o == nil {
+			t.Fatalf("%q: exit %d: %s", tc.args, code, stderr.String())
+		}
+		if o.Kubeconfig != tc.want {
+			t.Errorf("%q: kubeconfig %q, want %q", tc.args, o.Kubeconfig, tc.want)
+		}
+	}
+}
