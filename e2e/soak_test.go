@@ -30,15 +30,19 @@ import (
 // longer) while a client connects to a stable service the whole time. Then: no failed
 // connection to it, `nftproxy verify` finds the kernel equal to what the API compiles
 // to, and, with the same API state before and after, the proxy's live heap (after a
-// forced collection) is within 20% of its value before the churn and its RSS within 25%
-// (RSS also moves with the runtime's returning of memory to the system, which a loaded
-// machine delays).
+// forced collection) grew by at most soakHeapSlack bytes and its RSS by at most 25% (RSS
+// also moves with the runtime's returning of memory to the system, which a loaded
+// machine delays). The heap's slack is absolute: Go maps keep the buckets of their
+// largest size, so the indexes the churn's peak made larger stay larger (measured in CI:
+// +1.0 to +1.4 MiB on a 5.5 MiB heap after 12,000 changes, with no function growing in
+// the heap profiles); a leak grows with the number of changes, and `make soak` (30 min,
+// ~90,000 changes) puts it far past the slack. Each run logs the growth per change.
 const (
 	soakRate          = 50 // changes per second
 	soakMaxServices   = 80 // churned services alive at once
 	soakWarmup        = 20 * time.Second
 	soakProbeInterval = 20 * time.Millisecond
-	soakHeapTolerance = 0.20
+	soakHeapSlack     = 3 << 20 // bytes
 	soakRSSTolerance  = 0.25
 	soakPrefix        = "churn-"
 )
@@ -143,8 +147,9 @@ func TestChurnSoak(t *testing.T) {
 	if ch.failures > ch.changes/100 {
 		t.Errorf("%d API calls of the churner failed (of %d changes)", ch.failures, ch.changes)
 	}
-	if float64(after.heap) > float64(before.heap)*(1+soakHeapTolerance) {
-		t.Errorf("live heap grew from %d to %d bytes, more than %.0f%%", before.heap, after.heap, 100*soakHeapTolerance)
+	t.Logf("SOAK: live heap %+d bytes over %d changes (%.0f bytes per change)", after.heap-before.heap, ch.changes, float64(after.heap-before.heap)/float64(ch.changes))
+	if after.heap-before.heap > soakHeapSlack {
+		t.Errorf("live heap grew from %d to %d bytes, more than %d", before.heap, after.heap, soakHeapSlack)
 	}
 	if float64(after.rss) > float64(before.rss)*(1+soakRSSTolerance) {
 		t.Errorf("RSS grew from %d to %d KiB, more than %.0f%%", before.rss, after.rss, 100*soakRSSTolerance)
