@@ -62,6 +62,8 @@ type Monitor struct {
 	netns    int
 	rcvbuf   int
 	idle     time.Duration
+	// beforeRead, when set (tests only, export_test.go), runs before each receive.
+	beforeRead func()
 
 	done chan struct{}
 	err  error
@@ -220,6 +222,9 @@ func (m *Monitor) read(c *netlink.Conn) error {
 	}
 	buf := make([]byte, 1<<16)
 	for {
+		if m.beforeRead != nil {
+			m.beforeRead()
+		}
 		var deadline time.Time
 		if m.lost {
 			deadline = time.Now().Add(m.idle)

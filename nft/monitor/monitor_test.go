@@ -217,8 +217,8 @@ table ip6 elsewhere { chain services { }; }
 	})
 }
 
-// TestMonitorLostEvents makes the kernel drop events (a tiny receive buffer and a
-// transaction of 40,000 elements by nft): the loss is reported, since what
+// TestMonitorLostEvents makes the kernel drop events (a tiny receive buffer, reads held
+// while nft commits a transaction of 40,000 elements): the loss is reported, since what
 // was dropped may have been about our table.
 func TestMonitorLostEvents(t *testing.T) {
 	ns := testnetns.New(t)
@@ -227,7 +227,10 @@ func TestMonitorLostEvents(t *testing.T) {
 	if _, err := applier.Apply(rs); err != nil {
 		t.Fatal(err)
 	}
-	_, changes, _ := watch(t, ns, monitor.ReadBuffer(4096))
+	// Reads are held until nft is done: the kernel then overflows the 4 KiB buffer for
+	// certain (an idle machine's reader could otherwise keep up and lose nothing).
+	gate := make(chan struct{})
+	_, changes, _ := watch(t, ns, monitor.ReadBuffer(4096), monitor.ReadGate(gate))
 	var b strings.Builder
 	b.WriteString("add table ip other\nadd set ip other big { type ipv4_addr; }\nadd element ip other big { ")
 	for i := 0; i < 40000; i++ {
@@ -239,6 +242,7 @@ func TestMonitorLostEvents(t *testing.T) {
 	b.WriteString(" }\n")
 	start := time.Now()
 	ns.MustRun(t, b.String(), "nft", "-f", "-")
+	close(gate)
 	c := expectChange(t, changes, start, "40,000 elements in another table through a 4 KiB buffer", "events lost")
 	if !c.Lost {
 		t.Errorf("change %+v: Lost is false", c)
