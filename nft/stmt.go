@@ -107,6 +107,16 @@ type DNATNumgenMap struct {
 	Map    string
 }
 
+// DNATKeyMap destination-NATs to the address and port found in Map at the key
+// "Fields . numgen random mod Mod" ("dnat ip to ip daddr . meta l4proto . th dport .
+// numgen random mod 3 map @endpoints"): a uniform random choice among the Mod entries
+// 0..Mod-1 of the packet's own key, so one rule serves every key with Mod entries.
+type DNATKeyMap struct {
+	Fields []Field
+	Mod    uint32
+	Map    string
+}
+
 // Counter counts packets and bytes.
 type Counter struct{}
 
@@ -141,6 +151,7 @@ func (Reject) isStmt()             {}
 func (SetMarkBits) isStmt()        {}
 func (Masquerade) isStmt()         {}
 func (DNATNumgenMap) isStmt()      {}
+func (DNATKeyMap) isStmt()         {}
 func (Counter) isStmt()            {}
 func (MatchFibSaddrLocal) isStmt() {}
 func (MatchNumgen) isStmt()        {}
@@ -165,6 +176,7 @@ func AllStmtKinds() []Stmt {
 		SetMarkBits{Bits: 0x4000},
 		Masquerade{FullyRandom: true},
 		DNATNumgenMap{Mod: 2, Offset: 100, Map: "m"},
+		DNATKeyMap{Fields: []Field{FieldDaddr, FieldL4Proto, FieldTHDport}, Mod: 3, Map: "m"},
 		Counter{},
 		MatchFibSaddrLocal{},
 		MatchNumgen{Mod: 3},

@@ -23,11 +23,19 @@ const (
 	setNodePortIPs         = "nodeport-ips"
 	mapServiceIPs          = "service-ips"
 	mapServiceNodePorts    = "service-nodeports"
-	mapNoEndpointServices  = "no-endpoint-services"
-	mapNoEndpointNodePorts = "no-endpoint-nodeports"
-	mapEndpointsPrefix     = "endpoints-" // + page number
-	setHairpin             = "hairpin"
-	mapFirewallIPs         = "firewall-ips"
+	setNoEndpointServices  = "no-endpoint-services"
+	setNoEndpointNodePorts = "no-endpoint-nodeports"
+	setNoLocalServices     = "no-local-endpoint-services"
+	setNoLocalNodePorts    = "no-local-endpoint-nodeports"
+	// The flat path (flat.go): frontends dispatched through data only.
+	setClusterFrontends  = "cluster-frontends"
+	setExternalFrontends = "external-frontends"
+	setNodePortFrontends = "nodeport-frontends"
+	mapEndpoints         = "endpoints"
+	mapNodePortEndpoints = "nodeport-endpoints"
+	mapEndpointsPrefix   = "endpoints-" // + page number
+	setHairpin           = "hairpin"
+	mapFirewallIPs       = "firewall-ips"
 	// SetServiceCounters and SetNodePortCounters count packets and bytes per service
 	// address and node port; their elements' comments name the service port.
 	SetServiceCounters  = "service-counters"
@@ -41,6 +49,9 @@ const (
 	// ChainReject rejects traffic to services without endpoints; its rule counts it.
 	ChainReject        = "reject-chain"
 	chainFirewallCheck = "firewall-check"
+	chainClusterFront  = "cluster-frontend"
+	chainExternalFront = "external-frontend"
+	chainNodePortFront = "nodeport-frontend"
 )
 
 // Config holds the flags that shape the ruleset.
@@ -607,6 +618,7 @@ type compiler struct {
 	// the shared sets, and the chains that are not any service port's
 	clusterIPs, nodePortIPs, serviceIPs, serviceNodePorts *nft.Set
 	noEndpointServices, noEndpointNodePorts               *nft.Set
+	noLocalServices, noLocalNodePorts                     *nft.Set
 	hairpin, firewallIPs                                  *nft.Set
 	serviceCounters, nodePortCounters                     *nft.Set
 	node                                                  model.Node
@@ -676,10 +688,12 @@ func (c *compiler) init() {
 	verdict := []nft.Datatype{nft.TypeVerdict}
 	c.clusterIPs = &nft.Set{Name: setClusterIPs, Key: []nft.Datatype{a}, Comment: "cluster IPs of all services"}
 	c.nodePortIPs = &nft.Set{Name: setNodePortIPs, Key: []nft.Datatype{a}, Comment: "addresses node ports answer on"}
-	c.serviceIPs = &nft.Set{Name: mapServiceIPs, Key: frontend, Data: verdict, Comment: "cluster, external and load-balancer IPs with endpoints"}
-	c.serviceNodePorts = &nft.Set{Name: mapServiceNodePorts, Key: port, Data: verdict, Comment: "node ports with endpoints"}
-	c.noEndpointServices = &nft.Set{Name: mapNoEndpointServices, Key: frontend, Data: verdict, Comment: "service IPs without endpoints: rejected"}
-	c.noEndpointNodePorts = &nft.Set{Name: mapNoEndpointNodePorts, Key: port, Data: verdict, Comment: "node ports without endpoints: rejected"}
+	c.serviceIPs = &nft.Set{Name: mapServiceIPs, Key: frontend, Data: verdict, Comment: "frontends of service ports with their own chains"}
+	c.serviceNodePorts = &nft.Set{Name: mapServiceNodePorts, Key: port, Data: verdict, Comment: "node ports of service ports with their own chains"}
+	c.noEndpointServices = &nft.Set{Name: setNoEndpointServices, Key: frontend, Comment: "service IPs without endpoints: rejected"}
+	c.noEndpointNodePorts = &nft.Set{Name: setNoEndpointNodePorts, Key: port, Comment: "node ports without endpoints: rejected"}
+	c.noLocalServices = &nft.Set{Name: setNoLocalServices, Key: frontend, Comment: "service IPs whose Local policy has no endpoint on this node: dropped"}
+	c.noLocalNodePorts = &nft.Set{Name: setNoLocalNodePorts, Key: port, Comment: "node ports whose Local policy has no endpoint on this node: dropped"}
 	c.firewallIPs = &nft.Set{Name: mapFirewallIPs, Key: frontend, Data: verdict, Comment: "load-balancer IPs with source ranges"}
 	c.serviceCounters = &nft.Set{Name: SetServiceCounters, Key: frontend, Counter: true, Comment: "packets and bytes sent to each service address"}
 	c.nodePortCounters = &nft.Set{Name: SetNodePortCounters, Key: port, Counter: true, Comment: "packets and bytes sent to each node port"}
@@ -755,16 +769,26 @@ func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart 
 	}
 	accessible := len(external) > 0 || nodePort != 0
 
-	if len(cat.Cluster) > 0 {
-		c.endpointChain(cp, p.svcChain, sp, sp.Name, cat.Cluster, p.internalChain == p.svcChain, internal, comment)
+	internalEps := cat.Cluster
+	if sp.InternalPolicyLocal {
+		internalEps = cat.Local
 	}
-	if sp.UsesLocalEndpoints() && len(cat.Local) > 0 {
-		c.endpointChain(cp, p.localChain, sp, localSlotOwner(sp.Name), cat.Local, p.internalChain == p.localChain, internal, comment)
+	flat := c.flat(sp, len(internal), len(external), nodePort, internalEps, cat.Cluster)
+	switch {
+	case flat:
+		c.flatService(cp, sp, p, won, internalEps, cat.Cluster, comment)
+	default:
+		if len(cat.Cluster) > 0 {
+			c.endpointChain(cp, p.svcChain, sp, sp.Name, cat.Cluster, p.internalChain == p.svcChain, internal, comment)
+		}
+		if sp.UsesLocalEndpoints() && len(cat.Local) > 0 {
+			c.endpointChain(cp, p.localChain, sp, localSlotOwner(sp.Name), cat.Local, p.internalChain == p.localChain, internal, comment)
+		}
+		if cat.HasAny && accessible {
+			cp.part.Chains = append(cp.part.Chains, c.externalChain(cp, sp, p))
+		}
 	}
-	if cat.HasAny && accessible {
-		cp.part.Chains = append(cp.part.Chains, c.externalChain(cp, sp, p))
-	}
-	c.frontendElements(cp, sp, p, cat.HasAny, internal, external, nodePort, comment)
+	c.frontendElements(cp, sp, p, cat.HasAny, flat, internal, external, nodePort, comment)
 	// only the load-balancer IPs this port won: another service's source ranges guard
 	// the ones it lost
 	var wonLB []netip.Addr
@@ -792,21 +816,25 @@ func localSlotOwner(sp model.ServicePortName) model.ServicePortName {
 	return sp
 }
 
-// frontendElements routes each frontend to its chain, or to reject (no endpoints at all)
-// or drop (a Local policy without local endpoints) in the filter checks.
-func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p policy, hasAny bool, internal, external []netip.Addr, nodePort uint16, comment string) {
+// frontendElements counts each frontend and, for a chained service port (not flat),
+// routes it to its chain; a frontend without endpoints goes to the reject set (no
+// endpoints at all) or the drop set (a Local policy without local endpoints), which the
+// filter checks look up.
+func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p policy, hasAny, flat bool, internal, external []netip.Addr, nodePort uint16, comment string) {
 	proto, port := nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))
-	internalVerdict, externalVerdict := &nft.Verdict{Kind: nft.Drop}, &nft.Verdict{Kind: nft.Drop}
-	if !hasAny {
-		internalVerdict = &nft.Verdict{Kind: nft.Goto, Chain: ChainReject}
-		externalVerdict = internalVerdict
-	}
 	count, dispatch := cp.tag(PurposeCount), cp.tag(PurposeDispatch)
-	noEndpoints := func(v *nft.Verdict) *Tag {
-		if v.Kind == nft.Drop {
-			return cp.tag(PurposeDropNoLocalEndpoints)
+	// where a frontend without endpoints goes: rejected without any endpoint, dropped
+	// when its Local policy has none on this node
+	noEndpoints := func(services bool) (string, *Tag) {
+		switch {
+		case !hasAny && services:
+			return setNoEndpointServices, cp.tag(PurposeRejectNoEndpoints)
+		case !hasAny:
+			return setNoEndpointNodePorts, cp.tag(PurposeRejectNoEndpoints)
+		case services:
+			return setNoLocalServices, cp.tag(PurposeDropNoLocalEndpoints)
 		}
-		return cp.tag(PurposeRejectNoEndpoints)
+		return setNoLocalNodePorts, cp.tag(PurposeDropNoLocalEndpoints)
 	}
 	for _, ip := range append(internal, external...) {
 		cp.add(SetServiceCounters, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Comment: comment, Tag: count})
@@ -816,28 +844,32 @@ func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p p
 	}
 	for _, ip := range internal {
 		key := []nft.Value{nft.Addr(ip), proto, port}
-		if p.hasInternal {
+		switch {
+		case !p.hasInternal:
+			set, tag := noEndpoints(true)
+			cp.add(set, nft.Element{Key: key, Comment: comment, Tag: tag})
+		case !flat:
 			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.internalChain}, Comment: comment, Tag: dispatch})
-		} else {
-			cp.add(mapNoEndpointServices, nft.Element{Key: key, Verdict: internalVerdict, Comment: comment, Tag: noEndpoints(internalVerdict)})
 		}
 	}
 	for _, ip := range external {
 		key := []nft.Value{nft.Addr(ip), proto, port}
-		if hasAny {
+		if hasAny && !flat {
 			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment, Tag: dispatch})
 		}
 		if !p.hasExternal {
-			cp.add(mapNoEndpointServices, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment, Tag: noEndpoints(externalVerdict)})
+			set, tag := noEndpoints(true)
+			cp.add(set, nft.Element{Key: key, Comment: comment, Tag: tag})
 		}
 	}
 	if nodePort != 0 {
 		key := []nft.Value{proto, nft.Num(uint32(nodePort))}
-		if hasAny {
+		if hasAny && !flat {
 			cp.add(mapServiceNodePorts, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment, Tag: dispatch})
 		}
 		if !p.hasExternal {
-			cp.add(mapNoEndpointNodePorts, nft.Element{Key: key, Verdict: externalVerdict, Comment: comment, Tag: noEndpoints(externalVerdict)})
+			set, tag := noEndpoints(false)
+			cp.add(set, nft.Element{Key: key, Comment: comment, Tag: tag})
 		}
 	}
 }
@@ -892,16 +924,7 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 			ch.Rules = append(ch.Rules, nft.Rule{Stmts: append(match, nft.Verdict{Kind: nft.Jump, Chain: chainMarkMasq}), Tag: cp.tag(purpose)})
 		}
 	}
-	// one allocation for the hairpin elements and one for their values
-	hairpin := make([]nft.Element, len(eps))
-	hvals := make([]nft.Value, 2*len(eps))
-	hairpinTag := cp.tag(PurposeHairpin)
-	for i, e := range eps {
-		v := hvals[2*i : 2*i+2 : 2*i+2]
-		v[0], v[1] = nft.Addr(e.Addr), nft.Addr(e.Addr)
-		hairpin[i] = nft.Element{Key: v, Tag: hairpinTag}
-	}
-	cp.add(setHairpin, hairpin...)
+	c.hairpinElements(cp, eps)
 	cp.part.Chains = append(cp.part.Chains, ch)
 	proto := nft.MatchL4Proto{Proto: sp.Name.Protocol}
 	if sp.AffinityTimeout > 0 {
@@ -1053,7 +1076,10 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	chains := []*nft.Chain{
 		{Name: chainServices, Rules: []nft.Rule{
 			rule(PurposeDispatch, nft.VMap{Fields: frontend, Map: mapServiceIPs}),
+			rule(PurposeFrontend, nft.Lookup{Fields: frontend, Set: setClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainClusterFront}),
+			rule(PurposeFrontend, nft.Lookup{Fields: frontend, Set: setExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainExternalFront}),
 			withNodePort(PurposeDispatch, nft.VMap{Fields: portKey, Map: mapServiceNodePorts}),
+			withNodePort(PurposeFrontend, nft.Lookup{Fields: portKey, Set: setNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainNodePortFront}),
 		}},
 		{Name: chainMarkMasq, Rules: []nft.Rule{rule(PurposeMarkBit, nft.SetMarkBits{Bits: mark})}},
 		{Name: chainMasquerading, Rules: []nft.Rule{
@@ -1063,13 +1089,16 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 			rule(PurposeMasquerade, nft.Masquerade{FullyRandom: true}),
 		}},
 		{Name: chainEndpointsCheck, Rules: []nft.Rule{
-			rule(PurposeRejectNoEndpoints, nft.VMap{Fields: frontend, Map: mapNoEndpointServices}),
-			withNodePort(PurposeRejectNoEndpoints, nft.VMap{Fields: portKey, Map: mapNoEndpointNodePorts}),
+			rule(PurposeRejectNoEndpoints, nft.Lookup{Fields: frontend, Set: setNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
+			rule(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: frontend, Set: setNoLocalServices}, nft.Verdict{Kind: nft.Drop}),
+			withNodePort(PurposeRejectNoEndpoints, nft.Lookup{Fields: portKey, Set: setNoEndpointNodePorts}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
+			withNodePort(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: portKey, Set: setNoLocalNodePorts}, nft.Verdict{Kind: nft.Drop}),
 		}},
 		{Name: chainClusterIPsCheck, Rules: c.clusterIPsCheck()},
 		{Name: chainFirewallCheck, Rules: []nft.Rule{rule(PurposeSourceRanges, nft.VMap{Fields: frontend, Map: mapFirewallIPs})}},
 		{Name: ChainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints", Tag: own(PurposeRejectNoEndpoints)}}},
 	}
+	chains = append(chains, c.flatChains()...)
 	// Every packet sent to a service address or node port updates its element's
 	// counters (kernel only; read for the per-service metrics).
 	counting := []nft.Rule{
@@ -1093,7 +1122,9 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 		base("nat-postrouting", nft.TypeNAT, nft.Postrouting, 100, rule(PurposeHook, jump(chainMasquerading))),
 	)
 	sets := []*nft.Set{c.clusterIPs, c.nodePortIPs, c.serviceIPs, c.serviceNodePorts,
-		c.noEndpointServices, c.noEndpointNodePorts, c.hairpin, c.firewallIPs, c.serviceCounters, c.nodePortCounters}
+		c.noEndpointServices, c.noLocalServices, c.noEndpointNodePorts, c.noLocalNodePorts,
+		c.hairpin, c.firewallIPs, c.serviceCounters, c.nodePortCounters}
+	sets = append(sets, c.flatSets()...)
 	pages := make([]uint32, 0, len(used))
 	for p := range used {
 		pages = append(pages, p)

@@ -431,8 +431,8 @@ func TestCompile(t *testing.T) {
 				setClusterIPs:          {"10.96.0.10": ""},
 				mapServiceIPs:          {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
 				mapServiceNodePorts:    empty,
-				mapNoEndpointServices:  empty,
-				mapNoEndpointNodePorts: empty,
+				setNoEndpointServices:  empty,
+				setNoEndpointNodePorts: empty,
 				setHairpin:             {"10.244.1.2 . 10.244.1.2": "", "10.244.1.3 . 10.244.1.3": ""},
 				setNodePortIPs:         {"192.0.2.10": ""},
 			},
@@ -448,12 +448,12 @@ func TestCompile(t *testing.T) {
 			sets: map[string]map[string]string{
 				setClusterIPs: {"10.96.0.10": ""},
 				mapServiceIPs: empty, mapServiceNodePorts: empty,
-				mapNoEndpointServices: {
+				setNoEndpointServices: {
 					"10.96.0.10 . 6 . 80":   reject,
 					"203.0.113.8 . 6 . 80":  reject,
 					"198.51.100.8 . 6 . 80": reject,
 				},
-				mapNoEndpointNodePorts: {"6 . 30080": reject},
+				setNoEndpointNodePorts: {"6 . 30080": reject},
 				setHairpin:             empty,
 			},
 			absent: []string{echoSvc, echoExt},
@@ -468,7 +468,7 @@ func TestCompile(t *testing.T) {
 			})),
 			sets: map[string]map[string]string{
 				mapServiceIPs:         empty,
-				mapNoEndpointServices: {"10.96.0.10 . 6 . 80": reject},
+				setNoEndpointServices: {"10.96.0.10 . 6 . 80": reject},
 			},
 			absent: []string{echoSvc},
 		},
@@ -483,7 +483,7 @@ func TestCompile(t *testing.T) {
 			})),
 			sets: map[string]map[string]string{
 				mapServiceIPs:         {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
-				mapNoEndpointServices: empty,
+				setNoEndpointServices: empty,
 				setHairpin:            {"10.244.1.2 . 10.244.1.2": "", "10.244.1.4 . 10.244.1.4": ""},
 			},
 			chains: svcOnly(2),
@@ -505,7 +505,7 @@ func TestCompile(t *testing.T) {
 			sets: map[string]map[string]string{
 				mapServiceIPs:          {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
 				mapServiceNodePorts:    {"6 . 30080": "goto " + echoExt},
-				mapNoEndpointNodePorts: empty,
+				setNoEndpointNodePorts: empty,
 			},
 			chains: map[string][][]nft.Stmt{echoExt: extRules, echoSvc: {{toEcho, masqOffClustr, jumpMasq}, dnat(2)}},
 		},
@@ -568,8 +568,8 @@ func TestCompile(t *testing.T) {
 				setClusterIPs:          {"10.96.0.10": ""},
 				mapServiceIPs:          {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
 				mapServiceNodePorts:    empty,
-				mapNoEndpointServices:  empty,
-				mapNoEndpointNodePorts: empty,
+				setNoEndpointServices:  empty,
+				setNoEndpointNodePorts: empty,
 				setHairpin:             {"10.244.1.2 . 10.244.1.2": "", "10.244.1.3 . 10.244.1.3": ""},
 			},
 			absent: []string{"svc-default/v6/tcp/-", "ext-default/v6/tcp/-"},
@@ -583,7 +583,7 @@ func TestCompile(t *testing.T) {
 			),
 			sets: map[string]map[string]string{
 				setClusterIPs: empty, mapServiceIPs: empty, mapServiceNodePorts: empty,
-				mapNoEndpointServices: empty, mapNoEndpointNodePorts: empty, setHairpin: empty,
+				setNoEndpointServices: empty, setNoEndpointNodePorts: empty, setHairpin: empty,
 			},
 			absent: []string{echoSvc, echoExt},
 		},
@@ -614,8 +614,8 @@ func TestCompile(t *testing.T) {
 			})),
 			sets: map[string]map[string]string{
 				mapServiceIPs:          empty,
-				mapNoEndpointServices:  {"fd00:96::10 . 6 . 80": reject},
-				mapNoEndpointNodePorts: {"6 . 30080": reject},
+				setNoEndpointServices:  {"fd00:96::10 . 6 . 80": reject},
+				setNoEndpointNodePorts: {"6 . 30080": reject},
 			},
 			absent: []string{echoSvc, echoExt},
 		},
@@ -645,7 +645,7 @@ func TestCompile(t *testing.T) {
 					"10.96.0.1 . 6 . 80":   "goto svc-default/a/tcp/http",
 					"203.0.113.9 . 6 . 80": "goto ext-default/a/tcp/http",
 				},
-				mapNoEndpointServices: {"10.96.0.2 . 6 . 80": reject},
+				setNoEndpointServices: {"10.96.0.2 . 6 . 80": reject},
 			},
 			problems: []string{`Service default/b: port "http": TCP 203.0.113.9:80 is in use by another Service`},
 		},
@@ -657,7 +657,7 @@ func TestCompile(t *testing.T) {
 			),
 			sets: map[string]map[string]string{
 				mapServiceIPs:         {"10.96.0.2 . 6 . 80": "goto svc-default/b/tcp/http"},
-				mapNoEndpointServices: {"10.96.0.1 . 6 . 80": reject, "198.51.100.9 . 6 . 80": reject},
+				setNoEndpointServices: {"10.96.0.1 . 6 . 80": reject, "198.51.100.9 . 6 . 80": reject},
 			},
 			problems: []string{`Service default/b: port "http": TCP 198.51.100.9:80 is in use by another Service`},
 		},
@@ -688,12 +688,12 @@ func TestCompile(t *testing.T) {
 			),
 			sets: map[string]map[string]string{
 				mapServiceNodePorts:    {"6 . 30080": "goto ext-default/a/tcp/http"},
-				mapNoEndpointNodePorts: empty,
+				setNoEndpointNodePorts: empty,
 				mapServiceIPs: {
 					"10.96.0.1 . 6 . 80": "goto svc-default/a/tcp/http",
 					"10.96.0.2 . 6 . 80": "goto svc-default/b/tcp/http",
 				},
-				mapNoEndpointServices: {"10.96.0.3 . 6 . 80": reject},
+				setNoEndpointServices: {"10.96.0.3 . 6 . 80": reject},
 			},
 			problems: []string{
 				`Service default/b: port "http": node port TCP 30080 is in use by another Service`,
@@ -708,7 +708,7 @@ func TestCompile(t *testing.T) {
 			),
 			sets: map[string]map[string]string{
 				mapServiceNodePorts:    {"17 . 30053": "goto ext-default/a/udp/dns"},
-				mapNoEndpointNodePorts: {"6 . 30053": reject},
+				setNoEndpointNodePorts: {"6 . 30053": reject},
 				setClusterIPs:          {"10.96.0.1": ""},
 			},
 		},
@@ -750,7 +750,7 @@ func TestCompile(t *testing.T) {
 					"10.96.0.53 . 17 . 53": "goto svc-default/dns/udp/dns",
 					"10.96.0.53 . 6 . 53":  "goto svc-default/dns/tcp/dns-tcp",
 				},
-				mapNoEndpointServices: {"10.96.0.53 . 6 . 9153": reject},
+				setNoEndpointServices: {"10.96.0.53 . 6 . 9153": reject},
 			},
 		},
 		{
@@ -787,8 +787,8 @@ func TestCompile(t *testing.T) {
 					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: mapServiceNodePorts}},
 				},
 				chainEndpointsCheck: {
-					{nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: mapNoEndpointServices}},
-					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: mapNoEndpointNodePorts}},
+					{nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: setNoEndpointServices}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: setNoEndpointNodePorts}},
 				},
 			},
 		},

@@ -82,6 +82,12 @@ const (
 	PurposeSourceRangeAllow
 	// PurposeSourceRangeDrop: a source range chain's last rule, dropping the rest.
 	PurposeSourceRangeDrop
+	// PurposeFrontend: a frontend's element in cluster-frontends, external-frontends or
+	// nodeport-frontends (the flat path), and the rules that look them up.
+	PurposeFrontend
+	// PurposeEndpointCount: a frontend's element in an endpoint-count-bit set, and the
+	// tree rules that read them.
+	PurposeEndpointCount
 
 	// A service port's chains.
 
@@ -140,6 +146,7 @@ var purposeNames = [numPurposes]string{
 	PurposeRejectNoEndpoints: "reject: no endpoints", PurposeDropNoLocalEndpoints: "drop: no local endpoints",
 	PurposeCount: "count", PurposeSourceRanges: "source ranges",
 	PurposeSourceRangeAllow: "source range: allow", PurposeSourceRangeDrop: "source range: drop",
+	PurposeFrontend: "frontend", PurposeEndpointCount: "endpoint count",
 	PurposeMarkOffCluster: "masquerade mark: off-cluster source", PurposeMarkAll: "masquerade mark: --masquerade-all",
 	PurposeMarkExternal: "masquerade mark: external traffic", PurposeMarkLocalSource: "masquerade mark: node source",
 	PurposeShortCircuitPods: "short-circuit: pods", PurposeShortCircuitLocal: "short-circuit: node",

@@ -1,0 +1,223 @@
+package compile
+
+import (
+	"fmt"
+	"math/bits"
+	"strconv"
+
+	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/nft"
+)
+
+// The flat path: a service port's frontends are dispatched and load-balanced through
+// data alone, so that adding, removing or changing it is set and map elements only — no
+// chain, no rule, no verdict-map jump. nf_tables validates the whole table when a
+// transaction adds a rule or a jump element, and every commit visits every chain; with
+// no chain per service neither grows with the number of services.
+//
+// A frontend (cluster IP . protocol . port, an external or load-balancer IP the same
+// way, or protocol . node port) is an element of cluster-frontends, external-frontends
+// or nodeport-frontends, which the services chain looks up. Its endpoints are entries
+// "frontend . i → endpoint" of the endpoints (or nodeport-endpoints) map, i = 0..N-1,
+// and N is written in binary into the sets endpoint-count-bit0..7: the frontend is in
+// set b when bit b of N is 1. A tree of shared chains reads those bits, most significant
+// first (lb-0-255 → lb-128-255 or lb-0-127 → …), and its last level holds the rules
+// "dnat to <frontend> . numgen random mod N map @endpoints" for N and N+1: eight set
+// lookups and one map lookup for every new connection, whatever the number of services.
+// The tree is the same for every table (255 chains per kind of key), so it is created
+// once and never changes.
+//
+// Service ports the tree cannot express keep a chain of their own (chained, below): session
+// affinity, an external Local policy with external frontends or a node port, more than
+// maxFlatEndpoints endpoints, or more than maxFlatElements endpoint entries (frontends ×
+// endpoints: each frontend has its own copy of the endpoints).
+
+const (
+	countBits = 8
+	// maxFlatEndpoints is the largest endpoint count the tree expresses.
+	maxFlatEndpoints = 1<<countBits - 1
+	// maxFlatElements bounds a flat service port's endpoint entries (frontends ×
+	// endpoints); a larger one is chained, whose endpoints are stored once.
+	maxFlatElements = 4096
+
+	setEndpointCountBit         = "endpoint-count-bit" // + bit
+	setNodePortEndpointCountBit = "nodeport-endpoint-count-bit"
+	chainLB                     = "lb" // + "-lo-hi"
+	chainNodePortLB             = "nodeport-lb"
+)
+
+var (
+	frontendFields = []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}
+	nodePortFields = []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}
+)
+
+// flat reports whether a service port is compiled on the flat path: given the numbers
+// of internal and external frontends it won, its node port, and the endpoints its
+// internal and external traffic go to.
+func (c *compiler) flat(sp *model.ServicePort, internal, external int, nodePort uint16, internalEps, clusterEps []model.Endpoint) bool {
+	accessible := external > 0 || nodePort != 0
+	if sp.AffinityTimeout > 0 || (sp.ExternalPolicyLocal && accessible) {
+		return false
+	}
+	n, fronts := len(internalEps), internal+external
+	if accessible {
+		n = max(n, len(clusterEps))
+	}
+	if nodePort != 0 {
+		fronts++
+	}
+	return n <= maxFlatEndpoints && fronts*n <= maxFlatElements
+}
+
+// flatService adds the elements of a flat service port: each frontend with endpoints in
+// its frontend set, its endpoint count's bits and its endpoint entries.
+func (c *compiler) flatService(cp *compiledPart, sp *model.ServicePort, p policy, won claims, internalEps, clusterEps []model.Endpoint, comment string) {
+	proto, port := nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))
+	hairpin := internalEps
+	if p.hasInternal && len(internalEps) > 0 {
+		for _, ip := range won.internal {
+			c.flatFrontend(cp, setClusterFrontends, setEndpointCountBit, mapEndpoints, []nft.Value{nft.Addr(ip), proto, port}, internalEps, comment)
+		}
+	}
+	if p.hasExternal && len(clusterEps) > 0 && (len(won.external) > 0 || won.nodePort != 0) {
+		for _, ip := range won.external {
+			c.flatFrontend(cp, setExternalFrontends, setEndpointCountBit, mapEndpoints, []nft.Value{nft.Addr(ip), proto, port}, clusterEps, comment)
+		}
+		if won.nodePort != 0 {
+			c.flatFrontend(cp, setNodePortFrontends, setNodePortEndpointCountBit, mapNodePortEndpoints, []nft.Value{proto, nft.Num(uint32(won.nodePort))}, clusterEps, comment)
+		}
+		if len(clusterEps) != len(internalEps) || (len(clusterEps) > 0 && &clusterEps[0] != &internalEps[0]) {
+			c.hairpinElements(cp, clusterEps)
+		}
+	}
+	c.hairpinElements(cp, hairpin)
+}
+
+// flatFrontend adds one frontend (key) with endpoints eps: its element of frontSet, the
+// bits of len(eps) in the sets bitSet0..7, and its endpoint entries in epMap.
+func (c *compiler) flatFrontend(cp *compiledPart, frontSet, bitSet, epMap string, key []nft.Value, eps []model.Endpoint, comment string) {
+	key = key[:len(key):len(key)]
+	cp.add(frontSet, nft.Element{Key: key, Comment: comment, Tag: cp.tag(PurposeFrontend)})
+	bitTag := cp.tag(PurposeEndpointCount)
+	for b := range countBits {
+		if len(eps)>>b&1 == 1 {
+			cp.add(bitSet+strconv.Itoa(b), nft.Element{Key: key, Tag: bitTag})
+		}
+	}
+	// one allocation for all entries' keys and values
+	k := len(key)
+	w := k + 3
+	vals := make([]nft.Value, w*len(eps))
+	elems := make([]nft.Element, len(eps))
+	slotTag := cp.tag(PurposeEndpointSlot)
+	for i, e := range eps {
+		v := vals[w*i : w*(i+1) : w*(i+1)]
+		copy(v, key)
+		v[k], v[k+1], v[k+2] = nft.Num(uint32(i)), nft.Addr(e.Addr), nft.Num(uint32(e.Port))
+		elems[i] = nft.Element{Key: v[: k+1 : k+1], Data: v[k+1:], Tag: slotTag}
+	}
+	cp.add(epMap, elems...)
+}
+
+// hairpinElements adds eps to the hairpin set: a pod reaching itself through a service
+// is masqueraded.
+func (c *compiler) hairpinElements(cp *compiledPart, eps []model.Endpoint) {
+	if len(eps) == 0 {
+		return
+	}
+	// one allocation for the elements and one for their values
+	hairpin := make([]nft.Element, len(eps))
+	hvals := make([]nft.Value, 2*len(eps))
+	tag := cp.tag(PurposeHairpin)
+	for i, e := range eps {
+		v := hvals[2*i : 2*i+2 : 2*i+2]
+		v[0], v[1] = nft.Addr(e.Addr), nft.Addr(e.Addr)
+		hairpin[i] = nft.Element{Key: v, Tag: tag}
+	}
+	cp.add(setHairpin, hairpin...)
+}
+
+// flatSets returns the flat path's shared sets, empty: parts add their elements.
+func (c *compiler) flatSets() []*nft.Set {
+	a := c.addrType()
+	frontend := []nft.Datatype{a, nft.TypeInetProto, nft.TypeInetService}
+	port := []nft.Datatype{nft.TypeInetProto, nft.TypeInetService}
+	target := []nft.Datatype{a, nft.TypeInetService}
+	sets := []*nft.Set{
+		{Name: setClusterFrontends, Key: frontend, Comment: "cluster IPs with endpoints, load-balanced by the lb chains"},
+		{Name: setExternalFrontends, Key: frontend, Comment: "external and load-balancer IPs with endpoints, load-balanced by the lb chains"},
+		{Name: setNodePortFrontends, Key: port, Comment: "node ports with endpoints, load-balanced by the nodeport-lb chains"},
+		{Name: mapEndpoints, Key: append(frontend, nft.TypeNumgen), Data: target, Comment: "frontend . index → endpoint"},
+		{Name: mapNodePortEndpoints, Key: append(port, nft.TypeNumgen), Data: target, Comment: "node port . index → endpoint"},
+	}
+	for _, k := range []struct {
+		prefix, what string
+		key          []nft.Datatype
+	}{{setEndpointCountBit, "frontends", frontend}, {setNodePortEndpointCountBit, "node ports", port}} {
+		for b := range countBits {
+			sets = append(sets, &nft.Set{Name: k.prefix + strconv.Itoa(b), Key: k.key,
+				Comment: fmt.Sprintf("%s whose endpoint count has bit %d set", k.what, b)})
+		}
+	}
+	return sets
+}
+
+// flatChains returns the flat path's shared chains: the frontend chains (masquerade
+// marking) and the two trees that pick an endpoint.
+func (c *compiler) flatChains() []*nft.Chain {
+	rule := func(p Purpose, s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s, Tag: own(p)} }
+	jump := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Jump, Chain: ch} }
+	goTo := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Goto, Chain: ch} }
+	root := treeNode(chainLB, 0, 1<<countBits)
+	npRoot := treeNode(chainNodePortLB, 0, 1<<countBits)
+	cluster := &nft.Chain{Name: chainClusterFront}
+	switch {
+	case c.cfg.MasqueradeAll:
+		cluster.Rules = append(cluster.Rules, rule(PurposeMarkAll, jump(chainMarkMasq)))
+	case c.local.ok():
+		cluster.Rules = append(cluster.Rules, rule(PurposeMarkOffCluster, c.local.match(false), jump(chainMarkMasq)))
+	}
+	cluster.Rules = append(cluster.Rules, rule(PurposeToEndpoints, goTo(root)))
+	chains := []*nft.Chain{
+		cluster,
+		{Name: chainExternalFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(chainMarkMasq)), rule(PurposeToEndpoints, goTo(root))}},
+		{Name: chainNodePortFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(chainMarkMasq)), rule(PurposeToEndpoints, goTo(npRoot))}},
+	}
+	chains = appendTree(chains, chainLB, setEndpointCountBit, mapEndpoints, frontendFields)
+	return appendTree(chains, chainNodePortLB, setNodePortEndpointCountBit, mapNodePortEndpoints, nodePortFields)
+}
+
+func treeNode(prefix string, lo, size uint32) string {
+	return fmt.Sprintf("%s-%d-%d", prefix, lo, lo+size-1)
+}
+
+// appendTree appends the chains that pick an endpoint for a key whose endpoint count is
+// in the sets bitSet0..7: node lo-hi covers the counts lo..hi; it goes to its upper half
+// when the next bit is set, else to its lower half, and a node of two counts N, N+1
+// translates with "numgen random mod N+1" or "mod N".
+func appendTree(chains []*nft.Chain, prefix, bitSet, epMap string, key []nft.Field) []*nft.Chain {
+	var node func(lo, size uint32) string
+	node = func(lo, size uint32) string {
+		ch := &nft.Chain{Name: treeNode(prefix, lo, size)}
+		chains = append(chains, ch)
+		half := size / 2
+		bit := nft.Lookup{Fields: key, Set: bitSet + strconv.Itoa(bits.TrailingZeros32(half))}
+		dnat := func(n uint32) nft.Rule {
+			return nft.Rule{Stmts: []nft.Stmt{nft.DNATKeyMap{Fields: key, Mod: n, Map: epMap}}, Tag: own(PurposeEndpointDNAT)}
+		}
+		if half == 1 {
+			ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{bit, nft.DNATKeyMap{Fields: key, Mod: lo + 1, Map: epMap}}, Tag: own(PurposeEndpointDNAT)})
+			if lo > 0 {
+				ch.Rules = append(ch.Rules, dnat(lo))
+			}
+			return ch.Name
+		}
+		upper := node(lo+half, half)
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{bit, nft.Verdict{Kind: nft.Goto, Chain: upper}}, Tag: own(PurposeEndpointCount)})
+		lower := node(lo, half)
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: lower}}, Tag: own(PurposeEndpointCount)})
+		return ch.Name
+	}
+	node(0, 1<<countBits)
+	return chains
+}
