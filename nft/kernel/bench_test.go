@@ -3,7 +3,10 @@ package kernel_test
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,11 +30,45 @@ func services(n, eps int) []model.ServicePort {
 	return out
 }
 
-// BenchmarkColdApply is the first sync of a node: the whole table in one transaction.
+// benchSize is a benchmark size: n service ports with eps endpoints each.
+type benchSize struct{ n, eps int }
+
+func (s benchSize) String() string { return fmt.Sprintf("services=%d/endpoints=%d", s.n, s.eps) }
+
+// benchSizes returns the sizes to run: def, or NFTPROXY_BENCH_SIZES when set, a
+// comma-separated list of N or NxE (E endpoints per service, 10 when left out), e.g.
+// NFTPROXY_BENCH_SIZES=1000,30000x10,5000x50. The -bench pattern selects among the
+// sizes too (e.g. -bench 'OneChange/services=30000/').
+func benchSizes(b *testing.B, def []benchSize) []benchSize {
+	v := strings.TrimSpace(os.Getenv("NFTPROXY_BENCH_SIZES"))
+	if v == "" {
+		return def
+	}
+	var out []benchSize
+	for _, f := range strings.Split(v, ",") {
+		ns, es, hasE := strings.Cut(strings.ToLower(strings.TrimSpace(f)), "x")
+		n, err := strconv.Atoi(ns)
+		eps := 10
+		if err == nil && hasE {
+			eps, err = strconv.Atoi(es)
+		}
+		if err != nil || n <= 0 || eps <= 0 {
+			b.Fatalf("NFTPROXY_BENCH_SIZES=%q: want comma-separated N or NxE, e.g. 1000,50000x5", v)
+		}
+		out = append(out, benchSize{n, eps})
+	}
+	return out
+}
+
+// BenchmarkColdApply is the first sync of a node: the whole table in one transaction
+// (encoding and kernel; the compile is not timed). kernel-ms is the kernel's share.
 func BenchmarkColdApply(b *testing.B) {
-	for _, n := range []int{1000, 10000, 30000} {
-		b.Run(fmt.Sprintf("services=%d/endpoints=10", n), func(b *testing.B) {
-			rs, _ := compile.NewCompiler(cfg(), compile.NewSlots()).Compile(&model.Snapshot{Services: services(n, 10)})
+	for _, size := range benchSizes(b, []benchSize{{1000, 10}, {10000, 10}, {30000, 10}, {50000, 5}, {5000, 50}}) {
+		b.Run(size.String(), func(b *testing.B) {
+			n := size.n
+			rs, _ := compile.NewCompiler(cfg(), compile.NewSlots()).Compile(&model.Snapshot{Services: services(n, size.eps)})
+			var kernelTime time.Duration
+			var bytes, ops int
 			for b.Loop() {
 				b.StopTimer()
 				ns := testnetns.New(b)
@@ -41,76 +78,210 @@ func BenchmarkColdApply(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				b.ReportMetric(float64(st.Kernel.Milliseconds()), "kernel-ms")
-				b.ReportMetric(float64(st.Bytes)/float64(n), "bytes/service")
+				kernelTime += st.Kernel
+				bytes = st.Bytes
+				ops++
+			}
+			b.ReportMetric(kernelTime.Seconds()*1000/float64(ops), "kernel-ms")
+			b.ReportMetric(float64(bytes)/float64(n), "bytes/service")
+		})
+	}
+}
+
+// oneChangeKinds are the steady-state changes BenchmarkOneChange makes:
+//
+//   - endpoint-replaced: one endpoint of a service swapped for another, the count kept
+//     (a rolling update's steady pace);
+//   - endpoint-count: a service's endpoint count changes, E -> E+1 and back on the next
+//     iteration (the same service), so that every iteration changes a count;
+//   - service-added: a new service port with E endpoints (removed again, untimed);
+//   - service-removed: an existing service port with E endpoints removed (put back,
+//     untimed).
+var oneChangeKinds = []string{"endpoint-replaced", "endpoint-count", "service-added", "service-removed"}
+
+// BenchmarkOneChange is the steady state: one change with n services present; compile +
+// diff + kernel write, as the proxy does it (incremental compiler, parts diffed by
+// identity). Each iteration hands the compiler a new snapshot (snapshots are immutable;
+// building it is not timed), and the kernel time of every change is kept:
+// kernel-ms is the mean, kernel-p50-ms and kernel-p99-ms the quantiles over the changes
+// (nearest rank), kernel-max-ms the slowest. When the timed loop made fewer than
+// NFTPROXY_BENCH_SAMPLES changes (default 100: at tens of ms per change the default
+// -benchtime=1s makes a dozen), more are made after it, untimed, for the quantiles.
+// Which ruleset shape is measured is whatever the compiler produces.
+//
+// Sizes: 1k, 10k, 30k × 10 endpoints and 50k × 5 for every kind; 5k × 50 for the
+// endpoint changes (NFTPROXY_BENCH_SIZES overrides the sizes, every kind then runs).
+// Setup (compile and first apply) is once per size; the kinds run on it in turn.
+//
+// With a ruleset that has a chain and rules per service, a new rule (its dnat, lookup and
+// jump expressions) or a new jump element makes nf_tables validate the whole table at
+// commit, walking every chain reachable from the base chains: that is the part that grows
+// with n (docs/performance.md, "Kernel validation").
+func BenchmarkOneChange(b *testing.B) {
+	def := []benchSize{{1000, 10}, {10000, 10}, {30000, 10}, {50000, 5}, {5000, 50}}
+	_, custom := os.LookupEnv("NFTPROXY_BENCH_SIZES")
+	minSamples := 100
+	if v := os.Getenv("NFTPROXY_BENCH_SAMPLES"); v != "" {
+		var err error
+		if minSamples, err = strconv.Atoi(v); err != nil || minSamples < 0 {
+			b.Fatalf("NFTPROXY_BENCH_SAMPLES=%q: want a count", v)
+		}
+	}
+	for _, size := range benchSizes(b, def) {
+		b.Run(size.String(), func(b *testing.B) {
+			kinds := oneChangeKinds
+			if !custom && size.eps > 10 {
+				kinds = kinds[:2] // many endpoints per service: the endpoint changes (issue 16 item 4)
+			}
+			oc := newOneChange(b, size)
+			for _, kind := range kinds {
+				b.Run(kind, func(b *testing.B) { oc.run(b, kind, minSamples) })
 			}
 		})
 	}
 }
 
-// BenchmarkOneChange is the steady state: one change with n services present; compile +
-// diff + kernel write, as the proxy does it (incremental compiler, parts diffed by
-// identity). Three kinds of change cost the kernel differently:
-//
-//   - endpoint-replaced: one endpoint of a service swapped for another (a rolling
-//     update's steady pace): set elements only;
-//   - endpoint-added: the endpoint count of a service changes (10 <-> 11), so its
-//     service chain's rule (numgen random mod N) is replaced;
-//   - service-added: a new service: a chain, its rules, a jump in the service map.
-//
-// A new rule (its dnat, lookup and jump expressions) or a new jump element makes
-// nf_tables validate the whole table at commit, walking every chain reachable from the
-// base chains: that is the part that grows with n.
-func BenchmarkOneChange(b *testing.B) {
-	for _, kind := range []string{"endpoint-replaced", "endpoint-added", "service-added"} {
-		for _, n := range []int{1000, 10000, 30000} {
-			b.Run(fmt.Sprintf("%s/services=%d", kind, n), func(b *testing.B) {
-				ns := testnetns.New(b)
-				a := kernel.New(kernel.WithNetNS(ns.FD))
-				cc := compile.NewCompiler(cfg(), compile.NewSlots())
-				snap := &model.Snapshot{Services: services(n, 10)}
-				rs, _ := cc.Compile(snap)
-				if _, err := a.Apply(rs); err != nil {
-					b.Fatal(err)
-				}
-				var total, worst time.Duration
-				msgs := 0
-				i := 0
-				for b.Loop() {
-					i++
-					target := &snap.Services[(n/2+i*7919)%n]
-					ep := model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 250, byte(i / 256), byte(i)}), Port: 8080, Ready: true, Serving: true}
-					switch kind {
-					case "endpoint-replaced":
-						eps := slices.Clone(target.Endpoints)
-						eps[0] = ep
-						target.Endpoints = eps
-					case "endpoint-added":
-						if len(target.Endpoints) > 10 {
-							target.Endpoints = slices.Clone(target.Endpoints[:10])
-						} else {
-							target.Endpoints = append(slices.Clone(target.Endpoints), ep)
-						}
-					case "service-added":
-						s := svc(fmt.Sprintf("new%06d", i), fmt.Sprintf("10.200.%d.%d", i/256%256, i%256), 0, 0, 0)
-						s.Endpoints = []model.Endpoint{ep}
-						snap.Services = append(snap.Services, s)
-					}
-					rs, _ := cc.Compile(snap)
-					st, err := a.Apply(rs)
-					if err != nil {
-						b.Fatal(err)
-					}
-					total += st.Kernel
-					worst = max(worst, st.Kernel)
-					msgs = st.Messages
-				}
-				b.ReportMetric(float64(total.Microseconds())/float64(i), "kernel-µs")
-				b.ReportMetric(float64(worst.Microseconds()), "max-kernel-µs")
-				b.ReportMetric(float64(msgs), "messages")
-			})
+// oneChange is one size's table, programmed in a namespace, and the compiler that made it.
+type oneChange struct {
+	size benchSize
+	a    *kernel.Applier
+	cc   *compile.Compiler
+	snap *model.Snapshot
+	seq  int // changes made so far (fresh names and addresses)
+}
+
+func newOneChange(b *testing.B, size benchSize) *oneChange {
+	ns := testnetns.New(b)
+	oc := &oneChange{size: size, a: kernel.New(kernel.WithNetNS(ns.FD)), cc: compile.NewCompiler(cfg(), compile.NewSlots()),
+		snap: &model.Snapshot{Services: services(size.n, size.eps)}}
+	if _, err := oc.apply(b, oc.snap); err != nil {
+		b.Fatal(err)
+	}
+	return oc
+}
+
+// apply compiles snap and applies it; snap is the current snapshot from then on.
+func (oc *oneChange) apply(b *testing.B, snap *model.Snapshot) (kernel.Stats, error) {
+	rs, problems := oc.cc.Compile(snap)
+	if len(problems) > 0 {
+		b.Fatalf("compile: %v", problems)
+	}
+	st, err := oc.a.Apply(rs)
+	oc.snap = snap
+	return st, err
+}
+
+// freshEndpoint is an endpoint address no bulk service has (10.128.0.0/11 are theirs).
+func freshEndpoint(k int) model.Endpoint {
+	return model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(200 + (k>>16)%48), byte(k >> 8), byte(k)}), Port: 8080, Ready: true, Serving: true}
+}
+
+// with returns a new snapshot: the current one with service i replaced by sp.
+func (oc *oneChange) with(i int, sp model.ServicePort) *model.Snapshot {
+	svcs := slices.Clone(oc.snap.Services)
+	svcs[i] = sp
+	return &model.Snapshot{Services: svcs}
+}
+
+// change returns the snapshot of one change of kind (iteration i) and, for kinds that
+// are undone after each change, the snapshot that undoes it.
+func (oc *oneChange) change(kind string, i int) (do, undo *model.Snapshot) {
+	n, e := oc.size.n, oc.size.eps
+	cur := oc.snap
+	oc.seq++
+	switch kind {
+	case "endpoint-replaced":
+		t := (n/2 + i*7919) % n
+		sp := cur.Services[t]
+		eps := slices.Clone(sp.Endpoints)
+		eps[i%len(eps)] = freshEndpoint(oc.seq)
+		sp.Endpoints = eps
+		return oc.with(t, sp), nil
+	case "endpoint-count":
+		// pairs of iterations on one service: E -> E+1, then E+1 -> E
+		t := (n/2 + (i/2)*7919) % n
+		sp := cur.Services[t]
+		if len(sp.Endpoints) > e {
+			sp.Endpoints = slices.Clone(sp.Endpoints[:e])
+		} else {
+			sp.Endpoints = append(slices.Clone(sp.Endpoints), freshEndpoint(oc.seq))
+		}
+		return oc.with(t, sp), nil
+	case "service-added":
+		// named after every bulk service ("s…" < "t…"): appended keeps the order by name
+		sp := svc(fmt.Sprintf("t%06d", oc.seq), fmt.Sprintf("10.99.%d.%d", (oc.seq/256)%256, oc.seq%256), 0, 0, 0)
+		for j := range e {
+			sp.Endpoints = append(sp.Endpoints, freshEndpoint(oc.seq*e+j))
+		}
+		return &model.Snapshot{Services: append(slices.Clip(cur.Services), sp)}, cur
+	case "service-removed":
+		t := (n/2 + i*7919) % n
+		return &model.Snapshot{Services: slices.Delete(slices.Clone(cur.Services), t, t+1)}, cur
+	}
+	panic("unknown kind " + kind)
+}
+
+func (oc *oneChange) run(b *testing.B, kind string, minSamples int) {
+	var kernelTimes []time.Duration
+	var msgs, elems, chains int
+	i := 0
+	step := func(timed bool) {
+		if timed {
+			b.StopTimer()
+		}
+		do, undo := oc.change(kind, i)
+		i++
+		if timed {
+			b.StartTimer()
+		}
+		st, err := oc.apply(b, do)
+		if err != nil {
+			b.Fatalf("%s %d: %v", kind, i, err)
+		}
+		if timed {
+			b.StopTimer()
+		}
+		kernelTimes = append(kernelTimes, st.Kernel)
+		msgs, elems, chains = msgs+st.Messages, elems+st.Elements, chains+st.Chains
+		if undo != nil {
+			if _, err := oc.apply(b, undo); err != nil {
+				b.Fatalf("%s %d: undo: %v", kind, i, err)
+			}
+		}
+		if timed {
+			b.StartTimer()
 		}
 	}
+	for b.Loop() {
+		step(true)
+	}
+	for len(kernelTimes) < minSamples {
+		step(false)
+	}
+	if kind == "endpoint-count" && i%2 == 1 {
+		// the last service is at E+1: put it back for the kinds after this one
+		if _, err := oc.apply(b, func() *model.Snapshot { s, _ := oc.change(kind, i); return s }()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	slices.Sort(kernelTimes)
+	q := func(p float64) float64 { // nearest rank
+		r := int(p*float64(len(kernelTimes))+0.999999) - 1
+		return kernelTimes[min(max(r, 0), len(kernelTimes)-1)].Seconds() * 1000
+	}
+	var sum time.Duration
+	for _, d := range kernelTimes {
+		sum += d
+	}
+	k := float64(len(kernelTimes))
+	b.ReportMetric(sum.Seconds()*1000/k, "kernel-ms")
+	b.ReportMetric(q(0.50), "kernel-p50-ms")
+	b.ReportMetric(q(0.99), "kernel-p99-ms")
+	b.ReportMetric(kernelTimes[len(kernelTimes)-1].Seconds()*1000, "kernel-max-ms")
+	b.ReportMetric(k, "changes")
+	b.ReportMetric(float64(msgs)/k, "messages/change")
+	b.ReportMetric(float64(elems)/k, "elements/change")
+	b.ReportMetric(float64(chains)/k, "chains/change")
 }
 
 // BenchmarkCounterRead is one read of the per-service counters at 20,000 services (one
