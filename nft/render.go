@@ -72,16 +72,50 @@ func renderSet(b *strings.Builder, fam Family, s *Set) {
 }
 
 // setTypeLine renders "type a . b : c", or "typeof …" for maps keyed by numgen, which nft
-// can only express with typeof.
+// can only express with typeof: a slot map ("typeof numgen random mod 1 : ip daddr . th
+// dport") or a map keyed by a packet's own key and an index ("typeof ip daddr . meta
+// l4proto . th dport . numgen random mod 256 : ip daddr . th dport"). The modulus in a
+// typeof is only userdata; these are the ones nft 1.0.6 lists back unchanged.
 func setTypeLine(fam Family, s *Set) string {
 	if len(s.Key) == 1 && s.Key[0] == TypeNumgen {
 		return "typeof numgen random mod 1 : " + typeofData(fam, s.Data)
+	}
+	if IsKeyNumgenMap(s) {
+		return "typeof " + typeofKey(fam, s.Key) + " : " + typeofData(fam, s.Data)
 	}
 	line := "type " + joinTypes(s.Key)
 	if s.IsMap() {
 		line += " : " + joinTypes(s.Data)
 	}
 	return line
+}
+
+// IsKeyNumgenMap reports whether s is a map keyed by packet fields followed by a numgen
+// index, the map DNATKeyMap reads ("ip daddr . meta l4proto . th dport . numgen random
+// mod 256" or "meta l4proto . th dport . numgen random mod 256" to an address and port).
+func IsKeyNumgenMap(s *Set) bool {
+	return len(s.Key) > 1 && s.Key[len(s.Key)-1] == TypeNumgen && s.IsMap()
+}
+
+// typeofKey renders a key of packet fields and a numgen index as the expressions that
+// produce it: addresses are the destination, services the transport destination port.
+func typeofKey(fam Family, ts []Datatype) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		switch t {
+		case TypeIPv4Addr, TypeIPv6Addr:
+			parts[i] = fam.String() + " daddr"
+		case TypeInetProto:
+			parts[i] = "meta l4proto"
+		case TypeInetService:
+			parts[i] = "th dport"
+		case TypeNumgen:
+			parts[i] = "numgen random mod 256"
+		default:
+			parts[i] = typeName(t)
+		}
+	}
+	return strings.Join(parts, " . ")
 }
 
 func typeofData(fam Family, ts []Datatype) string {
@@ -256,6 +290,8 @@ func RenderStmt(fam Family, s Stmt) string {
 			return fmt.Sprintf("dnat %s to numgen random mod %d map @%s", fam, s.Mod, s.Map)
 		}
 		return fmt.Sprintf("dnat %s to numgen random mod %d offset %d map @%s", fam, s.Mod, s.Offset, s.Map)
+	case DNATKeyMap:
+		return fmt.Sprintf("dnat %s to %s . numgen random mod %d map @%s", fam, fieldList(fam, s.Fields), s.Mod, s.Map)
 	case Counter:
 		return "counter packets 0 bytes 0"
 	case MatchFibSaddrLocal:

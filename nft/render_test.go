@@ -27,6 +27,8 @@ var renderWant = map[string]struct{ ip, ip6 string }{
 	"SetMarkBits":        {"meta mark set meta mark | 0x00004000", "meta mark set meta mark | 0x00004000"},
 	"Masquerade":         {"masquerade fully-random", "masquerade fully-random"},
 	"DNATNumgenMap":      {"dnat ip to numgen random mod 2 offset 100 map @m", "dnat ip6 to numgen random mod 2 offset 100 map @m"},
+	"DNATKeyMap": {"dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @m",
+		"dnat ip6 to ip6 daddr . meta l4proto . th dport . numgen random mod 3 map @m"},
 	"Counter":            {"counter packets 0 bytes 0", "counter packets 0 bytes 0"},
 	"MatchFibSaddrLocal": {"fib saddr type local", "fib saddr type local"},
 	"MatchNumgen":        {"numgen random mod 3 0", "numgen random mod 3 0"},
@@ -104,6 +106,10 @@ func TestRenderStmtVariants(t *testing.T) {
 		{IPv4, Masquerade{}, "masquerade"},
 		{IPv4, DNATNumgenMap{Mod: 3, Map: "endpoints-0"}, "dnat ip to numgen random mod 3 map @endpoints-0"},
 		{IPv6, DNATNumgenMap{Mod: 1, Offset: 4096, Map: "endpoints-16"}, "dnat ip6 to numgen random mod 1 offset 4096 map @endpoints-16"},
+		{IPv4, DNATKeyMap{Fields: []Field{FieldL4Proto, FieldTHDport}, Mod: 1, Map: "nodeport-endpoints"},
+			"dnat ip to meta l4proto . th dport . numgen random mod 1 map @nodeport-endpoints"},
+		{IPv6, DNATKeyMap{Fields: []Field{FieldL4Proto, FieldTHDport}, Mod: 7, Map: "nodeport-endpoints"},
+			"dnat ip6 to meta l4proto . th dport . numgen random mod 7 map @nodeport-endpoints"},
 		{IPv4, Lookup{Fields: []Field{FieldDaddr}, Set: "cluster-ips"}, "ip daddr @cluster-ips"},
 		{IPv6, VMap{Fields: []Field{FieldL4Proto, FieldTHDport}, Map: "service-nodeports"}, "meta l4proto . th dport vmap @service-nodeports"},
 		{IPv4, Verdict{Kind: Accept}, "accept"},
@@ -171,6 +177,80 @@ func TestRender(t *testing.T) {
 `
 	if got := Render(rs); got != want {
 		t.Errorf("Render:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// keyMapsRuleset has both kinds of maps DNATKeyMap reads and the rules reading them.
+func keyMapsRuleset(fam Family) *Ruleset {
+	addr, ep1, ep2, svc := TypeIPv4Addr, "10.244.1.5", "10.244.2.6", "10.96.0.10"
+	if fam == IPv6 {
+		addr, ep1, ep2, svc = TypeIPv6Addr, "fd00:1::5", "fd00:2::6", "fd00::10"
+	}
+	a := func(s string) Value { return Addr(netip.MustParseAddr(s)) }
+	return &Ruleset{Family: fam, Table: "t", Sets: []*Set{
+		{Name: "endpoints", Key: []Datatype{addr, TypeInetProto, TypeInetService, TypeNumgen}, Data: []Datatype{addr, TypeInetService}, Elements: []Element{
+			{Key: []Value{a(svc), Num(6), Num(80), Num(0)}, Data: []Value{a(ep1), Num(8080)}},
+			{Key: []Value{a(svc), Num(6), Num(80), Num(1)}, Data: []Value{a(ep2), Num(8080)}},
+		}},
+		{Name: "nodeport-endpoints", Key: []Datatype{TypeInetProto, TypeInetService, TypeNumgen}, Data: []Datatype{addr, TypeInetService}, Elements: []Element{
+			{Key: []Value{Num(17), Num(30053), Num(0)}, Data: []Value{a(ep1), Num(53)}, Comment: "kube-system/dns:dns"},
+		}},
+	}, Chains: []*Chain{
+		{Name: "services", Rules: []Rule{
+			{Stmts: []Stmt{DNATKeyMap{Fields: []Field{FieldDaddr, FieldL4Proto, FieldTHDport}, Mod: 2, Map: "endpoints"}}},
+			{Stmts: []Stmt{DNATKeyMap{Fields: []Field{FieldL4Proto, FieldTHDport}, Mod: 1, Map: "nodeport-endpoints"}}, Comment: "node ports"},
+		}},
+	}}
+}
+
+// keyMapsText is keyMapsRuleset as nft 1.0.6 lists it back (nft/wire's kernel test holds
+// the listing to this).
+const keyMapsText = `table ip t {
+	map endpoints {
+		typeof ip daddr . meta l4proto . th dport . numgen random mod 256 : ip daddr . th dport
+		elements = { 10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080,
+			     10.96.0.10 . tcp . 80 . 1 : 10.244.2.6 . 8080 }
+	}
+
+	map nodeport-endpoints {
+		typeof meta l4proto . th dport . numgen random mod 256 : ip daddr . th dport
+		elements = { udp . 30053 . 0 comment "kube-system/dns:dns" : 10.244.1.5 . 53 }
+	}
+
+	chain services {
+		dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints
+		dnat ip to meta l4proto . th dport . numgen random mod 1 map @nodeport-endpoints comment "node ports"
+	}
+}
+`
+
+func TestRenderKeyNumgenMaps(t *testing.T) {
+	if got := Render(keyMapsRuleset(IPv4)); got != keyMapsText {
+		t.Errorf("Render:\n%s\nwant:\n%s", got, keyMapsText)
+	}
+	want6 := `table ip6 t {
+	map endpoints {
+		typeof ip6 daddr . meta l4proto . th dport . numgen random mod 256 : ip6 daddr . th dport
+		elements = { fd00::10 . tcp . 80 . 0 : fd00:1::5 . 8080,
+			     fd00::10 . tcp . 80 . 1 : fd00:2::6 . 8080 }
+	}
+
+	map nodeport-endpoints {
+		typeof meta l4proto . th dport . numgen random mod 256 : ip6 daddr . th dport
+		elements = { udp . 30053 . 0 comment "kube-system/dns:dns" : fd00:1::5 . 53 }
+	}
+
+	chain services {
+		dnat ip6 to ip6 daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints
+		dnat ip6 to meta l4proto . th dport . numgen random mod 1 map @nodeport-endpoints comment "node ports"
+	}
+}
+`
+	if got := Render(keyMapsRuleset(IPv6)); got != want6 {
+		t.Errorf("Render:\n%s\nwant:\n%s", got, want6)
+	}
+	if !IsKeyNumgenMap(keyMapsRuleset(IPv4).Sets[1]) || IsKeyNumgenMap(&Set{Key: []Datatype{TypeNumgen}, Data: []Datatype{TypeIPv4Addr, TypeInetService}}) {
+		t.Error("IsKeyNumgenMap wrong")
 	}
 }
 

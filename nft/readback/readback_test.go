@@ -281,3 +281,60 @@ func TestCompareEncoded(t *testing.T) {
 		t.Errorf("a ruleset differs from itself:\n%s", d)
 	}
 }
+
+// keyMaps is a table load-balancing through maps keyed by the packet's key and an index
+// ("dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints").
+func keyMaps() *nft.Ruleset {
+	a := func(s string) nft.Value { return nft.Addr(netip.MustParseAddr(s)) }
+	return &nft.Ruleset{Family: nft.IPv4, Table: "nftproxy", Sets: []*nft.Set{
+		{Name: "endpoints", Key: []nft.Datatype{nft.TypeIPv4Addr, nft.TypeInetProto, nft.TypeInetService, nft.TypeNumgen},
+			Data: []nft.Datatype{nft.TypeIPv4Addr, nft.TypeInetService}, Elements: []nft.Element{
+				{Key: []nft.Value{a("10.96.0.10"), nft.Num(6), nft.Num(80), nft.Num(0)}, Data: []nft.Value{a("10.244.1.5"), nft.Num(8080)}},
+				{Key: []nft.Value{a("10.96.0.10"), nft.Num(6), nft.Num(80), nft.Num(1)}, Data: []nft.Value{a("10.244.2.6"), nft.Num(8080)}},
+			}},
+		{Name: "nodeport-endpoints", Key: []nft.Datatype{nft.TypeInetProto, nft.TypeInetService, nft.TypeNumgen},
+			Data: []nft.Datatype{nft.TypeIPv4Addr, nft.TypeInetService}, Elements: []nft.Element{
+				{Key: []nft.Value{nft.Num(17), nft.Num(30053), nft.Num(0)}, Data: []nft.Value{a("10.244.1.5"), nft.Num(53)}},
+			}},
+	}, Chains: []*nft.Chain{{Name: "services", Rules: []nft.Rule{
+		{Stmts: []nft.Stmt{nft.DNATKeyMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Mod: 2, Map: "endpoints"}}},
+		{Stmts: []nft.Stmt{nft.DNATKeyMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Mod: 1, Map: "nodeport-endpoints"}}},
+	}}}}
+}
+
+// TestCompareKeyMaps: differences in the key maps and the rules reading them are
+// described in nft syntax: elements with their index, rules as rendered, definitions as
+// typeof.
+func TestCompareKeyMaps(t *testing.T) {
+	got, err := wire.EncodeState(keyMaps())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := readback.Compare(got, keyMaps()); err != nil || !d.Empty() {
+		t.Fatalf("a ruleset differs from itself: %v\n%s", err, d)
+	}
+	want := keyMaps()
+	want.Sets[0].Elements[1].Data[0] = nft.Addr(netip.MustParseAddr("10.244.3.7"))
+	want.Sets[1].Elements[0].Key[2] = nft.Num(1)
+	want.Chains[0].Rules[0].Stmts[0] = nft.DNATKeyMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Mod: 3, Map: "endpoints"}
+	d, err := readback.Compare(got, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{
+		"ip nftproxy: set endpoints: element differs: kernel 10.96.0.10 . tcp . 80 . 1 : 10.244.2.6 . 8080, expected 10.96.0.10 . tcp . 80 . 1 : 10.244.3.7 . 8080",
+		"ip nftproxy: set nodeport-endpoints: missing element udp . 30053 . 1 : 10.244.1.5 . 53",
+		"ip nftproxy: set nodeport-endpoints: extra element udp . 30053 . 0 : 10.244.1.5 . 53",
+		"ip nftproxy: chain services: rule 0 differs: kernel `dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints`, expected `dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @endpoints`",
+	} {
+		if !slices.Contains(d, w) {
+			t.Errorf("missing line %q in\n%s", w, d)
+		}
+	}
+	if len(d) != 4 {
+		t.Errorf("%d differences, want 4:\n%s", len(d), d)
+	}
+	if h := wire.SetHeader(nft.IPv4, got.Sets["nodeport-endpoints"]); h != "map nodeport-endpoints { typeof meta l4proto . th dport . numgen random mod 256 : ip daddr . th dport }" {
+		t.Errorf("set header %q", h)
+	}
+}

@@ -52,6 +52,14 @@ func RuleKey(r RuleState) string {
 					flags |= natRangeProtoSpecified
 				}
 				attrs[unix.NFTA_NAT_FLAGS] = binary.BigEndian.AppendUint32(nil, flags)
+				// a range of one register: nft sends only the minimum (nft_nat_init makes
+				// the maximum the minimum), google/nftables and our older statements both
+				for _, mm := range [][2]uint16{{unix.NFTA_NAT_REG_ADDR_MIN, unix.NFTA_NAT_REG_ADDR_MAX},
+					{unix.NFTA_NAT_REG_PROTO_MIN, unix.NFTA_NAT_REG_PROTO_MAX}} {
+					if attrs[mm[1]] == nil && attrs[mm[0]] != nil {
+						attrs[mm[1]] = attrs[mm[0]]
+					}
+				}
 			}
 			for _, t := range sortedKeys(attrs) {
 				val := attrs[t]
@@ -356,8 +364,11 @@ func DescribeExpr(e ExprState) string {
 
 // NumgenLookup reads "numgen random mod N offset K" followed by a lookup of its number
 // in a map: the map's name, N and K.
+// The lookup's key must be the number alone (numgen and lookup on the same register): a
+// number that ends a concatenated key (DNATKeyMap) is not a slot.
 func NumgenLookup(ng, lk ExprState) (set string, mod, offset uint32, ok bool) {
-	if ng.Name != "numgen" || lk.Name != "lookup" {
+	if ng.Name != "numgen" || lk.Name != "lookup" ||
+		reg32(be32(ng.Attrs[unix.NFTA_NG_DREG])) != reg32(be32(lk.Attrs[unix.NFTA_LOOKUP_SREG])) {
 		return "", 0, 0, false
 	}
 	return cstring(lk.Attrs[unix.NFTA_LOOKUP_SET]), be32(ng.Attrs[unix.NFTA_NG_MODULUS]), be32(ng.Attrs[unix.NFTA_NG_OFFSET]), true

@@ -190,6 +190,12 @@ func candidates(fam nft.Family, es []ExprState) []nft.Stmt {
 				out = append(out, nft.Lookup{Fields: fields, Set: set})
 			case "dynset":
 				out = append(out, nft.UpdateSaddr{Set: cstring(es[i].Attrs[unix.NFTA_DYNSET_SET_NAME])})
+			case "numgen":
+				// the packet's key and a random index, looked up for a NAT target
+				if l := at(i + 1); l.Name == "lookup" && len(fields) > 0 {
+					out = append(out, nft.DNATKeyMap{Fields: fields, Mod: be32(es[i].Attrs[unix.NFTA_NG_MODULUS]),
+						Map: cstring(l.Attrs[unix.NFTA_LOOKUP_SET])})
+				}
 			}
 			break
 		}

@@ -101,6 +101,22 @@ func (b *Batch) stmt(fam nft.Family, s nft.Stmt) error {
 		b.numgen(s.Mod, s.Offset)
 		b.lookup(s.Map, reg1, &[]uint32{reg1}[0])
 		b.dnat(fam, natPortReg(fam))
+	case nft.DNATKeyMap:
+		if s.Mod == 0 || len(s.Fields) == 0 {
+			return fmt.Errorf("dnat to %v . numgen random mod %d map @%s: no key fields or modulus 0", s.Fields, s.Mod, s.Map)
+		}
+		used := b.loadKey(fam, s.Fields)
+		if used+4 > maxKeyBytes {
+			return fmt.Errorf("dnat map @%s: a key of %d bytes does not fit the registers", s.Map, used+4)
+		}
+		b.numgenTo(nftReg(used/4), s.Mod, 0)
+		b.lookup(s.Map, reg1, &[]uint32{reg1}[0])
+		b.expr("nat", func() { // as nft sends it: the kernel makes max = min and sets the flags
+			b.u32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_DNAT)
+			b.u32(unix.NFTA_NAT_FAMILY, uint32(fam))
+			b.u32(unix.NFTA_NAT_REG_ADDR_MIN, reg1)
+			b.u32(unix.NFTA_NAT_REG_PROTO_MIN, natPortReg(fam))
+		})
 	case nft.Counter:
 		b.expr("counter", func() {
 			b.u64(unix.NFTA_COUNTER_BYTES, 0)
@@ -234,9 +250,12 @@ func (b *Batch) immediate(reg uint32, data []byte) {
 }
 
 // numgen loads "numgen random mod mod offset offset" into reg1.
-func (b *Batch) numgen(mod, offset uint32) {
+func (b *Batch) numgen(mod, offset uint32) { b.numgenTo(reg1, mod, offset) }
+
+// numgenTo loads "numgen random mod mod offset offset" into reg.
+func (b *Batch) numgenTo(reg, mod, offset uint32) {
 	b.expr("numgen", func() {
-		b.u32(unix.NFTA_NG_DREG, reg1)
+		b.u32(unix.NFTA_NG_DREG, reg)
 		b.u32(unix.NFTA_NG_MODULUS, mod)
 		b.u32(unix.NFTA_NG_TYPE, unix.NFT_NG_RANDOM)
 		b.u32(unix.NFTA_NG_OFFSET, offset)
@@ -332,6 +351,43 @@ func (b *Batch) loadFields(fam nft.Family, fs []nft.Field) {
 			used += 4
 		}
 	}
+}
+
+// maxKeyBytes is the room the data registers give a concatenated key (NFT_REG32_00 to
+// NFT_REG32_15).
+const maxKeyBytes = 64
+
+// nftReg names the register at 32-bit word word of the register file as nft 1.0.6 does
+// (netlink_put_register): by its 16-byte name (NFT_REG_1 … NFT_REG_4) where one starts,
+// otherwise by its 32-bit name (NFT_REG32_xx). An IPv6 address's successor is NFT_REG_2.
+func nftReg(word uint32) uint32 {
+	if word%4 == 0 {
+		return reg1 + word/4
+	}
+	return reg32base + word
+}
+
+// loadKey loads a concatenation of packet fields as nft 1.0.6 does for a map key that
+// goes on with a numgen index: each field in consecutive register space from NFT_REG_1,
+// rounded up to 4 bytes, registers named as nft names them. It returns the bytes used.
+func (b *Batch) loadKey(fam nft.Family, fs []nft.Field) uint32 {
+	var used uint32
+	for _, f := range fs {
+		reg := nftReg(used / 4)
+		switch f {
+		case nft.FieldSaddr, nft.FieldDaddr:
+			off, n := addrField(fam, f)
+			b.payload(reg, unix.NFT_PAYLOAD_NETWORK_HEADER, off, n)
+			used += n
+		case nft.FieldL4Proto:
+			b.meta(unix.NFT_META_L4PROTO, reg, false)
+			used += 4
+		case nft.FieldTHDport:
+			b.payload(reg, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
+			used += 4
+		}
+	}
+	return used
 }
 
 func le32(v uint32) []byte {
@@ -450,6 +506,7 @@ const (
 
 	exprNumgen  = 23 // nft's enum expr_types
 	exprPayload = 7
+	exprMeta    = 9
 	exprConcat  = 13
 )
 
@@ -465,14 +522,18 @@ func setUserdata(fam nft.Family, s *nft.Set) []byte {
 		ng = udataU32(ng, 1, 1)
 		ng = udataU32(ng, 2, 0)
 		u = udataTLV(u, udataSetKeyTypeof, typeofExpr(exprNumgen, ng))
-		addrDesc, addrField := uint32(12), uint32(12) // proto_ip, IPHDR_DADDR
-		if fam == nft.IPv6 {
-			addrDesc, addrField = 13, 9 // proto_ip6, IP6HDR_DADDR
-		}
+		u = udataTLV(u, udataSetDataTypeof, typeofAddrPort(fam))
+		u = udataU32(u, udataSetDataInterval, 0)
+	case nft.IsKeyNumgenMap(s):
+		// typeof ip daddr . meta l4proto . th dport . numgen random mod 256 : ip daddr . th dport
+		u = udataU32(u, udataSetKeyByteorder, 0)
+		u = udataU32(u, udataSetDataByteorder, 0)
 		var cat []byte
-		cat = udataTLV(cat, 0, typeofExpr(exprPayload, payloadTypeof(addrDesc, addrField)))
-		cat = udataTLV(cat, 1, typeofExpr(exprPayload, payloadTypeof(11, 2))) // proto_th, THDR_DPORT
-		u = udataTLV(u, udataSetDataTypeof, typeofExpr(exprConcat, cat))
+		for i, t := range s.Key {
+			cat = udataTLV(cat, byte(i), typeofKeyField(fam, t))
+		}
+		u = udataTLV(u, udataSetKeyTypeof, typeofExpr(exprConcat, cat))
+		u = udataTLV(u, udataSetDataTypeof, typeofAddrPort(fam))
 		u = udataU32(u, udataSetDataInterval, 0)
 	case len(s.Key) == 1 && s.IsMap() && len(s.Data) > 1:
 		u = udataU32(u, udataSetKeyByteorder, 2)
@@ -495,6 +556,40 @@ func setUserdata(fam nft.Family, s *nft.Set) []byte {
 		u = udataString(u, udataSetComment, s.Comment)
 	}
 	return u
+}
+
+// typeofAddrPort is the typeof userdata of "ip daddr . th dport" (ip6 for IPv6).
+func typeofAddrPort(fam nft.Family) []byte {
+	var cat []byte
+	cat = udataTLV(cat, 0, typeofDaddr(fam))
+	cat = udataTLV(cat, 1, typeofExpr(exprPayload, payloadTypeof(11, 2))) // proto_th, THDR_DPORT
+	return typeofExpr(exprConcat, cat)
+}
+
+// typeofDaddr is the typeof userdata of "ip daddr" (ip6 for IPv6).
+func typeofDaddr(fam nft.Family) []byte {
+	if fam == nft.IPv6 {
+		return typeofExpr(exprPayload, payloadTypeof(13, 9)) // proto_ip6, IP6HDR_DADDR
+	}
+	return typeofExpr(exprPayload, payloadTypeof(12, 12)) // proto_ip, IPHDR_DADDR
+}
+
+// typeofKeyField is the typeof userdata of one field of a map key of packet fields and a
+// numgen index: "ip daddr", "meta l4proto", "th dport" or "numgen random mod 256".
+func typeofKeyField(fam nft.Family, t nft.Datatype) []byte {
+	switch t {
+	case nft.TypeIPv4Addr, nft.TypeIPv6Addr:
+		return typeofDaddr(fam)
+	case nft.TypeInetProto:
+		return typeofExpr(exprMeta, udataU32(nil, 0, unix.NFT_META_L4PROTO)) // NFTNL_UDATA_META_KEY
+	case nft.TypeInetService:
+		return typeofExpr(exprPayload, payloadTypeof(11, 2)) // proto_th, THDR_DPORT
+	}
+	var ng []byte // NFTNL_UDATA_NUMGEN_TYPE, _MODULUS, _OFFSET
+	ng = udataU32(ng, 0, unix.NFT_NG_RANDOM)
+	ng = udataU32(ng, 1, 256)
+	ng = udataU32(ng, 2, 0)
+	return typeofExpr(exprNumgen, ng)
 }
 
 func typeofExpr(kind uint32, data []byte) []byte {

@@ -99,6 +99,43 @@ func refStmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
 			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: s.Map},
 			refDnatRegs(fam, refNatPortReg(fam)),
 		}, nil
+	case nft.DNATKeyMap:
+		// as "nft --debug=netlink" shows nft 1.0.6 encoding
+		// "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @m":
+		//   [ payload load 4b @ network header + 16 => reg 1 ]
+		//   [ meta load l4proto => reg 9 ]
+		//   [ payload load 2b @ transport header + 2 => reg 10 ]
+		//   [ numgen reg 11 = random mod 3 ]
+		//   [ lookup reg 1 set m dreg 1 ]
+		//   [ nat dnat ip addr_min reg 1 proto_min reg 9 ]
+		// (ip6: reg 1, 2, 13, numgen reg 14, proto_min reg 2; without the address:
+		// reg 1, 9, numgen reg 10)
+		var out []expr.Any
+		word := uint32(0)      // 32-bit register words used
+		put := func() uint32 { // netlink_put_register
+			if word%4 == 0 {
+				return 1 + word/4
+			}
+			return 8 + word
+		}
+		for _, f := range s.Fields {
+			switch f {
+			case nft.FieldDaddr:
+				off, n := addrField(fam, f)
+				out = append(out, &expr.Payload{DestRegister: put(), Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n})
+				word += n / 4
+			case nft.FieldL4Proto:
+				out = append(out, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: put()})
+				word++
+			case nft.FieldTHDport:
+				out = append(out, &expr.Payload{DestRegister: put(), Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+				word++
+			}
+		}
+		return append(out,
+			&expr.Numgen{Register: put(), Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
+			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: s.Map},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(fam), RegAddrMin: reg1, RegProtoMin: refNatPortReg(fam)}), nil
 	case nft.Counter:
 		return []expr.Any{&expr.Counter{}}, nil
 	case nft.MatchFibSaddrLocal:
@@ -251,6 +288,8 @@ func TestExpressionsAsBefore(t *testing.T) {
 		nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: "service-nodeports"},
 		nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: "nodeport-ips"},
 		nft.MatchIifname{Op: nft.OpEq, Name: "cbr0"},
+		nft.DNATKeyMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Mod: 1, Map: "nodeport-endpoints"},
+		nft.DNATKeyMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Mod: 1000, Map: "endpoints"},
 	}
 	six := map[string]nft.Stmt{
 		"prefix": nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("fd00:10:244::/56")},
