@@ -96,6 +96,18 @@ var refusals = []struct {
 		c := chain(rs, "entry")
 		c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{nft.VMap{Fields: []nft.Field{nft.FieldSaddr}, Map: "s"}}})
 	}, syscall.EINVAL, false},
+	{"dnat through a missing key map", func(rs *nft.Ruleset) {
+		c := chain(rs, "entry")
+		c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{keyMapDNAT("missing")}})
+	}, syscall.ENOENT, false},
+	{"dnat through a key map that is a set", func(rs *nft.Ruleset) {
+		c := chain(rs, "entry")
+		c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{keyMapDNAT("s")}})
+	}, syscall.EINVAL, false},
+	{"dnat through a verdict map", func(rs *nft.Ruleset) {
+		c := chain(rs, "entry")
+		c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{keyMapDNAT("vm")}})
+	}, syscall.EINVAL, false},
 	{"element of the wrong family", func(rs *nft.Ruleset) {
 		s := set(rs, "s")
 		s.Elements = append(s.Elements, nft.Element{Key: []nft.Value{nft.Addr(netip.MustParseAddr("fd00::1"))}})
@@ -120,10 +132,28 @@ var acceptances = []struct {
 		c := chain(rs, "target")
 		c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Jump, Chain: "entry"}}})
 	}},
+	{"dnat through key maps", func(rs *nft.Ruleset) {
+		a := func(s string) nft.Value { return nft.Addr(netip.MustParseAddr(s)) }
+		rs.Sets = append(rs.Sets,
+			&nft.Set{Name: "endpoints", Key: []nft.Datatype{nft.TypeIPv4Addr, nft.TypeInetProto, nft.TypeInetService, nft.TypeNumgen},
+				Data: []nft.Datatype{nft.TypeIPv4Addr, nft.TypeInetService}, Elements: []nft.Element{
+					{Key: []nft.Value{a("10.96.0.10"), nft.Num(6), nft.Num(80), nft.Num(0)}, Data: []nft.Value{a("10.244.1.5"), nft.Num(8080)}}}},
+			&nft.Set{Name: "nodeport-endpoints", Key: []nft.Datatype{nft.TypeInetProto, nft.TypeInetService, nft.TypeNumgen},
+				Data: []nft.Datatype{nft.TypeIPv4Addr, nft.TypeInetService}, Elements: []nft.Element{
+					{Key: []nft.Value{nft.Num(6), nft.Num(30080), nft.Num(0)}, Data: []nft.Value{a("10.244.1.5"), nft.Num(8080)}}}})
+		c := chain(rs, "entry")
+		c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{keyMapDNAT("endpoints")}},
+			nft.Rule{Stmts: []nft.Stmt{nft.DNATKeyMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Mod: 1, Map: "nodeport-endpoints"}}})
+	}},
 	{"an element added twice", func(rs *nft.Ruleset) {
 		s := set(rs, "s")
 		s.Elements = append(s.Elements, s.Elements[0])
 	}},
+}
+
+// keyMapDNAT is "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @m".
+func keyMapDNAT(m string) nft.Stmt {
+	return nft.DNATKeyMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Mod: 2, Map: m}
 }
 
 // TestFakeAccepts: what the kernel accepts, the fake accepts.
