@@ -58,6 +58,8 @@ func (tr *tracer) stmt(t *thread, s nft.Stmt) ([]branch, error) {
 		return dnat(t, netip.AddrPortFrom(s.Addr, s.Port)), nil
 	case nft.DNATNumgenMap:
 		return tr.dnatNumgenMap(t, s)
+	case nft.DNATKeyMap:
+		return tr.dnatKeyMap(t, s)
 	case nft.UpdateSaddr:
 		// Records the client for session affinity; nothing this packet depends on.
 		if tr.sets[s.Set] == nil {
@@ -151,6 +153,42 @@ func (tr *tracer) dnatNumgenMap(t *thread, s nft.DNATNumgenMap) ([]branch, error
 	for i := range s.Mod {
 		f := t.fork(1 / float64(s.Mod))
 		e := find(m, []nft.Value{nft.Num(s.Offset + i)})
+		if e == nil {
+			out = append(out, branch{t: f, ctl: control{kind: ctlBreak}})
+			continue
+		}
+		f.matched = append(f.matched, match(tr.fam, m, *e))
+		out = append(out, dnat(f, netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)))...)
+	}
+	return out, nil
+}
+
+// dnatKeyMap forks into the Mod indexes 0…Mod-1 of the packet's own key (its Fields as
+// the thread sees them), each with probability 1/Mod. An index without an entry makes
+// the rule not match, as a failed map lookup does: the packet goes on unchanged.
+func (tr *tracer) dnatKeyMap(t *thread, s nft.DNATKeyMap) ([]branch, error) {
+	m := tr.sets[s.Map]
+	switch {
+	case m == nil:
+		return nil, fmt.Errorf("map %s does not exist", s.Map)
+	case len(m.Key) != len(s.Fields)+1 || m.Key[len(s.Fields)] != nft.TypeNumgen || len(m.Data) != 2:
+		return nil, fmt.Errorf("map %s is not a map of %d fields . index → address . port", s.Map, len(s.Fields))
+	case s.Mod == 0:
+		return nil, fmt.Errorf("numgen modulus 0")
+	}
+	key := make([]nft.Value, len(m.Key))
+	for i, f := range s.Fields {
+		v, err := t.field(f, m.Key[i])
+		if err != nil {
+			return nil, fmt.Errorf("map %s: %w", s.Map, err)
+		}
+		key[i] = v
+	}
+	out := make([]branch, 0, s.Mod)
+	for i := range s.Mod {
+		f := t.fork(1 / float64(s.Mod))
+		key[len(key)-1] = nft.Num(i)
+		e := find(m, key)
 		if e == nil {
 			out = append(out, branch{t: f, ctl: control{kind: ctlBreak}})
 			continue

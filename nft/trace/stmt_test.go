@@ -35,6 +35,13 @@ func oneRule(stmts ...nft.Stmt) *nft.Ruleset {
 				m.Elements = append(m.Elements, nft.Element{Key: []nft.Value{nft.Num(s.Offset + i)}, Data: []nft.Value{nft.Addr(ip(fmt.Sprintf("10.1.0.%d", i+1))), nft.Num(8080)}})
 			}
 			rs.Sets = append(rs.Sets, m)
+		case nft.DNATKeyMap:
+			// entries at every index but the last: the last one misses
+			m := &nft.Set{Name: s.Map, Key: append(keyTypes(s.Fields), nft.TypeNumgen), Data: []nft.Datatype{v4, nft.TypeInetService}}
+			for i := range s.Mod - 1 {
+				m.Elements = append(m.Elements, nft.Element{Key: append(keyOf(s.Fields), nft.Num(i)), Data: []nft.Value{nft.Addr(ip(fmt.Sprintf("10.1.0.%d", i+1))), nft.Num(8080)}})
+			}
+			rs.Sets = append(rs.Sets, m)
 		case nft.UpdateSaddr:
 			rs.Sets = append(rs.Sets, &nft.Set{Name: s.Set, Key: []nft.Datatype{v4}, Dynamic: true, Timeout: 60})
 		}
@@ -101,8 +108,14 @@ func TestStmtEffects(t *testing.T) {
 		{"mark xor", []nft.Stmt{nft.SetMarkBits{Bits: 4}, nft.SetMarkBits{Bits: 4, Xor: true}, nft.MatchMarkUnset{Bits: 4}, nft.Reject{}}, nil, []string{"1 reject"}},
 		{"fib daddr not local", []nft.Stmt{nft.MatchFibDaddrLocal{}, nft.Reject{}}, nil, []string{"1 accept"}},
 		{"lookup miss", []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: "empty"}, nft.Reject{}}, nil, []string{"1 accept"}},
+		{"lookup of daddr . l4proto . dport", []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Set: "k3"}, nft.Reject{}}, nil, []string{"1 reject"}},
+		{"lookup of l4proto . dport", []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Set: "k2"}, nft.Reject{}}, nil, []string{"1 reject"}},
 		{"numgen", []nft.Stmt{nft.MatchNumgen{Mod: 4}, nft.Verdict{Kind: nft.Drop}}, nil, []string{"0.25 drop", "0.75 accept"}},
 		{"dnat map", []nft.Stmt{nft.DNATNumgenMap{Mod: 2, Offset: 7, Map: "m"}}, nil, []string{"0.5 accept 10.1.0.1:8080", "0.5 accept 10.1.0.2:8080"}},
+		{"dnat key map", []nft.Stmt{nft.DNATKeyMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Mod: 4, Map: "m"}}, nil,
+			[]string{"0.25 accept 10.1.0.1:8080", "0.25 accept 10.1.0.2:8080", "0.25 accept 10.1.0.3:8080", "0.25 accept"}},
+		{"dnat key map miss goes on", []nft.Stmt{nft.DNATKeyMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Mod: 2, Map: "m"}},
+			[]nft.Stmt{nft.Reject{}}, []string{"0.5 accept 10.1.0.1:8080", "0.5 reject"}},
 		{"dnat to", []nft.Stmt{nft.DNATTo{Addr: ip("10.9.9.9"), Port: 99}, nft.Reject{}}, nil, []string{"1 accept 10.9.9.9:99"}},
 		{"masquerade", []nft.Stmt{nft.Masquerade{}, nft.Reject{}}, nil, []string{"1 accept masq"}},
 		{"return goes on after the jump's rule", []nft.Stmt{jumpC}, []nft.Stmt{nft.Reject{}}, []string{"1 reject"}},
@@ -144,6 +157,9 @@ func TestTraceErrors(t *testing.T) {
 		{"missing set", withSet(oneRule(nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: "nope"})), testPacket, "set nope does not exist"},
 		{"key arity", withSet(oneRule(nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: "empty"})), testPacket, "whose key has 1"},
 		{"key type", withSet(oneRule(nft.Lookup{Fields: []nft.Field{nft.FieldTHDport}, Set: "empty"})), testPacket, "the key wants"},
+		{"key map missing", withSet(oneRule(nft.DNATKeyMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Mod: 2, Map: "nope"})), testPacket, "map nope does not exist"},
+		{"key map shape", withSet(oneRule(nft.DNATKeyMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Mod: 2, Map: "empty"})), testPacket, "not a map of 2 fields . index"},
+		{"key map field type", keyMapOf([]nft.Datatype{v4, nft.TypeNumgen}), testPacket, "the key wants"},
 		{"goto loop", loop, testPacket, "does not end"},
 		{"jump loop", deep, testPacket, "nested jumps"},
 		{"family", oneRule(), Packet{Family: nft.IPv6, Saddr: ip("::1"), Daddr: ip("::2"), Hook: nft.Prerouting}, "ip6 packet in an ip table"},
@@ -157,6 +173,13 @@ func TestTraceErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// keyMapOf is a rule "dnat ip to th dport . numgen random mod 2 map @m" with m keyed by key.
+func keyMapOf(key []nft.Datatype) *nft.Ruleset {
+	rs := oneRule(nft.DNATKeyMap{Fields: []nft.Field{nft.FieldTHDport}, Mod: 2, Map: "m"})
+	rs.Sets = []*nft.Set{{Name: "m", Key: key, Data: []nft.Datatype{v4, nft.TypeInetService}}}
+	return rs
 }
 
 // withSet replaces the sets of rs by one set "empty" of IPv4 addresses.
