@@ -257,6 +257,7 @@ type compiledPart struct {
 	problems []model.Problem
 	tags     []*Tag // one per purpose, shared by its rules and elements
 	tagBlock []Tag  // where they are made
+	flatMax  int    // the largest endpoint count of its flat frontends
 }
 
 // claims are the frontends and node port a service port won.
@@ -344,6 +345,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	won := c.claimAll(services, sc)
 
 	pages := map[uint32]bool{}
+	flatMax := 0
 	parts := make([]*nft.Part, 0, len(services))
 	next := make([]*compiledPart, 0, len(services))
 	for i := range services {
@@ -381,6 +383,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		for _, pg := range cp.pages {
 			pages[pg] = true
 		}
+		flatMax = max(flatMax, cp.flatMax)
 		parts = append(parts, cp.part)
 	}
 	cc.parts = next
@@ -396,6 +399,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		}
 		cc.slots.retain(live)
 	}
+	c.treeBits = cc.slots.growTree(flatMax)
 	rs := c.finish(pages)
 	rs.Parts = parts
 	if prev != nil || cc.last == nil || len(cc.last.Parts) == 0 {
@@ -611,9 +615,10 @@ type nodePortKey struct {
 }
 
 type compiler struct {
-	cfg   Config
-	slots *Slots
-	v6    bool
+	cfg      Config
+	slots    *Slots
+	v6       bool
+	treeBits int // depth of the endpoint-count trees
 
 	// the shared sets, and the chains that are not any service port's
 	clusterIPs, nodePortIPs, serviceIPs, serviceNodePorts *nft.Set

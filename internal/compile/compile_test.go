@@ -91,6 +91,8 @@ func checkReferences(t *testing.T, rs *nft.Ruleset) {
 					lookup(where, st.Map, len(st.Fields), true)
 				case nft.DNATNumgenMap:
 					lookup(where, st.Map, -1, true)
+				case nft.DNATKeyMap:
+					lookup(where, st.Map, len(st.Fields)+1, true)
 				}
 			}
 		}
@@ -144,6 +146,14 @@ func checkEndpointSlots(t *testing.T, rs *nft.Ruleset, snap *model.Snapshot, fam
 		}
 		cat := model.Categorize(&sp, eps, snap.Node)
 		hasIP := len(model.AddrsOf(sp.ClusterIPs, v6)) > 0
+		if isFlat(rs, sp.Name) {
+			internal := cat.Cluster
+			if sp.InternalPolicyLocal {
+				internal = cat.Local
+			}
+			checkFlatPicks(t, rs, sp.Name, internal, cat.Cluster)
+			continue
+		}
 		checkPicks(t, rs, ChainName("svc", sp.Name), hasIP, cat.Cluster, sp.AffinityTimeout > 0, used)
 		checkPicks(t, rs, ChainName("local", sp.Name), hasIP && sp.UsesLocalEndpoints(), cat.Local, sp.AffinityTimeout > 0, used)
 	}
@@ -152,6 +162,130 @@ func checkEndpointSlots(t *testing.T, rs *nft.Ruleset, snap *model.Snapshot, fam
 			t.Errorf("endpoint map %s: %d elements, but service chains use %d", s.Name, len(s.Elements), used[s.Name])
 		}
 	}
+	checkFlatEntries(t, rs)
+}
+
+// isFlat reports whether a service port is on the flat path: it has no chain of its own.
+func isFlat(rs *nft.Ruleset, sp model.ServicePortName) bool {
+	for _, kind := range []string{"svc", "local", "ext"} {
+		if chainNamed(rs, ChainName(kind, sp)) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// flatTargets returns, for each flat frontend of sp (its key in a frontend set), the
+// endpoints its entries hold, by index, and its endpoint count as the bit sets say.
+func flatTargets(t *testing.T, rs *nft.Ruleset, sp model.ServicePortName) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, k := range []struct{ front, bits, entries string }{
+		{setClusterFrontends, setEndpointCountBit, mapEndpoints},
+		{setExternalFrontends, setEndpointCountBit, mapEndpoints},
+		{setNodePortFrontends, setNodePortEndpointCountBit, mapNodePortEndpoints},
+	} {
+		for _, e := range setNamed(rs, k.front).Elements {
+			if p, ok := ServicePortOf(e.Tag); !ok || p != sp {
+				continue
+			}
+			key := valuesString(e.Key)
+			n := 0
+			for b := range countBits {
+				if _, ok := setElements(rs, k.bits+strconv.Itoa(b))[key]; ok {
+					n |= 1 << b
+				}
+			}
+			entries := elements(t, rs, k.entries)
+			var got []string
+			for i := range n {
+				v, ok := entries[key+" . "+strconv.Itoa(i)]
+				if !ok {
+					t.Errorf("%s: frontend %s: entry %d of %d missing from %s", sp, key, i, n, k.entries)
+				}
+				got = append(got, v)
+			}
+			if _, extra := entries[key+" . "+strconv.Itoa(n)]; extra {
+				t.Errorf("%s: frontend %s: entry %d beyond its count %d in %s", sp, key, n, n, k.entries)
+			}
+			out[k.front+" "+key] = got
+		}
+	}
+	return out
+}
+
+// checkFlatPicks: every flat frontend of sp picks among exactly the endpoints its traffic
+// goes to (internal for cluster IPs, cluster-wide for external IPs and node ports), and
+// it has a frontend only if there are some.
+func checkFlatPicks(t *testing.T, rs *nft.Ruleset, sp model.ServicePortName, internal, cluster []model.Endpoint) {
+	t.Helper()
+	want := func(eps []model.Endpoint) []string {
+		var w []string
+		for _, e := range eps {
+			w = append(w, e.Addr.String()+" . "+strconv.Itoa(int(e.Port)))
+		}
+		sort.Strings(w)
+		return w
+	}
+	for front, got := range flatTargets(t, rs, sp) {
+		w := want(cluster)
+		if strings.HasPrefix(front, setClusterFrontends+" ") {
+			w = want(internal)
+		}
+		got = slices.Clone(got)
+		sort.Strings(got)
+		if len(w) == 0 || !slices.Equal(got, w) {
+			t.Errorf("%s: %s picks %v, want %v", sp, front, got, w)
+		}
+	}
+}
+
+// checkFlatEntries: every entry of the flat endpoint maps belongs to a frontend of a
+// frontend set, with an index below its count, and each endpoint count bit to one.
+func checkFlatEntries(t *testing.T, rs *nft.Ruleset) {
+	t.Helper()
+	fronts := map[string]bool{}
+	for _, set := range []string{setClusterFrontends, setExternalFrontends, setNodePortFrontends} {
+		for k := range elements(t, rs, set) {
+			fronts[k] = true
+		}
+	}
+	for _, m := range []string{mapEndpoints, mapNodePortEndpoints} {
+		for k := range elements(t, rs, m) {
+			front := k[:strings.LastIndex(k, " . ")]
+			if !fronts[front] {
+				t.Errorf("%s: entry %s of no frontend", m, k)
+			}
+		}
+	}
+	for _, bits := range []string{setEndpointCountBit, setNodePortEndpointCountBit} {
+		for b := range countBits {
+			for k := range setElements(rs, bits+strconv.Itoa(b)) {
+				if !fronts[k] {
+					t.Errorf("%s%d: %s is no frontend", bits, b, k)
+				}
+			}
+		}
+	}
+}
+
+// setElements returns the keys of a set's elements; none if there is no such set (the
+// trees have only as many bit sets as they are deep).
+func setElements(rs *nft.Ruleset, name string) map[string]bool {
+	out := map[string]bool{}
+	for _, e := range setNamed(rs, name).Elements {
+		out[valuesString(e.Key)] = true
+	}
+	return out
+}
+
+func setNamed(rs *nft.Ruleset, name string) *nft.Set {
+	for _, s := range rs.Sets {
+		if s.Name == name {
+			return s
+		}
+	}
+	return &nft.Set{Name: name}
 }
 
 // checkPicks checks one endpoint-choosing chain against the endpoints it must choose from.
@@ -266,7 +400,33 @@ func verdictString(v nft.Verdict) string {
 
 // elements returns a set's elements as key → value ("" for plain sets). Protocols are
 // numbers: 6 TCP, 17 UDP, 132 SCTP.
+//
+// service-ips and service-nodeports are read as "where each frontend is dispatched":
+// their own elements (chained service ports), and the flat frontends as the chain the
+// old layout would have sent them to — "goto svc-<port>" for a cluster IP (internal
+// traffic), "goto ext-<port>" for an external or load-balancer IP or a node port — from
+// the service port their element is tagged with. checkFlatPicks checks what those
+// frontends pick.
 func elements(t *testing.T, rs *nft.Ruleset, name string) map[string]string {
+	t.Helper()
+	if name == mapServiceIPs || name == mapServiceNodePorts {
+		out := rawElements(t, rs, name)
+		fronts := [][2]string{{setClusterFrontends, "svc"}, {setExternalFrontends, "ext"}}
+		if name == mapServiceNodePorts {
+			fronts = [][2]string{{setNodePortFrontends, "ext"}}
+		}
+		for _, f := range fronts {
+			for _, e := range setNamed(rs, f[0]).Elements {
+				sp, _ := ServicePortOf(e.Tag)
+				out[valuesString(e.Key)] = "goto " + ChainName(f[1], sp)
+			}
+		}
+		return out
+	}
+	return rawElements(t, rs, name)
+}
+
+func rawElements(t *testing.T, rs *nft.Ruleset, name string) map[string]string {
 	t.Helper()
 	for _, s := range rs.Sets {
 		if s.Name != name {
@@ -370,7 +530,7 @@ func manyEndpoints(n int) []model.Endpoint {
 
 const (
 	markMasq = "mark-for-masquerade"
-	reject   = "goto " + ChainReject
+	reject   = "" // an element of a no-endpoint set, which service-endpoints-check rejects
 	echoSvc  = "svc-default/echo/tcp/http"
 	echoExt  = "ext-default/echo/tcp/http"
 )
@@ -391,6 +551,13 @@ func dnat(mod uint32) []nft.Stmt {
 	return []nft.Stmt{nft.MatchL4Proto{Proto: tcp}, nft.DNATNumgenMap{Mod: mod}}
 }
 
+var (
+	toTree   = nft.Verdict{Kind: nft.Goto, Chain: "lb-0-15"} // the least tree: counts up to 15
+	toNPTree = nft.Verdict{Kind: nft.Goto, Chain: "nodeport-lb-0-15"}
+	frontKey = []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}
+	portKey  = []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}
+)
+
 func TestCompile(t *testing.T) {
 	echo := func(mut func(*model.ServicePort)) model.ServicePort {
 		sp := model.ServicePort{
@@ -402,10 +569,10 @@ func TestCompile(t *testing.T) {
 		}
 		return sp
 	}
-	svcOnly := func(mod uint32) map[string][][]nft.Stmt {
-		return map[string][][]nft.Stmt{echoSvc: {{toEcho, masqOffClustr, jumpMasq}, dnat(mod)}}
-	}
-	extRules := [][]nft.Stmt{{jumpMasq}, {nft.Verdict{Kind: nft.Goto, Chain: echoSvc}}}
+	// a flat service port has no chain: the shared frontend chains mark, the tree picks
+	// (checkFlatPicks, via compileChecked, checks what each frontend picks)
+	flatCluster := map[string][][]nft.Stmt{chainClusterFront: {{masqOffClustr, jumpMasq}, {toTree}}}
+	extRules := [][]nft.Stmt{{jumpMasq}, {toTree}}
 	empty := map[string]string{}
 
 	for _, tc := range []struct {
@@ -436,8 +603,8 @@ func TestCompile(t *testing.T) {
 				setHairpin:             {"10.244.1.2 . 10.244.1.2": "", "10.244.1.3 . 10.244.1.3": ""},
 				setNodePortIPs:         {"192.0.2.10": ""},
 			},
-			chains: svcOnly(2),
-			absent: []string{echoExt},
+			chains: flatCluster,
+			absent: []string{echoSvc, echoExt},
 		},
 		{
 			name: "no endpoints: cluster, external and LB IPs and the node port are rejected, no chains",
@@ -486,7 +653,8 @@ func TestCompile(t *testing.T) {
 				setNoEndpointServices: empty,
 				setHairpin:            {"10.244.1.2 . 10.244.1.2": "", "10.244.1.4 . 10.244.1.4": ""},
 			},
-			chains: svcOnly(2),
+			chains: flatCluster,
+			absent: []string{echoSvc},
 		},
 		{
 			name: "only ready endpoints when some are ready",
@@ -496,7 +664,8 @@ func TestCompile(t *testing.T) {
 					ep("10.244.1.3", 8080),
 				}
 			})),
-			chains: svcOnly(1),
+			chains: flatCluster,
+			absent: []string{echoSvc},
 			sets:   map[string]map[string]string{setHairpin: {"10.244.1.3 . 10.244.1.3": ""}},
 		},
 		{
@@ -507,7 +676,8 @@ func TestCompile(t *testing.T) {
 				mapServiceNodePorts:    {"6 . 30080": "goto " + echoExt},
 				setNoEndpointNodePorts: empty,
 			},
-			chains: map[string][][]nft.Stmt{echoExt: extRules, echoSvc: {{toEcho, masqOffClustr, jumpMasq}, dnat(2)}},
+			chains: map[string][][]nft.Stmt{chainNodePortFront: {{jumpMasq}, {toNPTree}}, chainClusterFront: {{masqOffClustr, jumpMasq}, {toTree}}},
+			absent: []string{echoSvc, echoExt},
 		},
 		{
 			name: "externalIP and load-balancer IP go through the ext chain, the cluster IP does not",
@@ -523,24 +693,26 @@ func TestCompile(t *testing.T) {
 				},
 				mapServiceNodePorts: empty,
 			},
-			chains: map[string][][]nft.Stmt{echoExt: extRules},
+			chains: map[string][][]nft.Stmt{chainExternalFront: extRules},
+			absent: []string{echoExt},
 		},
 		{
 			name:   "masquerade-all: every connection to the service is marked",
 			cfg:    func(c *Config) { c.MasqueradeAll = true },
 			snap:   snapshot(echo(nil)),
-			chains: map[string][][]nft.Stmt{echoSvc: {{toEcho, jumpMasq}, dnat(2)}},
+			chains: map[string][][]nft.Stmt{chainClusterFront: {{jumpMasq}, {toTree}}},
 		},
 		{
 			name:   "cluster CIDR: connections from outside it are marked",
 			snap:   snapshot(echo(nil)),
-			chains: svcOnly(2),
+			chains: flatCluster,
+			absent: []string{echoSvc},
 		},
 		{
 			name:   "neither masquerade-all nor cluster CIDR: nothing is marked in the svc chain",
 			cfg:    func(c *Config) { c.DetectLocal = DetectLocal{} },
 			snap:   snapshot(echo(nil)),
-			chains: map[string][][]nft.Stmt{echoSvc: {dnat(2)}},
+			chains: map[string][][]nft.Stmt{chainClusterFront: {{toTree}}},
 		},
 		{
 			name: "IPv6 cluster CIDR in the IPv6 ruleset",
@@ -552,9 +724,9 @@ func TestCompile(t *testing.T) {
 				mapServiceIPs:  {"fd00:96::10 . 6 . 80": "goto " + echoSvc},
 				setNodePortIPs: {"2001:db8::10": ""},
 			},
-			chains: map[string][][]nft.Stmt{echoSvc: {{
-				to("fd00:96::10"), nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("fd00:244::/56")}, jumpMasq,
-			}, dnat(1)}},
+			chains: map[string][][]nft.Stmt{chainClusterFront: {{
+				nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("fd00:244::/56")}, jumpMasq,
+			}, {toTree}}},
 		},
 		{
 			name: "IPv6-only service is absent from the IPv4 ruleset",
@@ -768,7 +940,7 @@ func TestCompile(t *testing.T) {
 					"10.96.0.2 . 132 . 3868": "goto svc-default/b/sctp/-",
 				},
 			},
-			chains: map[string][][]nft.Stmt{"svc-default/b/sctp/-": {{to("10.96.0.2"), masqOffClustr, jumpMasq}, {nft.MatchL4Proto{Proto: sctp}, nft.DNATNumgenMap{Mod: 2}}}},
+			absent: []string{"svc-default/b/sctp/-"},
 		},
 		{
 			name: "node port addresses: only the family's",
@@ -783,12 +955,17 @@ func TestCompile(t *testing.T) {
 			sets: map[string]map[string]string{setNodePortIPs: empty},
 			chains: map[string][][]nft.Stmt{
 				chainServices: {
-					{nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: mapServiceIPs}},
-					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: mapServiceNodePorts}},
+					{nft.VMap{Fields: frontKey, Map: mapServiceIPs}},
+					{nft.Lookup{Fields: frontKey, Set: setClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainClusterFront}},
+					{nft.Lookup{Fields: frontKey, Set: setExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainExternalFront}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: portKey, Map: mapServiceNodePorts}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.Lookup{Fields: portKey, Set: setNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainNodePortFront}},
 				},
 				chainEndpointsCheck: {
-					{nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: setNoEndpointServices}},
-					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: setNoEndpointNodePorts}},
+					{nft.Lookup{Fields: frontKey, Set: setNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}},
+					{nft.Lookup{Fields: frontKey, Set: setNoLocalServices}, nft.Verdict{Kind: nft.Drop}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.Lookup{Fields: portKey, Set: setNoEndpointNodePorts}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.Lookup{Fields: portKey, Set: setNoLocalNodePorts}, nft.Verdict{Kind: nft.Drop}},
 				},
 			},
 		},
@@ -797,8 +974,11 @@ func TestCompile(t *testing.T) {
 			snap: snapshot(echo(func(sp *model.ServicePort) { sp.NodePort = 30080 })),
 			chains: map[string][][]nft.Stmt{
 				chainServices: {
-					{nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: mapServiceIPs}},
-					{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setNodePortIPs}, nft.VMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Map: mapServiceNodePorts}},
+					{nft.VMap{Fields: frontKey, Map: mapServiceIPs}},
+					{nft.Lookup{Fields: frontKey, Set: setClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainClusterFront}},
+					{nft.Lookup{Fields: frontKey, Set: setExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainExternalFront}},
+					{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setNodePortIPs}, nft.VMap{Fields: portKey, Map: mapServiceNodePorts}},
+					{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setNodePortIPs}, nft.Lookup{Fields: portKey, Set: setNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainNodePortFront}},
 				},
 			},
 		},
@@ -987,9 +1167,11 @@ func (w *slotsWorld) compile() map[string]uint32 {
 	sort.Strings(names)
 	var sps []model.ServicePort
 	for i, name := range names {
+		// an external Local policy with a node port keeps a service port chained, and
+		// endpoint slots are the chained path's
 		sps = append(sps, model.ServicePort{
 			Name: spn(name, "http", tcp), ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i / 250), byte(1 + i%250)})},
-			Port: 80, Endpoints: manyEndpoints(w.n[name]),
+			Port: 80, Endpoints: manyEndpoints(w.n[name]), NodePort: uint16(30000 + i), ExternalPolicyLocal: true,
 		})
 	}
 	snap := snapshot(sps...)

@@ -24,8 +24,10 @@ import (
 // first (lb-0-255 → lb-128-255 or lb-0-127 → …), and its last level holds the rules
 // "dnat to <frontend> . numgen random mod N map @endpoints" for N and N+1: eight set
 // lookups and one map lookup for every new connection, whatever the number of services.
-// The tree is the same for every table (255 chains per kind of key), so it is created
-// once and never changes.
+// The trees are as deep as the largest endpoint count of a flat frontend needs, at least
+// minTreeBits (2^d - 1 chains each for depth d: 15 by default, 255 at most), and they
+// never shrink (Slots.growTree): a count crossing a power of two for the first time adds
+// chains, once; nothing else ever changes them.
 //
 // Service ports the tree cannot express keep a chain of their own (chained, below): session
 // affinity, an external Local policy with external frontends or a node port, more than
@@ -34,7 +36,9 @@ import (
 
 const (
 	countBits = 8
-	// maxFlatEndpoints is the largest endpoint count the tree expresses.
+	// minTreeBits is the trees' least depth (counts up to 15).
+	minTreeBits = 4
+	// maxFlatEndpoints is the largest endpoint count the trees express.
 	maxFlatEndpoints = 1<<countBits - 1
 	// maxFlatElements bounds a flat service port's endpoint entries (frontends ×
 	// endpoints); a larger one is chained, whose endpoints are stored once.
@@ -97,6 +101,7 @@ func (c *compiler) flatService(cp *compiledPart, sp *model.ServicePort, p policy
 // bits of len(eps) in the sets bitSet0..7, and its endpoint entries in epMap.
 func (c *compiler) flatFrontend(cp *compiledPart, frontSet, bitSet, epMap string, key []nft.Value, eps []model.Endpoint, comment string) {
 	key = key[:len(key):len(key)]
+	cp.flatMax = max(cp.flatMax, len(eps))
 	cp.add(frontSet, nft.Element{Key: key, Comment: comment, Tag: cp.tag(PurposeFrontend)})
 	bitTag := cp.tag(PurposeEndpointCount)
 	for b := range countBits {
@@ -154,7 +159,7 @@ func (c *compiler) flatSets() []*nft.Set {
 		prefix, what string
 		key          []nft.Datatype
 	}{{setEndpointCountBit, "frontends", frontend}, {setNodePortEndpointCountBit, "node ports", port}} {
-		for b := range countBits {
+		for b := range c.treeBits {
 			sets = append(sets, &nft.Set{Name: k.prefix + strconv.Itoa(b), Key: k.key,
 				Comment: fmt.Sprintf("%s whose endpoint count has bit %d set", k.what, b)})
 		}
@@ -168,8 +173,8 @@ func (c *compiler) flatChains() []*nft.Chain {
 	rule := func(p Purpose, s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s, Tag: own(p)} }
 	jump := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Jump, Chain: ch} }
 	goTo := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Goto, Chain: ch} }
-	root := treeNode(chainLB, 0, 1<<countBits)
-	npRoot := treeNode(chainNodePortLB, 0, 1<<countBits)
+	root := treeNode(chainLB, 0, 1<<c.treeBits)
+	npRoot := treeNode(chainNodePortLB, 0, 1<<c.treeBits)
 	cluster := &nft.Chain{Name: chainClusterFront}
 	switch {
 	case c.cfg.MasqueradeAll:
@@ -183,8 +188,8 @@ func (c *compiler) flatChains() []*nft.Chain {
 		{Name: chainExternalFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(chainMarkMasq)), rule(PurposeToEndpoints, goTo(root))}},
 		{Name: chainNodePortFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(chainMarkMasq)), rule(PurposeToEndpoints, goTo(npRoot))}},
 	}
-	chains = appendTree(chains, chainLB, setEndpointCountBit, mapEndpoints, frontendFields)
-	return appendTree(chains, chainNodePortLB, setNodePortEndpointCountBit, mapNodePortEndpoints, nodePortFields)
+	chains = appendTree(chains, c.treeBits, chainLB, setEndpointCountBit, mapEndpoints, frontendFields)
+	return appendTree(chains, c.treeBits, chainNodePortLB, setNodePortEndpointCountBit, mapNodePortEndpoints, nodePortFields)
 }
 
 func treeNode(prefix string, lo, size uint32) string {
@@ -192,10 +197,10 @@ func treeNode(prefix string, lo, size uint32) string {
 }
 
 // appendTree appends the chains that pick an endpoint for a key whose endpoint count is
-// in the sets bitSet0..7: node lo-hi covers the counts lo..hi; it goes to its upper half
+// in the sets bitSet0..depth-1: node lo-hi covers the counts lo..hi; it goes to its upper half
 // when the next bit is set, else to its lower half, and a node of two counts N, N+1
 // translates with "numgen random mod N+1" or "mod N".
-func appendTree(chains []*nft.Chain, prefix, bitSet, epMap string, key []nft.Field) []*nft.Chain {
+func appendTree(chains []*nft.Chain, depth int, prefix, bitSet, epMap string, key []nft.Field) []*nft.Chain {
 	var node func(lo, size uint32) string
 	node = func(lo, size uint32) string {
 		ch := &nft.Chain{Name: treeNode(prefix, lo, size)}
@@ -218,6 +223,13 @@ func appendTree(chains []*nft.Chain, prefix, bitSet, epMap string, key []nft.Fie
 		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: lower}}, Tag: own(PurposeEndpointCount)})
 		return ch.Name
 	}
-	node(0, 1<<countBits)
+	node(0, 1<<depth)
 	return chains
+}
+
+// growTree returns the depth of the endpoint-count trees once they express counts up to
+// n, and keeps it.
+func (s *Slots) growTree(n int) int {
+	s.treeBits = max(s.treeBits, minTreeBits, bits.Len(uint(n)))
+	return s.treeBits
 }

@@ -211,7 +211,7 @@ func TestIsolationEndpointBecomesClusterIP(t *testing.T) {
 	endpointsOf := func(rs *nft.Ruleset) string {
 		var all []string
 		for _, s := range rs.Flatten().Sets {
-			if strings.HasPrefix(s.Name, mapEndpointsPrefix) {
+			if strings.HasPrefix(s.Name, mapEndpoints) { // the flat map and the slot pages
 				for _, e := range s.Elements {
 					all = append(all, valuesString(e.Data))
 				}

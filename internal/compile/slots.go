@@ -29,6 +29,10 @@ type Slots struct {
 	owned map[model.ServicePortName]slotRange
 	free  []slotRange // sorted by start, non-adjacent
 	next  uint32      // first never-used block
+	// treeBits is the depth of the flat path's endpoint-count trees (flat.go): it grows
+	// with the largest flat endpoint count ever compiled and never shrinks, so that a
+	// count that goes back and forth across a power of two does not rebuild the trees.
+	treeBits int
 }
 
 type slotRange struct{ start, blocks uint32 }
