@@ -896,17 +896,21 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 	for _, c := range pl.newChains {
 		b.AddChain(c)
 	}
-	// 5. elements (they may refer to the new chains), then rules (they refer to sets and
-	// chains)
+	// 5. rules (they refer to sets and chains, all created by now), then elements (they
+	// may refer to the new chains). Rules go first: a rule that looks up a map binds it,
+	// and the kernel walks all of a map's elements when it is bound (nf_tables_bind_set,
+	// once per chain), so binding a map filled with hundreds of thousands of endpoint
+	// entries from each of the lb tree's 128 leaf chains took seconds; an element added
+	// to a bound map is checked against each binding, which is cheap.
+	for _, c := range pl.refill {
+		for _, r := range c.Rules {
+			try(b.AddRule(c.Name, r))
+		}
+	}
 	for _, name := range setNames {
 		if es := add[name]; len(es) > 0 {
 			st.Elements += len(es)
 			try(b.Elems(sets[name], es, false))
-		}
-	}
-	for _, c := range pl.refill {
-		for _, r := range c.Rules {
-			try(b.AddRule(c.Name, r))
 		}
 	}
 	// 6. chains that are gone
