@@ -357,18 +357,31 @@ func stmtOf[T nft.Stmt](r nft.Rule) (T, bool) {
 }
 
 // serviceOf names the service port an outcome went through, from the compiler's tags:
-// of the verdict-map entry that routed it, else of its DNAT rule, else of any element it
-// matched.
+// of the verdict-map entry that routed it (a chained service port), else of the frontend
+// element it matched (the flat path), else of its DNAT rule or the endpoint entry that
+// DNAT read, else of any element it matched.
 func serviceOf(o trace.Outcome) string {
 	if m, ok := lastVerdictEntry(o); ok {
 		if sp, ok := compile.ServicePortOf(m.Element.Tag); ok {
 			return sp.String()
 		}
 	}
+	for _, p := range []compile.Purpose{compile.PurposeFrontend, compile.PurposeRejectNoEndpoints, compile.PurposeDropNoLocalEndpoints} {
+		if m, ok := lastMatchOf(o, p); ok {
+			if sp, ok := compile.ServicePortOf(m.Element.Tag); ok {
+				return sp.String()
+			}
+		}
+	}
 	for _, s := range o.Path {
 		if compile.PurposeOf(s.Rule.Tag) == compile.PurposeEndpointDNAT {
 			if sp, ok := compile.ServicePortOf(s.Rule.Tag); ok {
 				return sp.String()
+			}
+			for _, m := range s.Matched { // the flat path's shared DNAT rule: the entry it read
+				if sp, ok := compile.ServicePortOf(m.Element.Tag); ok {
+					return sp.String()
+				}
 			}
 		}
 	}
@@ -380,6 +393,20 @@ func serviceOf(o trace.Outcome) string {
 		}
 	}
 	return ""
+}
+
+// lastMatchOf returns the last element with purpose p that the outcome's packet matched:
+// a set lookup's, a verdict map's or a NAT map's.
+func lastMatchOf(o trace.Outcome, p compile.Purpose) (trace.Match, bool) {
+	for i := len(o.Path) - 1; i >= 0; i-- {
+		ms := o.Path[i].Matched
+		for j := len(ms) - 1; j >= 0; j-- {
+			if compile.PurposeOf(ms[j].Element.Tag) == p {
+				return ms[j], true
+			}
+		}
+	}
+	return trace.Match{}, false
 }
 
 // lastVerdictEntry returns the last verdict-map entry the outcome's packet matched.
@@ -439,10 +466,11 @@ func masqueradeReason(o trace.Outcome) string {
 	return "by the masquerading rules"
 }
 
-// rejectReason: a service frontend routed to reject (no endpoints), or a cluster IP
+// rejectReason: a service frontend routed to reject (no endpoints: its element of a
+// no-endpoint set, or of a verdict map, is among the matches), or a cluster IP
 // port that no service defines.
 func rejectReason(o trace.Outcome, p trace.Packet, sc scene) string {
-	if m, ok := lastVerdictEntry(o); ok && compile.PurposeOf(m.Element.Tag) == compile.PurposeRejectNoEndpoints {
+	if _, ok := lastMatchOf(o, compile.PurposeRejectNoEndpoints); ok {
 		return "no endpoints: the service has no ready endpoints"
 	}
 	last := o.Path[len(o.Path)-1]
@@ -456,7 +484,7 @@ func rejectReason(o trace.Outcome, p trace.Packet, sc scene) string {
 // loadBalancerSourceRanges, or an unallocated service IP.
 func dropReason(o trace.Outcome, p trace.Packet, sc scene) string {
 	last := o.Path[len(o.Path)-1]
-	if m, ok := lastVerdictEntry(o); ok && compile.PurposeOf(m.Element.Tag) == compile.PurposeDropNoLocalEndpoints {
+	if _, ok := lastMatchOf(o, compile.PurposeDropNoLocalEndpoints); ok {
 		return "no local endpoints: the service's traffic policy for this traffic is Local and none of its ready endpoints runs on this node"
 	}
 	switch compile.PurposeOf(last.Rule.Tag) {

@@ -204,6 +204,11 @@ func TestExplain(t *testing.T) {
 			"tcp 10.244.0.1 (a pod) → 10.96.0.10:80, arriving from the network", "service default/echo",
 			"50%  → 10.244.1.2:8080, client address kept", "50%  → 10.244.1.3:8080, client address kept"}},
 		{[]string{"--from", "172.16.0.9", "10.96.0.10:80"}, []string{"→ 10.244.1.3:8080, masqueraded: the source is outside the cluster CIDR 10.244.0.0/16"}},
+		{[]string{"--rules", "10.96.0.10:80"}, []string{"service default/echo",
+			"services: ip daddr . meta l4proto . th dport @cluster-frontends goto cluster-frontend",
+			`@cluster-frontends: 10.96.0.10 . tcp . 80 comment "default/echo"`,
+			"dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints",
+			"@endpoints: 10.96.0.10 . tcp . 80 . 0 : 10.244.1.2 . 8080", "@endpoints: 10.96.0.10 . tcp . 80 . 1 : 10.244.1.3 . 8080"}},
 		{[]string{"--from", "10.244.1.2", "10.96.0.10:80"}, []string{
 			"→ 10.244.1.2:8080, masqueraded: hairpin", "→ 10.244.1.3:8080, client address kept"}},
 		{[]string{"--local", "10.96.0.10:80"}, []string{"tcp 192.0.2.10 (the node) → 10.96.0.10:80, sent by the node itself", "masqueraded: the source is outside"}},

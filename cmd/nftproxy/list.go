@@ -34,8 +34,20 @@ const (
 	listServiceNodePorts   = "service-nodeports"
 	listNoEndpointServices = "no-endpoint-services"
 	listNoEndpointNodePort = "no-endpoint-nodeports"
-	listFirewallIPs        = "firewall-ips"
-	listMarkMasq           = "mark-for-masquerade"
+	listNoLocalServices    = "no-local-endpoint-services"
+	listNoLocalNodePorts   = "no-local-endpoint-nodeports"
+	// the flat path: frontends in sets, their endpoints in maps keyed by frontend . index,
+	// their endpoint counts in binary in the count-bit sets
+	listClusterFrontends  = "cluster-frontends"
+	listExternalFrontends = "external-frontends"
+	listNodePortFrontends = "nodeport-frontends"
+	listEndpoints         = "endpoints"
+	listNodePortEndpoints = "nodeport-endpoints"
+	listEndpointCountBit  = "endpoint-count-bit"
+	listNodePortCountBit  = "nodeport-endpoint-count-bit"
+	listCountBits         = 8
+	listFirewallIPs       = "firewall-ips"
+	listMarkMasq          = "mark-for-masquerade"
 )
 
 // Frontend types.
@@ -190,8 +202,9 @@ func listServices(rs *nft.Ruleset) []listedPort {
 		return p
 	}
 	// frontend returns the service port's frontend for a map key (address . proto . port,
-	// or proto . port for a node port).
-	frontend := func(e nft.Element) *listedFrontend {
+	// or proto . port for a node port); typ is its type when the set it is in says so,
+	// else "" (an address is a cluster IP when it is in the cluster IP set).
+	frontend := func(e nft.Element, typ string) *listedFrontend {
 		var f listedFrontend
 		var proto uint8
 		switch len(e.Key) {
@@ -201,6 +214,9 @@ func listServices(rs *nft.Ruleset) []listedPort {
 			f.Type = frontendExternal
 			if clusterIPs[a] {
 				f.Type = frontendClusterIP
+			}
+			if typ != "" {
+				f.Type = typ
 			}
 		case 2:
 			f.Type, proto, f.Port = frontendNodePort, uint8(e.Key[0].Num), uint16(e.Key[1].Num)
@@ -217,32 +233,60 @@ func listServices(rs *nft.Ruleset) []listedPort {
 		}
 		return &p.Frontends[i]
 	}
-	// maps with endpoints first, then the no-endpoint maps, whose verdicts win: the filter
-	// chains apply them before the nat chains see the packet
-	for _, name := range []string{listServiceIPs, listServiceNodePorts, listNoEndpointServices, listNoEndpointNodePort} {
+	// the flat path's frontends, whose endpoints are entries of the endpoint maps
+	flat := &flatEndpoints{sets: sets}
+	for name, typ := range map[string]string{listClusterFrontends: frontendClusterIP, listExternalFrontends: frontendExternal, listNodePortFrontends: frontendNodePort} {
 		s := sets[name]
 		if s == nil {
 			continue
 		}
 		for _, e := range s.Elements {
-			f := frontend(e)
-			if f == nil || e.Verdict == nil {
+			f := frontend(e, typ)
+			if f == nil {
 				continue
+			}
+			f.Action, f.TrafficPolicy, f.AffinityTimeoutSeconds = "dnat", "Cluster", 0
+			f.Endpoints = flat.of(e.Key)
+		}
+	}
+	// chained service ports' verdict maps, then the no-endpoint sets (verdict maps in
+	// tables of older versions), which win: the filter chains apply them before the nat
+	// chains see the packet
+	for _, name := range []string{listServiceIPs, listServiceNodePorts, listNoEndpointServices, listNoEndpointNodePort, listNoLocalServices, listNoLocalNodePorts} {
+		s := sets[name]
+		if s == nil {
+			continue
+		}
+		for _, e := range s.Elements {
+			f := frontend(e, "")
+			if f == nil {
+				continue
+			}
+			v := e.Verdict
+			if v == nil {
+				switch name {
+				case listNoEndpointServices, listNoEndpointNodePort:
+					v = &nft.Verdict{Kind: nft.Goto, Chain: compile.ChainReject}
+				case listNoLocalServices, listNoLocalNodePorts:
+					v = &nft.Verdict{Kind: nft.Drop}
+				default:
+					continue
+				}
 			}
 			f.Endpoints, f.TrafficPolicy, f.AffinityTimeoutSeconds = nil, "", 0
 			switch {
-			case e.Verdict.Kind == nft.Drop:
+			case v.Kind == nft.Drop:
 				f.Action = "drop"
 				f.TrafficPolicy = "Local"
-			case e.Verdict.Chain == compile.ChainReject:
+			case v.Chain == compile.ChainReject:
 				f.Action = "reject"
-			case e.Verdict.Kind == nft.Goto || e.Verdict.Kind == nft.Jump:
+			case v.Kind == nft.Goto || v.Kind == nft.Jump:
 				f.Action = "dnat"
 				w := &walker{rs: rs, sets: sets, chains: chains, policy: "Cluster"}
-				w.walk(e.Verdict.Chain, 1, false, 0)
+				w.walk(v.Chain, 1, false, 0)
 				f.Endpoints, f.TrafficPolicy, f.AffinityTimeoutSeconds = w.endpoints(), w.policy, w.affinity
 			default:
-				f.Action = "verdict " + strconv.Itoa(int(e.Verdict.Kind))
+				f.Action = "verdict " + strconv.Itoa(int(v.Kind))
 			}
 		}
 	}
@@ -251,7 +295,7 @@ func listServices(rs *nft.Ruleset) []listedPort {
 			if len(e.Key) != 3 || e.Verdict == nil {
 				continue
 			}
-			f := frontend(e)
+			f := frontend(e, "")
 			if f.Action == "" { // a firewall entry for a frontend without a route
 				f.Action = "none"
 			}
@@ -279,6 +323,93 @@ func listServices(rs *nft.Ruleset) []listedPort {
 		out = append(out, *p)
 	}
 	return out
+}
+
+// flatEndpoints reads a flat frontend's endpoints: the entries "frontend . i →
+// endpoint" of the endpoints (or nodeport-endpoints) map for i below the frontend's
+// endpoint count, which the count-bit sets hold in binary, each picked with probability
+// 1/count. An index below the count without an entry is listed as a missing slot; a
+// table without count-bit sets counts the entries present.
+type flatEndpoints struct {
+	sets    map[string]*nft.Set
+	indexed bool
+	entries map[string][]nft.Element // frontend key → its entries, of either map
+	counts  map[string]uint32        // frontend key → endpoint count, from the bit sets
+	bits    map[string]bool          // the bit set prefixes the table has
+}
+
+func (fe *flatEndpoints) of(key []nft.Value) []listedEndpoint {
+	if !fe.indexed {
+		fe.index()
+	}
+	k := valuesKey(key)
+	entries := fe.entries[k]
+	byIndex := make(map[uint32]nft.Element, len(entries))
+	for _, e := range entries {
+		byIndex[e.Key[len(e.Key)-1].Num] = e
+	}
+	bitSet := listEndpointCountBit
+	if len(key) == 2 {
+		bitSet = listNodePortCountBit
+	}
+	count := fe.counts[k]
+	if !fe.bits[bitSet] {
+		count = uint32(len(entries))
+	}
+	w := &walker{}
+	for i := range count {
+		p := 1 / float64(count)
+		e, ok := byIndex[i]
+		if !ok {
+			w.add("(missing slot "+strconv.Itoa(int(i))+")", p, false)
+			continue
+		}
+		w.add(netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)).String(), p, false)
+	}
+	return w.endpoints()
+}
+
+// index reads the endpoint maps and count-bit sets once. Frontend keys of the two kinds
+// have different lengths, so one index serves both.
+func (fe *flatEndpoints) index() {
+	fe.indexed = true
+	fe.entries, fe.counts, fe.bits = map[string][]nft.Element{}, map[string]uint32{}, map[string]bool{}
+	for _, name := range []string{listEndpoints, listNodePortEndpoints} {
+		if m := fe.sets[name]; m != nil {
+			for _, e := range m.Elements {
+				if n := len(e.Key); n > 1 && len(e.Data) == 2 {
+					k := valuesKey(e.Key[:n-1])
+					fe.entries[k] = append(fe.entries[k], e)
+				}
+			}
+		}
+	}
+	for _, prefix := range []string{listEndpointCountBit, listNodePortCountBit} {
+		for b := range listCountBits {
+			s := fe.sets[prefix+strconv.Itoa(b)]
+			if s == nil {
+				continue
+			}
+			fe.bits[prefix] = true
+			for _, e := range s.Elements {
+				fe.counts[valuesKey(e.Key)] |= 1 << b
+			}
+		}
+	}
+}
+
+// valuesKey is a map key for a concatenation of values.
+func valuesKey(vs []nft.Value) string {
+	var b strings.Builder
+	for _, v := range vs {
+		if v.Addr.IsValid() {
+			b.WriteString(v.Addr.String())
+		}
+		b.WriteByte('/')
+		b.WriteString(strconv.FormatUint(uint64(v.Num), 10))
+		b.WriteByte(' ')
+	}
+	return b.String()
 }
 
 // walker follows a frontend's chain to the endpoints it picks, with the probability of

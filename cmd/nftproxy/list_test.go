@@ -188,3 +188,30 @@ func TestListKernel(t *testing.T) {
 		t.Errorf("endpoints no longer programmed still listed:\n%s", out.String())
 	}
 }
+
+// TestListFlatMissingEntry: a flat frontend's count comes from the count-bit sets, which
+// the lb chains read; an index below it without an endpoint entry is listed, not hidden.
+func TestListFlatMissingEntry(t *testing.T) {
+	rs, _ := compile.Compile(listSnapshot(), listConfig(), compile.NewSlots())
+	rs = rs.Flatten()
+	for _, s := range rs.Sets {
+		if s.Name == "endpoints" {
+			s.Elements = slices.DeleteFunc(s.Elements, func(e nft.Element) bool {
+				return e.Key[0].Addr == netip.MustParseAddr("10.96.0.1") && e.Key[3].Num == 1
+			})
+		}
+	}
+	var out, errs bytes.Buffer
+	if code := listCommand(nil, encodedTables{nft.IPv4: rs}, &out, &errs); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	var lines []string
+	for _, l := range strings.Split(out.String(), "\n") {
+		lines = append(lines, strings.Join(strings.Fields(l), " "))
+	}
+	for _, want := range []string{"default/plain:http tcp 10.96.0.1:80 ClusterIP Cluster - (missing slot 1) 50.0%", "10.244.0.1:8080 50.0%"} {
+		if !slices.Contains(lines, want) {
+			t.Errorf("no line %q in\n%s", want, out.String())
+		}
+	}
+}

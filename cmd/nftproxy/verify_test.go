@@ -127,17 +127,23 @@ func TestVerifyOnce(t *testing.T) {
 		t.Errorf("other masquerade bit:\n%s", res.diff)
 	}
 
-	// a service deleted from the API but still in the kernel
-	if err := client.CoreV1().Services("default").Delete(ctx, "echo", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+	// services deleted from the API but still in the kernel: one on the flat path (its
+	// frontends and endpoints are elements), one with session affinity (a chain of its own)
+	for _, name := range []string{"echo", "sticky"} {
+		if err := client.CoreV1().Services("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	res, err = verifyOnce(ctx, client, cfg, k)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		`ip nftproxy: set service-ips: extra element 10.96.0.10 . tcp . 80 : goto svc-default/echo/tcp/- comment "default/echo"`,
-		"ip6 nftproxy: chain svc-default/echo/tcp/- extra (2 rules)",
+		`ip nftproxy: set cluster-frontends: extra element 10.96.0.10 . tcp . 80 comment "default/echo"`,
+		`ip nftproxy: set endpoints: extra element 10.96.0.10 . tcp . 80 . 1 : 10.244.1.3 . 8080`,
+		`ip6 nftproxy: set endpoints: extra element fd00:96::10 . tcp . 80 . 0 : fd00:244::1:2 . 8080`,
+		`ip nftproxy: set service-ips: extra element 10.96.1.5 . tcp . 80 : goto svc-default/sticky/tcp/- comment "default/sticky"`,
+		"ip nftproxy: chain svc-default/sticky/tcp/- extra",
 	} {
 		if !strings.Contains(res.diff.String(), want) {
 			t.Errorf("deleted service: no line %q in\n%s", want, res.diff)
