@@ -185,33 +185,60 @@ func pathText(o Outcome) string {
 
 // TestTracePath checks that the path holds the rules that matched, in order, with their
 // comments and the elements that decided. Other rules may come in between: the compiler
-// gains rules that do not change this packet's fate.
+// gains rules that do not change this packet's fate (and the depth of the lb tree above
+// the chains named here follows the largest endpoint count).
 func TestTracePath(t *testing.T) {
-	res, err := Trace(ruleset(t, nft.IPv4), packet("tcp 172.16.0.9 -> 10.96.0.10:80"), Context{IsLocal: isNode})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []string{
-		"nat-prerouting: jump services",
-		`services: ip daddr . meta l4proto . th dport vmap @service-ips [@service-ips 10.96.0.10 . tcp . 80 comment "default/echo" : goto svc-default/echo/tcp/-]`,
-		"svc-default/echo/tcp/-: ip daddr 10.96.0.10 ip saddr != 10.244.0.0/16 jump mark-for-masquerade",
-		"mark-for-masquerade: meta mark set meta mark | 0x00004000",
-		`svc-default/echo/tcp/-: meta l4proto tcp dnat ip to numgen random mod 2 map @endpoints-0 comment "default/echo" [@endpoints-0 1 : 10.244.1.3 . 8080]`,
-		"filter-forward: ct state new jump service-endpoints-check",
-		"nat-postrouting: jump masquerading",
-		"masquerading: meta mark set meta mark ^ 0x00004000",
-		"masquerading: masquerade fully-random",
-	}
-	got := strings.Split(strings.TrimPrefix(pathText(res.Outcomes[1]), "\n  "), "\n  ")
-	rest := got
-	for _, w := range want {
-		i := slices.Index(rest, w)
-		if i < 0 {
-			t.Fatalf("path lacks, in this order:\n  %s\npath:\n  %s", w, strings.Join(got, "\n  "))
-		}
-		rest = rest[i+1:]
-	}
-	if last := got[len(got)-1]; last != want[len(want)-1] {
-		t.Errorf("path ends with %s", last)
+	for _, tc := range []struct {
+		name, pkt string
+		want      []string
+	}{
+		{"flat", "tcp 172.16.0.9 -> 10.96.0.10:80", []string{
+			"nat-prerouting: jump services",
+			`services: ip daddr . meta l4proto . th dport @cluster-frontends goto cluster-frontend [@cluster-frontends 10.96.0.10 . tcp . 80 comment "default/echo"]`,
+			"cluster-frontend: ip saddr != 10.244.0.0/16 jump mark-for-masquerade",
+			"mark-for-masquerade: meta mark set meta mark | 0x00004000",
+			"lb-0-3: ip daddr . meta l4proto . th dport @endpoint-count-bit1 goto lb-2-3 [@endpoint-count-bit1 10.96.0.10 . tcp . 80]",
+			"lb-2-3: dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints [@endpoints 10.96.0.10 . tcp . 80 . 1 : 10.244.1.3 . 8080]",
+			"filter-forward: ct state new jump service-endpoints-check",
+			"nat-postrouting: jump masquerading",
+			"masquerading: meta mark set meta mark ^ 0x00004000",
+			"masquerading: masquerade fully-random",
+		}},
+		// a service port with a chain of its own (an external Local policy with a node
+		// port) and endpoint slots
+		{"chained", "tcp 172.16.0.9 -> 10.96.1.3:80", []string{
+			"nat-prerouting: jump services",
+			`services: ip daddr . meta l4proto . th dport vmap @service-ips [@service-ips 10.96.1.3 . tcp . 80 comment "web/local" : goto svc-web/local/tcp/-]`,
+			"svc-web/local/tcp/-: ip daddr 10.96.1.3 ip saddr != 10.244.0.0/16 jump mark-for-masquerade",
+			"mark-for-masquerade: meta mark set meta mark | 0x00004000",
+			`svc-web/local/tcp/-: meta l4proto tcp dnat ip to numgen random mod 2 map @endpoints-0 comment "web/local" [@endpoints-0 1 : 10.244.1.5 . 8080]`,
+			"filter-forward: ct state new jump service-endpoints-check",
+			"nat-postrouting: jump masquerading",
+			"masquerading: meta mark set meta mark ^ 0x00004000",
+			"masquerading: masquerade fully-random",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := Trace(ruleset(t, nft.IPv4), packet(tc.pkt), Context{IsLocal: isNode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Outcomes) != 2 {
+				t.Fatalf("%d outcomes, want one per endpoint (2)", len(res.Outcomes))
+			}
+			want := tc.want
+			got := strings.Split(strings.TrimPrefix(pathText(res.Outcomes[1]), "\n  "), "\n  ")
+			rest := got
+			for _, w := range want {
+				i := slices.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("path lacks, in this order:\n  %s\npath:\n  %s", w, strings.Join(got, "\n  "))
+				}
+				rest = rest[i+1:]
+			}
+			if last := got[len(got)-1]; last != want[len(want)-1] {
+				t.Errorf("path ends with %s", last)
+			}
+		})
 	}
 }
