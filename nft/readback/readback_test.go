@@ -1,6 +1,7 @@
 package readback_test
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -138,36 +139,64 @@ func TestVerifyReportsTampering(t *testing.T) {
 	if _, err := a.Apply(rs); err != nil {
 		t.Fatal(err)
 	}
-	svcA := "svc-default/a/tcp/http"
-	var dnatA string
+	// a has no chain of its own (the flat path: frontends and endpoints are elements);
+	// lb has one (an external Local policy), with endpoint slots
+	svcLB := "svc-default/lb/tcp/http"
+	var dnatLB, clusterFront string
+	nServices := 0
 	for _, c := range rs.Chains {
-		if c.Name == svcA {
-			dnatA = nft.RenderRule(rs.Family, c.Rules[1])
+		switch c.Name {
+		case svcLB:
+			dnatLB = nft.RenderRule(rs.Family, c.Rules[1])
+		case "services":
+			nServices = len(c.Rules)
+		case "cluster-frontend":
+			clusterFront = nft.RenderRule(rs.Family, c.Rules[1]) // goto the lb tree's root
 		}
 	}
+	if dnatLB == "" || nServices == 0 || !strings.HasPrefix(clusterFront, "goto lb-") {
+		t.Fatalf("ruleset lacks chain %s, services or cluster-frontend (%q)", svcLB, clusterFront)
+	}
+	extra := fmt.Sprintf("extra rule %d", nServices)
 	cases := []struct {
 		name   string
 		tamper [][]string
 		opts   []readback.Option
 		want   []string
 	}{
-		{"delete element", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "service-ips", "{ 10.96.0.1 . tcp . 80 }"}}, nil,
-			[]string{`ip nftproxy: set service-ips: missing element 10.96.0.1 . tcp . 80 : goto ` + svcA + ` comment "default/a:http"`}},
+		{"delete element", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "service-ips", "{ 10.96.0.3 . tcp . 80 }"}}, nil,
+			[]string{`ip nftproxy: set service-ips: missing element 10.96.0.3 . tcp . 80 : goto ` + svcLB + ` comment "default/lb:http"`}},
+		{"delete frontend", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "cluster-frontends", "{ 10.96.0.1 . tcp . 80 }"}}, nil,
+			[]string{`ip nftproxy: set cluster-frontends: missing element 10.96.0.1 . tcp . 80 comment "default/a:http"`}},
+		{"delete endpoint entry", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "nodeport-endpoints", "{ tcp . 30080 . 1 }"}}, nil,
+			[]string{`ip nftproxy: set nodeport-endpoints: missing element tcp . 30080 . 1 : 10.244.0.2 . 8080`}},
 		{"add element", [][]string{{"nft", "add", "element", "ip", "nftproxy", "hairpin", "{ 10.244.9.9 . 10.244.9.9 }"}}, nil,
 			[]string{`ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9`}},
+		{"add endpoint count bit", [][]string{{"nft", "add", "element", "ip", "nftproxy", "endpoint-count-bit0", "{ 10.96.0.1 . tcp . 80 }"}}, nil,
+			[]string{`ip nftproxy: set endpoint-count-bit0: extra element 10.96.0.1 . tcp . 80`}},
 		{"change element", [][]string{
-			{"nft", "delete", "element", "ip", "nftproxy", "service-nodeports", "{ tcp . 30080 }"},
-			{"nft", "add", "element", "ip", "nftproxy", "service-nodeports", "{ tcp . 30080 : drop }"},
+			{"nft", "delete", "element", "ip", "nftproxy", "service-nodeports", "{ tcp . 30443 }"},
+			{"nft", "add", "element", "ip", "nftproxy", "service-nodeports", "{ tcp . 30443 : drop }"},
 		}, nil,
-			[]string{`ip nftproxy: set service-nodeports: element differs: kernel tcp . 30080 : drop, expected tcp . 30080 : goto ext-default/a/tcp/http comment "default/a:http"`}},
+			[]string{`ip nftproxy: set service-nodeports: element differs: kernel tcp . 30443 : drop, expected tcp . 30443 : goto ext-default/lb/tcp/http comment "default/lb:http"`}},
+		{"change endpoint entry", [][]string{
+			{"nft", "delete", "element", "ip", "nftproxy", "endpoints", "{ 10.96.0.1 . tcp . 80 . 0 }"},
+			{"nft", "add", "element", "ip", "nftproxy", "endpoints", "{ 10.96.0.1 . tcp . 80 . 0 : 10.244.9.9 . 9999 }"},
+		}, nil,
+			[]string{`ip nftproxy: set endpoints: element differs: kernel 10.96.0.1 . tcp . 80 . 0 : 10.244.9.9 . 9999, expected 10.96.0.1 . tcp . 80 . 0 : 10.244.0.1 . 8080`}},
 		{"add rule", [][]string{{"nft", "add", "rule", "ip", "nftproxy", "services", "counter", "drop"}}, nil,
-			[]string{"ip nftproxy: chain services: extra rule 2: `counter packets 0 bytes 0 drop`"}},
+			[]string{"ip nftproxy: chain services: " + extra + ": `counter packets 0 bytes 0 drop`"}},
 		{"insert rule", [][]string{{"nft", "insert", "rule", "ip", "nftproxy", "mark-for-masquerade", "ip", "saddr", "10.1.2.3", "accept"}}, nil,
 			[]string{"ip nftproxy: chain mark-for-masquerade: extra rule 0: `ip saddr 10.1.2.3 accept`"}},
-		{"flush chain", [][]string{{"nft", "flush", "chain", "ip", "nftproxy", svcA}}, nil,
+		{"flush chain", [][]string{{"nft", "flush", "chain", "ip", "nftproxy", svcLB}}, nil,
 			[]string{
-				"ip nftproxy: chain " + svcA + ": missing rule 0: `ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 jump mark-for-masquerade`",
-				"ip nftproxy: chain " + svcA + ": missing rule 1: `" + dnatA + "`",
+				"ip nftproxy: chain " + svcLB + ": missing rule 0: `ip daddr 10.96.0.3 ip saddr != 10.244.0.0/16 jump mark-for-masquerade`",
+				"ip nftproxy: chain " + svcLB + ": missing rule 1: `" + dnatLB + "`",
+			}},
+		{"flush shared chain", [][]string{{"nft", "flush", "chain", "ip", "nftproxy", "cluster-frontend"}}, nil,
+			[]string{
+				"ip nftproxy: chain cluster-frontend: missing rule 0: `ip saddr != 10.244.0.0/16 jump mark-for-masquerade`",
+				"ip nftproxy: chain cluster-frontend: missing rule 1: `" + clusterFront + "`",
 			}},
 		{"add chain", [][]string{{"nft", "add", "chain", "ip", "nftproxy", "intruder"}}, nil,
 			[]string{"ip nftproxy: chain intruder extra (0 rules)"}},
@@ -177,15 +206,22 @@ func TestVerifyReportsTampering(t *testing.T) {
 		}, nil,
 			[]string{"ip nftproxy: chain intruder extra (1 rules)", "ip nftproxy: chain intruder: extra rule 0: `ip daddr 10.0.0.0/8 drop`"}},
 		{"a rule nftproxy never writes is shown by its expressions", [][]string{{"nft", "add", "rule", "ip", "nftproxy", "services", "tcp", "dport", "22", "accept"}}, nil,
-			[]string{"ip nftproxy: chain services: extra rule 2: [meta key 16, cmp == 06, payload transport+2/2, cmp == 0016, immediate accept]"}},
+			[]string{"ip nftproxy: chain services: " + extra + ": [meta key 16, cmp == 06, payload transport+2/2, cmp == 0016, immediate accept]"}},
 		{"learned affinity entries are not a difference", [][]string{
 			{"nft", "add", "element", "ip", "nftproxy", "affinity-default/sticky/tcp/http/0", "{ 10.244.7.7 }"},
 		}, nil, nil},
 		{"delete endpoint slot", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "endpoints-0", "{ 0 }"}}, nil,
-			[]string{`ip nftproxy: set endpoints-0: missing element 0 : 10.244.0.1 . 8080`}},
+			[]string{`ip nftproxy: set endpoints-0: missing element 0 : 10.244.0.21 . 8080`}},
 		{"delete endpoint slot, slots by content", [][]string{{"nft", "delete", "element", "ip", "nftproxy", "endpoints-0", "{ 0 }"}},
 			[]readback.Option{slotsByContent},
-			[]string{"ip nftproxy: chain " + svcA + ": rule 1 differs: kernel `" + dnatA + "` selecting {10.244.0.2 . 8080, missing}, expected `" + dnatA + "`"}},
+			[]string{"ip nftproxy: chain " + svcLB + ": rule 1 differs: kernel `" + dnatLB + "` selecting {10.244.0.22 . 8080, 10.244.0.23 . 8080, missing}, expected `" + dnatLB + "`"}},
+		// the flat path's endpoints map is keyed by frontend and index, not by a slot:
+		// compared exactly even by content
+		{"change endpoint entry, slots by content", [][]string{
+			{"nft", "delete", "element", "ip", "nftproxy", "endpoints", "{ 10.96.0.1 . tcp . 80 . 1 }"},
+			{"nft", "add", "element", "ip", "nftproxy", "endpoints", "{ 10.96.0.1 . tcp . 80 . 1 : 10.244.0.1 . 8080 }"},
+		}, []readback.Option{slotsByContent},
+			[]string{`ip nftproxy: set endpoints: element differs: kernel 10.96.0.1 . tcp . 80 . 1 : 10.244.0.1 . 8080, expected 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -214,7 +250,11 @@ func TestVerifySlotsByContent(t *testing.T) {
 	a := newApplier(ns)
 	snap := verifySnapshot()
 	history := compile.NewSlots()
-	bigger := &model.Snapshot{Node: snap.Node, Services: append([]model.ServicePort{svc("first", "10.96.0.9", 0, 100, 40)}, snap.Services...)}
+	// "first" has a chain of its own and endpoint slots (an external Local policy with a
+	// node port), like lb; flat service ports have no slots
+	first := svc("first", "10.96.0.9", 30090, 100, 40)
+	first.ExternalPolicyLocal = true
+	bigger := &model.Snapshot{Node: snap.Node, Services: append([]model.ServicePort{first}, snap.Services...)}
 	compile.Compile(bigger, cfg(), history) // "first" takes slots 0-47; the others follow
 	programmed, _ := compile.Compile(snap, cfg(), history)
 	if _, err := a.Apply(programmed); err != nil {
@@ -233,6 +273,13 @@ func TestVerifySlotsByContent(t *testing.T) {
 	if d := mustVerify(t, a, fresh, slotsByContent); !slices.Equal(d, want) {
 		t.Fatalf("stray slot element:\n%s\nwant:\n%s", d, want)
 	}
+	// The flat path's endpoint entries are keyed by frontend and index, the same
+	// whatever the history: an extra one is a difference by content too.
+	ns.MustRun(t, "", "nft", "add", "element", "ip", "nftproxy", "endpoints", "{ 10.96.0.1 . tcp . 80 . 2 : 10.244.5.5 . 80 }")
+	want = append(readback.Diff{"ip nftproxy: set endpoints: extra element 10.96.0.1 . tcp . 80 . 2 : 10.244.5.5 . 80"}, want...)
+	if d := mustVerify(t, a, fresh, slotsByContent); !slices.Equal(d, want) {
+		t.Fatalf("stray endpoint entry:\n%s\nwant:\n%s", d, want)
+	}
 }
 
 // TestCompareEncoded compares two encoded rulesets without a kernel: the differences of
@@ -241,7 +288,8 @@ func TestCompareEncoded(t *testing.T) {
 	slots := compile.NewSlots()
 	old, _ := compile.Compile(verifySnapshot(), cfg(), slots)
 	snap := verifySnapshot()
-	snap.Services[0].ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.11")}
+	snap.Services[0].ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.11")} // flat
+	snap.Services[2].ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.13")} // chained
 	snap.Services = snap.Services[:3] // "empty" is gone
 	snap.Services[1].AffinityTimeout = 60
 	cur, _ := compile.Compile(snap, cfg(), slots)
@@ -256,6 +304,18 @@ func TestCompareEncoded(t *testing.T) {
 	want := []string{
 		`ip nftproxy: set cluster-ips: missing element 10.96.0.11`,
 		`ip nftproxy: set cluster-ips: extra element 10.96.0.1`,
+		`ip nftproxy: set cluster-ips: missing element 10.96.0.13`,
+		`ip nftproxy: set cluster-ips: extra element 10.96.0.3`,
+		// a flat service port's frontend and endpoint entries
+		`ip nftproxy: set cluster-frontends: missing element 10.96.0.11 . tcp . 80 comment "default/a:http"`,
+		`ip nftproxy: set cluster-frontends: extra element 10.96.0.1 . tcp . 80 comment "default/a:http"`,
+		`ip nftproxy: set endpoints: missing element 10.96.0.11 . tcp . 80 . 1 : 10.244.0.2 . 8080`,
+		`ip nftproxy: set endpoints: extra element 10.96.0.1 . tcp . 80 . 1 : 10.244.0.2 . 8080`,
+		`ip nftproxy: set endpoint-count-bit1: missing element 10.96.0.11 . tcp . 80`,
+		`ip nftproxy: set endpoint-count-bit1: extra element 10.96.0.1 . tcp . 80`,
+		// a chained one's element in service-ips
+		`ip nftproxy: set service-ips: missing element 10.96.0.13 . tcp . 80 : goto svc-default/lb/tcp/http comment "default/lb:http"`,
+		`ip nftproxy: set service-ips: extra element 10.96.0.3 . tcp . 80 : goto svc-default/lb/tcp/http comment "default/lb:http"`,
 	}
 	for _, w := range want {
 		if !slices.Contains(d, w) {
@@ -267,7 +327,7 @@ func TestCompareEncoded(t *testing.T) {
 			t.Errorf("line without table prefix: %q", l)
 		}
 	}
-	if !strings.Contains(d.String(), "chain svc-default/a/tcp/http: rule 0 differs: kernel `ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 jump mark-for-masquerade`, expected `ip daddr 10.96.0.11 ") {
+	if !strings.Contains(d.String(), "chain svc-default/lb/tcp/http: rule 0 differs: kernel `ip daddr 10.96.0.3 ip saddr != 10.244.0.0/16 jump mark-for-masquerade`, expected `ip daddr 10.96.0.13 ") {
 		t.Errorf("changed rule not reported with its index and text:\n%s", d)
 	}
 	if !strings.Contains(d.String(), "set affinity-default/sticky/tcp/http/0: kernel definition `set affinity-default/sticky/tcp/http/0 { type ipv4_addr; size 65535; flags dynamic,timeout; timeout 10800s; comment") ||
