@@ -290,7 +290,7 @@ func TestCompareEncoded(t *testing.T) {
 	snap := verifySnapshot()
 	snap.Services[0].ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.11")} // flat
 	snap.Services[2].ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.13")} // chained
-	snap.Services = snap.Services[:3] // "empty" is gone
+	snap.Services = snap.Services[:3]                                             // "empty" is gone
 	snap.Services[1].AffinityTimeout = 60
 	cur, _ := compile.Compile(snap, cfg(), slots)
 	got, err := wire.EncodeState(old)
