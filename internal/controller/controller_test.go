@@ -3,8 +3,11 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"net/netip"
 	"reflect"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +23,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/trace"
 )
 
 // fakeDataplane records applied rulesets and can be told to fail.
@@ -68,6 +72,58 @@ func (f *fakeDataplane) last() string {
 		}
 	}
 	return ""
+}
+
+// lastRuleset returns the ip-family ruleset of the last successful Apply; nil before.
+func (f *fakeDataplane) lastRuleset() *nft.Ruleset {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.applied) == 0 {
+		return nil
+	}
+	for _, rs := range f.applied[len(f.applied)-1] {
+		if rs.Family == nft.IPv4 {
+			return rs
+		}
+	}
+	return nil
+}
+
+// fate traces the first packet of a TCP connection from saddr, arriving from the
+// network, to dest ("ip:port") through rs, whatever its shape: "reject", "drop",
+// "accept" (not translated), or the endpoints it reaches with their probabilities
+// ("10.244.1.2:8080 50%, 10.244.1.3:8080 50%"), "+masquerade" after those masqueraded.
+// Trace errors are returned as "error: ...".
+func fate(rs *nft.Ruleset, saddr, dest string) string {
+	if rs == nil {
+		return "(nothing applied)"
+	}
+	d := netip.MustParseAddrPort(dest)
+	res, err := trace.Trace(rs, trace.Packet{Family: nft.IPv4, Saddr: netip.MustParseAddr(saddr), Daddr: d.Addr(), Dport: d.Port(),
+		L4Proto: 6, Hook: nft.Prerouting}, trace.Context{})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	probs := map[string]float64{}
+	for _, o := range res.Outcomes {
+		k := o.Verdict.String()
+		if o.Verdict == trace.Accept && o.DNAT.IsValid() {
+			k = o.DNAT.String()
+		}
+		if o.Masquerade {
+			k += "+masquerade"
+		}
+		probs[k] += o.Probability
+	}
+	var out []string
+	for k, p := range probs {
+		if len(probs) == 1 && !strings.Contains(k, ":") {
+			return k
+		}
+		out = append(out, fmt.Sprintf("%s %.0f%%", k, p*100))
+	}
+	sort.Strings(out)
+	return strings.Join(out, ", ")
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -153,12 +209,12 @@ func TestSyncsOnStartAndOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "service b (no endpoints) programmed as rejected", func() bool {
-		return strings.Contains(dp.last(), `10.96.0.2 . tcp . 80 comment "default/b:http" : goto reject-chain`)
+		return strings.Contains(dp.last(), `default/b:http`) && fate(dp.lastRuleset(), "10.244.0.5", "10.96.0.2:80") == "reject"
 	})
 	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("b", "b-1", "10.244.1.7"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "service b's endpoint", func() bool { return strings.Contains(dp.last(), "10.244.1.7 . 8080") })
+	waitFor(t, "service b's endpoint", func() bool { return fate(dp.lastRuleset(), "10.244.0.5", "10.96.0.2:80") == "10.244.1.7:8080 100%" })
 	if err := client.CoreV1().Services("default").Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -52,15 +52,19 @@ func TestNodeCIDRWaitsAndFollowsPodCIDRs(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// a source in the pod CIDR is kept, one outside it masqueraded
 	waitFor(t, "first sync with the pod CIDR", func() bool {
-		return strings.Contains(dp.last(), "ip daddr 10.96.0.1 ip saddr != 10.244.1.0/24 jump mark-for-masquerade")
+		return fate(dp.lastRuleset(), "10.244.1.5", "10.96.0.1:80") == "10.244.2.2:8080 100%" &&
+			fate(dp.lastRuleset(), "10.244.9.5", "10.96.0.1:80") == "10.244.2.2:8080+masquerade 100%"
 	})
 	node.Spec.PodCIDRs = []string{"10.244.9.0/24"}
 	if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the new pod CIDR programmed", func() bool {
-		return strings.Contains(dp.last(), "ip saddr != 10.244.9.0/24") && !strings.Contains(dp.last(), "10.244.1.0/24")
+		return fate(dp.lastRuleset(), "10.244.9.5", "10.96.0.1:80") == "10.244.2.2:8080 100%" &&
+			fate(dp.lastRuleset(), "10.244.1.5", "10.96.0.1:80") == "10.244.2.2:8080+masquerade 100%" &&
+			strings.Contains(dp.last(), "ip saddr != 10.244.9.0/24") && !strings.Contains(dp.last(), "10.244.1.0/24")
 	})
 	if err := client.CoreV1().Nodes().Delete(ctx, "node-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

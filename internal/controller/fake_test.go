@@ -82,8 +82,9 @@ func TestFakeSync(t *testing.T) {
 	if got, want := f.table(), fresh.Render(nft.IPv4, compile.TableName); got != want {
 		t.Errorf("after incremental syncs:\n%s\na fresh write of the same ruleset:\n%s", got, want)
 	}
-	if !strings.Contains(f.table(), `goto svc-default/b/tcp/http`) {
-		t.Errorf("b's dispatch element missing:\n%s", f.table())
+	// b's frontend, as the fake holds it, leads to its two endpoints
+	if got := fate(f.Ruleset(nft.IPv4, compile.TableName), "10.244.0.5", "10.96.0.2:80"); got != "10.244.1.7:8080 50%, 10.244.1.8:8080 50%" {
+		t.Errorf("b's frontend leads to %s, want its two endpoints:\n%s", got, f.table())
 	}
 }
 

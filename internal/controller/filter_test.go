@@ -44,7 +44,8 @@ func TestProxyNameAndHeadlessLabels(t *testing.T) {
 	if strings.Contains(out, "default/other") || strings.Contains(out, "10.96.0.2") || strings.Contains(out, "10.244.1.2") {
 		t.Errorf("service labelled %s=some-other-proxy was proxied:\n%s", LabelServiceProxyName, out)
 	}
-	if !strings.Contains(out, `10.96.0.3 . tcp . 80 comment "default/hl:http" : goto reject-chain`) || strings.Contains(out, "10.244.1.3") {
+	if fate(dp.lastRuleset(), "10.244.0.5", "10.96.0.3:80") != "reject" || !strings.Contains(out, `10.96.0.3 . tcp . 80 comment "default/hl:http"`) ||
+		strings.Contains(out, "10.244.1.3") {
 		t.Errorf("the headless-labelled slice's endpoint was used (want service hl rejected for lack of endpoints):\n%s", out)
 	}
 }
