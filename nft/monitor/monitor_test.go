@@ -78,7 +78,11 @@ func TestMonitor(t *testing.T) {
 	ns := testnetns.New(t)
 	applier := kernel.New(kernel.WithNetNS(ns.FD))
 	slots := compile.NewSlots()
-	snap := &model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 2)}}
+	// a is on the flat path (elements of shared sets and maps, shared chains); b, with
+	// session affinity, has chains of its own and a service-ips element
+	b := svc("b", "10.96.0.2", 0, 10, 2)
+	b.AffinityTimeout = 10800
+	snap := &model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 2), b}}
 	rs, _ := compile.Compile(snap, cfg(), slots)
 	if _, err := applier.Apply(rs); err != nil {
 		t.Fatal(err)
@@ -126,16 +130,34 @@ func TestMonitor(t *testing.T) {
 
 	t.Run("nft-delete-element", func(t *testing.T) {
 		start := time.Now()
-		ns.MustRun(t, "", "nft", "delete", "element", "ip", "nftproxy", "service-ips", "{ 10.96.0.1 . tcp . 80 }")
+		ns.MustRun(t, "", "nft", "delete", "element", "ip", "nftproxy", "service-ips", "{ 10.96.0.2 . tcp . 80 }")
 		c := expectChange(t, changes, start, "delete element", "table ip nftproxy: element deleted from set service-ips", "(nft)")
 		if c.Process != "nft" || c.PID == uint32(os.Getpid()) {
 			t.Errorf("change attributed to pid %d (%s), want the nft process", c.PID, c.Process)
 		}
 		repair("delete element")
 	})
+	t.Run("nft-delete-endpoint-entry", func(t *testing.T) {
+		c := nftCmd("delete endpoint entry", "nft", "delete", "element", "ip", "nftproxy", "endpoints", "{ 10.96.0.1 . tcp . 80 . 1 }")
+		if !strings.Contains(c.Reason, "table ip nftproxy: element deleted from set endpoints,") {
+			t.Errorf("reason %q does not name the map", c.Reason)
+		}
+		repair("delete endpoint entry")
+	})
+	t.Run("nft-add-endpoint-count-bit", func(t *testing.T) {
+		c := nftCmd("add endpoint count bit", "nft", "add", "element", "ip", "nftproxy", "endpoint-count-bit0", "{ 10.96.0.1 . tcp . 80 }")
+		if !strings.Contains(c.Reason, "element added to set endpoint-count-bit0") {
+			t.Errorf("reason %q does not name the set", c.Reason)
+		}
+		repair("add endpoint count bit")
+	})
 	t.Run("nft-flush-chain", func(t *testing.T) {
-		nftCmd("flush chain", "nft", "flush", "chain", "ip", "nftproxy", "svc-default/a/tcp/http")
+		nftCmd("flush chain", "nft", "flush", "chain", "ip", "nftproxy", "svc-default/b/tcp/http")
 		repair("flush chain")
+	})
+	t.Run("nft-flush-shared-chain", func(t *testing.T) {
+		nftCmd("flush shared chain", "nft", "flush", "chain", "ip", "nftproxy", "cluster-frontend")
+		repair("flush shared chain")
 	})
 	t.Run("nft-add-rule", func(t *testing.T) {
 		c := nftCmd("add rule", "nft", "add", "rule", "ip", "nftproxy", "services", "counter", "drop")
@@ -166,12 +188,12 @@ func TestMonitor(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn.FlushChain(&nftables.Chain{Name: "svc-default/a/tcp/http", Table: &nftables.Table{Name: "nftproxy", Family: nftables.TableFamilyIPv4}})
+		conn.FlushChain(&nftables.Chain{Name: "cluster-frontend", Table: &nftables.Table{Name: "nftproxy", Family: nftables.TableFamilyIPv4}})
 		start := time.Now()
 		if err := conn.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		c := expectChange(t, changes, start, "netlink flush chain", "rule deleted in chain svc-default/a/tcp/http")
+		c := expectChange(t, changes, start, "netlink flush chain", "rule deleted in chain cluster-frontend")
 		// The kernel names the committing thread: one of this process's.
 		if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", c.PID)); err != nil || c.Lost {
 			t.Errorf("change attributed to pid %d (%s), lost %v; want a thread of this process: %v", c.PID, c.Process, c.Lost, err)
@@ -250,7 +272,7 @@ func TestMonitorLostEvents(t *testing.T) {
 }
 
 // TestMonitorLargeOwnTransaction rewrites a table of 5,000 services × 10 endpoints
-// (about 85,000 events) twice: with the default receive buffer nothing is lost and
+// (about 125,000 element events on the flat path) twice: with the default receive buffer nothing is lost and
 // nothing reported.
 func TestMonitorLargeOwnTransaction(t *testing.T) {
 	ns := testnetns.New(t)
