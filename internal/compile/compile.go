@@ -115,12 +115,18 @@ func DefaultLimits() Limits {
 }
 
 // ElementCost estimates the set elements a service port adds to the tables of both
-// families: per frontend a counter and a map element, per endpoint an endpoint-map and
-// a hairpin element, and two for a node port.
+// families: per frontend a counter and a dispatch element, per endpoint an endpoint
+// entry and a hairpin element, two for a node port, and on the flat path (flat.go) a
+// copy of the endpoint entries for every further frontend. The flat path's copies are
+// bounded by maxFlatElements per service port.
 func ElementCost(sp *model.ServicePort) int {
-	n := 2 * (len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs) + len(sp.Endpoints))
+	fronts, eps := frontends(sp), len(sp.Endpoints)
 	if sp.NodePort != 0 {
-		n += 2
+		fronts++
+	}
+	n := 2 * (fronts + eps)
+	if fronts > 1 && eps <= maxFlatEndpoints && fronts*eps <= maxFlatElements {
+		n += (fronts - 1) * eps
 	}
 	return n
 }
