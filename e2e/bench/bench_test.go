@@ -2,10 +2,12 @@ package bench
 
 import (
 	"bytes"
+	"fmt"
 	"image/png"
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +19,8 @@ import (
 
 // TestSideBySide is `make bench`'s full run (about an hour): NFTPROXY_BENCH=1, as root.
 //
-//	BENCH_SIZES       service counts (default 1000,10000,30000; 10 endpoints each)
+//	BENCH_SIZES       service counts (default 1000,10000,30000,5000x50): N (10 endpoints each) or
+//	                  NxE (E endpoints each, nftproxy and kube-proxy nftables only)
 //	BENCH_BIG         nftproxy alone at this many services × 5 endpoints (default 50000; 0: none)
 //	BENCH_CHURN_SIZE  N of the churn measurement (default 10000; must be in BENCH_SIZES)
 //	BENCH_PROXIES     comma-separated subset of nftproxy,kube-proxy-nftables,kube-proxy-iptables
@@ -33,9 +36,9 @@ func TestSideBySide(t *testing.T) {
 	if err := cluster.CheckPrerequisites(); err != nil {
 		t.Fatal(err)
 	}
-	sizes := intsEnv(t, "BENCH_SIZES", "1000,10000,30000")
+	sizes, wide := sizesEnv(t, "BENCH_SIZES", "1000,10000,30000,5000x50", 10)
 	o := Options{
-		Sizes: sizes, Endpoints: 10,
+		Sizes: sizes, Endpoints: 10, Wide: wide,
 		SmallSize: 10,
 		BigSize:   intEnv(t, "BENCH_BIG", 50000), BigEndpoints: 5,
 		ChurnSize: intEnv(t, "BENCH_CHURN_SIZE", 10000), ChurnRate: 50, ChurnFor: 60 * time.Second,
@@ -78,11 +81,13 @@ func TestSideBySide(t *testing.T) {
 }
 
 // TestSideBySideSmoke runs every measurement of the suite quickly at N=100 for all three
-// proxies and checks the results are sane. It is part of `make e2e` (NFTPROXY_E2E=1).
+// proxies, and at 60 services × 20 endpoints (a many-endpoints size: nftproxy and
+// kube-proxy nftables) first, and checks the results are sane. It is part of `make e2e`
+// (NFTPROXY_E2E=1).
 func TestSideBySideSmoke(t *testing.T) {
 	cluster.Require(t)
 	o := Options{
-		Sizes: []int{100}, Endpoints: 10,
+		Sizes: []int{100}, Endpoints: 10, Wide: []Size{{60, 20}},
 		ChurnSize: 100, ChurnRate: 20, ChurnFor: 5 * time.Second,
 		Repeats:       2,
 		ExposeRepeats: 2, ExposeGap: 2 * time.Second,
@@ -92,13 +97,32 @@ func TestSideBySideSmoke(t *testing.T) {
 		Logf:    t.Logf,
 	}
 	res := runSuite(t, o)
+	// the version of the kube-proxy measured, from its --version (build-k8s.sh stamps it)
+	if !regexp.MustCompile(`^Kubernetes v1\.[0-9]+\.[0-9]+`).MatchString(res.Host.KubeProxy) {
+		t.Errorf("kube-proxy --version: %q, want Kubernetes v1.x.y", res.Host.KubeProxy)
+	}
 	want := []string{"nftproxy", "kube-proxy-nftables", "kube-proxy-iptables"}
-	if len(res.Runs) != len(want) {
-		t.Fatalf("%d runs, want %d", len(res.Runs), len(want))
+	if len(res.Runs) != 2*len(want) {
+		t.Fatalf("%d runs, want %d", len(res.Runs), 2*len(want))
 	}
 	for i, r := range res.Runs {
-		if r.Proxy != want[i] || r.N != 100 {
-			t.Errorf("run %d: %s N=%d, want %s N=100", i, r.Proxy, r.N, want[i])
+		z := Size{100, 10}
+		if i < len(want) {
+			z = o.Wide[0]
+		}
+		if r.Proxy != want[i%len(want)] || r.N != z.N || r.Endpoints != z.Endpoints {
+			t.Errorf("run %d: %s %d × %d, want %s %v", i, r.Proxy, r.N, r.Endpoints, want[i%len(want)], z)
+		}
+		if r.N != 100 {
+			if r.Proxy == "kube-proxy-iptables" {
+				if r.Skipped == "" {
+					t.Errorf("%s at %d × %d: ran, want skipped", r.Proxy, r.N, r.Endpoints)
+				}
+				continue
+			}
+			if r.DataPath != nil || r.Churn != nil {
+				t.Errorf("%s at %d × %d: data path or churn measured", r.Proxy, r.N, r.Endpoints)
+			}
 		}
 		for _, e := range r.Errors {
 			t.Errorf("%s: %s", r.Proxy, e)
@@ -122,10 +146,16 @@ func TestSideBySideSmoke(t *testing.T) {
 		if l := r.Expose; l == nil || l.Samples != o.ExposeRepeats || l.Failed != 0 || !(l.P50 > 0 && l.P99 >= l.P50) || l.Syncs < 1 || l.SyncMS <= 0 || l.WriteGapMS <= 0 {
 			t.Errorf("%s: expose %+v", r.Proxy, l)
 		}
-		for name, l := range map[string]*Latency{"add-service": r.AddService, "endpoint-change": r.EndpointChange} {
+		for name, l := range map[string]*Latency{"add-service": r.AddService, "endpoint-change": r.EndpointChange, "endpoint-replaced": r.EndpointReplaced} {
 			if l == nil || l.Samples != o.Repeats || l.Failed != 0 || !(l.P50 > 0 && l.P99 >= l.P50) || l.KernelMS <= 0 || l.SyncMS <= 0 {
 				t.Errorf("%s: %s %+v", r.Proxy, name, l)
 			}
+		}
+		if r.N != 100 {
+			if m := r.Memory; m == nil || m.PeakRSSMiB <= 0 {
+				t.Errorf("%s: memory %+v", r.Proxy, m)
+			}
+			continue
 		}
 		if c := r.Churn; c == nil || c.Written < int(o.ChurnFor.Seconds())*o.ChurnRate/2 || c.WriteErrors != 0 ||
 			c.PacketSamples == 0 || c.PacketFailed != 0 || c.CPUSeconds <= 0 || c.PeakRSSMiB <= 0 || c.ProgCount <= 0 || c.ProgP50 <= 0 {
@@ -150,7 +180,7 @@ func TestSideBySideSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range want {
-		if !strings.Contains(string(md), "| "+p+" | 100 × 10 |") {
+		if !strings.Contains(string(md), "| "+p+" | 100 × 10 |") || !strings.Contains(string(md), "| "+p+" | 60 × 20 |") {
 			t.Errorf("results.md has no row for %s", p)
 		}
 	}
@@ -199,20 +229,38 @@ func runSuite(t *testing.T, o Options) *Results {
 	return res
 }
 
-func intsEnv(t *testing.T, name, def string) []int {
+// sizesEnv parses a comma-separated list of N (eps endpoints per service: sizes) and
+// NxE (E endpoints per service: wide).
+func sizesEnv(t *testing.T, name, def string, eps int) (sizes []int, wide []Size) {
 	v := os.Getenv(name)
 	if v == "" {
 		v = def
 	}
-	var out []int
-	for _, f := range strings.Split(v, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			t.Fatalf("%s=%q: want comma-separated positive integers", name, v)
-		}
-		out = append(out, n)
+	sizes, wide, err := parseSizes(v, eps)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
 	}
-	return out
+	return sizes, wide
+}
+
+func parseSizes(v string, eps int) (sizes []int, wide []Size, err error) {
+	for _, f := range strings.Split(v, ",") {
+		ns, es, hasE := strings.Cut(strings.ToLower(strings.TrimSpace(f)), "x")
+		n, err := strconv.Atoi(ns)
+		e := eps
+		if err == nil && hasE {
+			e, err = strconv.Atoi(es)
+		}
+		if err != nil || n <= 0 || e <= 0 {
+			return nil, nil, fmt.Errorf("want comma-separated N or NxE (E endpoints per service), positive, e.g. 1000,10000,5000x50")
+		}
+		if e == eps {
+			sizes = append(sizes, n)
+		} else {
+			wide = append(wide, Size{n, e})
+		}
+	}
+	return sizes, wide, nil
 }
 
 func intEnv(t *testing.T, name string, def int) int {
@@ -332,6 +380,18 @@ func TestCountRuleset(t *testing.T) {
 	}
 	if f.Tables != 1 || f.Chains != 2 || f.Rules != 1 || f.Sets != 3 || f.Elements != 3 {
 		t.Errorf("%+v", f)
+	}
+}
+
+func TestParseSizes(t *testing.T) {
+	sizes, wide, err := parseSizes("1000, 10000,5000x50,50000X5,2000x10", 10)
+	if err != nil || !slices.Equal(sizes, []int{1000, 10000, 2000}) || !slices.Equal(wide, []Size{{5000, 50}, {50000, 5}}) {
+		t.Errorf("%v %v %v", sizes, wide, err)
+	}
+	for _, bad := range []string{"", "x50", "1000x", "0", "10x0", "abc"} {
+		if _, _, err := parseSizes(bad, 10); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
 	}
 }
 

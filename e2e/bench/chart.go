@@ -14,20 +14,25 @@ import (
 // Chart draws the results as log-scale bar charts (cold start, one-change latencies),
 // with the standard library only: a 3×5 pixel font scaled up.
 func (r *Results) Chart() ([]byte, error) {
-	var ns []int
+	var ns []Size // N × endpoints per service
 	var proxies []string
 	for _, run := range r.Runs {
-		if !slices.Contains(ns, run.N) {
-			ns = append(ns, run.N)
+		if z := (Size{run.N, run.Endpoints}); !slices.Contains(ns, z) {
+			ns = append(ns, z)
 		}
 		if !slices.Contains(proxies, run.Proxy) {
 			proxies = append(proxies, run.Proxy)
 		}
 	}
-	slices.Sort(ns)
-	get := func(proxy string, n int) *Run {
+	slices.SortFunc(ns, func(a, b Size) int {
+		if a.N != b.N {
+			return a.N - b.N
+		}
+		return a.Endpoints - b.Endpoints
+	})
+	get := func(proxy string, z Size) *Run {
 		for _, run := range r.Runs {
-			if run.Proxy == proxy && run.N == n {
+			if run.Proxy == proxy && run.N == z.N && run.Endpoints == z.Endpoints {
 				return run
 			}
 		}
@@ -193,7 +198,10 @@ func (r *Results) Chart() ([]byte, error) {
 					drawText(img, bx+barW/2-textWidth(b.label, fontTiny)/2, plot.Max.Y-8, fontTiny, black, b.label)
 				}
 			}
-			nl := fmt.Sprintf("N=%d", ns[gi])
+			nl := fmt.Sprintf("N=%d", ns[gi].N)
+			if e := ns[gi].Endpoints; e != 0 && e != r.Options.Endpoints {
+				nl += fmt.Sprintf("X%d", e)
+			}
 			drawText(img, gx+(groupW-16)/2-textWidth(nl, fontBig)/2, plot.Max.Y+8, fontBig, black, nl)
 		}
 		drawText(img, ox+marginL, oy+ph-20, fontBig, black, p.unit)

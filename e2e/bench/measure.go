@@ -119,6 +119,13 @@ func dialOnce(addr string, timeout time.Duration) attempt {
 // flight) until one is answered by a pod for which want returns true, and returns the
 // start time of the earliest such attempt. It gives up at bound.
 func (p *nsPool) waitAnswer(ctx context.Context, addr string, want func(pod string) bool, interval, attemptTimeout, bound time.Duration) (time.Time, error) {
+	return p.waitAnswerBurst(ctx, addr, want, interval, 1, attemptTimeout, bound)
+}
+
+// waitAnswerBurst is waitAnswer with burst attempts started every interval (when the
+// wanted answer comes from one of several endpoints chosen at random per connection).
+func (p *nsPool) waitAnswerBurst(ctx context.Context, addr string, want func(pod string) bool, interval time.Duration, burst int, attemptTimeout, bound time.Duration) (time.Time, error) {
+	burst = max(1, burst)
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	results := make(chan attempt, 1024)
@@ -146,7 +153,7 @@ func (p *nsPool) waitAnswer(ctx context.Context, addr string, want func(pod stri
 			}
 			return time.Time{}, fmt.Errorf("no wanted answer from %s within %v (last attempt: ok=%v pod=%q err=%q)", addr, bound, last.OK, last.Pod, last.Err)
 		case <-tick.C:
-			if best.IsZero() && inflight < 64 {
+			for k := 0; k < burst && best.IsZero() && inflight < 64; k++ {
 				launch()
 			}
 		case a := <-results:

@@ -29,7 +29,7 @@ func notes() []string {
 	return []string{
 		"All three proxies run alone in the same node network namespace of the same local cluster, one after the other, with their default sync periods (1 s minimum, 30 s periodic) and API client settings.",
 		"Cold start: seconds from starting the process; 'all programmed' is the start of the last sampled ClusterIP's first answered TCP connection (the first and last created service and evenly spread ones); 'first sync' is kubeproxy_sync_proxy_rules_last_timestamp_seconds; 'informers' is the log line (nftproxy: \"Informer caches synced\"; kube-proxy: the service and endpoint-slice \"Caches are synced\").",
-		"One change: API write to the first connection (attempts every 5 ms, 100 ms timeout each, from a pod) that sees the change: an answer from the new service, or from the pod that became the slice's only endpoint. Kernel: nftproxy_sync_kernel_duration_seconds for nftproxy (the netlink transaction), kubeproxy_sync_proxy_rules_duration_seconds (the whole sync) for kube-proxy, mean per sync over the syncs of the change.",
+		"One change: API write to the first connection (attempts every 5 ms, 100 ms timeout each, from a pod) that sees the change: an answer from the new service, from the pod that became the slice's only endpoint (endpoint count changed: E endpoints → 1), or from the pod that replaced one of the E endpoints (endpoint replaced, the count kept: a connection reaches it with probability 1/E, so min(8, ⌈E/2⌉) attempts start every 5 ms, which adds about 10 ms at E = 10 and 30 ms at E = 50 on average). Kernel: nftproxy_sync_kernel_duration_seconds for nftproxy (the netlink transaction), kubeproxy_sync_proxy_rules_duration_seconds (the whole sync) for kube-proxy, mean per sync over the syncs of the change.",
 		"Churn: network programming quantiles come from the kubeproxy_network_programming_duration_seconds histogram delta (bucket interpolation; kube-proxy's buckets are 0.25 s, 0.5 s, then every second). kube-proxy observes once per changed EndpointSlice from its last-change-trigger-time annotation; nftproxy observes once per sync from the oldest change its informer saw, so the packet-measured latency (one of four probe services moved to another pod once a second, answers watched every 5 ms) is the comparable number.",
 		"Data path: a one-endpoint service; loadclient in a pod opens, reads one line and resets TCP connections for a fixed time; the pod-IP run is the same endpoint without the service.",
 		"Footprint: `nft -j list ruleset` of the node (kube-proxy iptables mode through iptables-nft); objects per service = (chains + rules + set/map elements) / N.",
@@ -39,19 +39,19 @@ func notes() []string {
 
 // ratios computes upstream / nftproxy for the main metrics.
 func ratios(runs []*Run) []Ratio {
-	find := func(proxy string, n int) *Run {
+	find := func(proxy string, z Size) *Run {
 		for _, r := range runs {
-			if r.Proxy == proxy && r.N == n && r.Skipped == "" {
+			if r.Proxy == proxy && r.N == z.N && r.Endpoints == z.Endpoints && r.Skipped == "" {
 				return r
 			}
 		}
 		return nil
 	}
 	var out []Ratio
-	var ns []int
+	var ns []Size
 	for _, r := range runs {
-		if !slices.Contains(ns, r.N) {
-			ns = append(ns, r.N)
+		if z := (Size{r.N, r.Endpoints}); !slices.Contains(ns, z) {
+			ns = append(ns, z)
 		}
 	}
 	type metric struct {
@@ -73,7 +73,8 @@ func ratios(runs []*Run) []Ratio {
 			return r.ColdStart.FirstSync, true
 		}, ""},
 		{"add service p50 (ms)", func(r *Run) (float64, bool) { return latP50(r.AddService) }, ""},
-		{"endpoint change p50 (ms)", func(r *Run) (float64, bool) { return latP50(r.EndpointChange) }, ""},
+		{"endpoint change p50 (ms)", func(r *Run) (float64, bool) { return latP50(r.EndpointChange) }, "E endpoints → 1: the count changes"},
+		{"endpoint replaced p50 (ms)", func(r *Run) (float64, bool) { return latP50(r.EndpointReplaced) }, "one of E endpoints replaced, the count kept"},
 		{"new Service + EndpointSlice p50 (ms)", func(r *Run) (float64, bool) { return latP50(r.Expose) }, ""},
 		{"new Service + EndpointSlice p99 (ms)", func(r *Run) (float64, bool) {
 			if r.Expose == nil || r.Expose.Samples == 0 {
@@ -124,13 +125,14 @@ func ratios(runs []*Run) []Ratio {
 			return r.Footprint.ListSeconds, true
 		}, ""},
 	}
-	for _, n := range ns {
-		base := find("nftproxy", n)
+	for _, z := range ns {
+		n := z.N
+		base := find("nftproxy", z)
 		if base == nil {
 			continue
 		}
 		for _, up := range []string{"kube-proxy-nftables", "kube-proxy-iptables"} {
-			u := find(up, n)
+			u := find(up, z)
 			for _, m := range ms {
 				bv, ok := m.get(base)
 				if !ok || bv <= 0 {
@@ -140,10 +142,10 @@ func ratios(runs []*Run) []Ratio {
 					// timed out or skipped: a lower bound on the ratio of cold start
 					if m.name == "cold start: all programmed (s)" {
 						for _, r := range runs {
-							if r.Proxy == up && r.N == n && (r.Skipped != "" || (r.ColdStart != nil && r.ColdStart.TimedOut)) {
+							if r.Proxy == up && r.N == n && r.Endpoints == z.Endpoints && (r.Skipped != "" || (r.ColdStart != nil && r.ColdStart.TimedOut)) {
 								bound := r.ColdStart
 								if bound != nil {
-									out = append(out, Ratio{Metric: m.name, N: n, Upstream: up, Ratio: bound.BoundSeconds / bv, Note: "upstream did not finish: ratio is a lower bound"})
+									out = append(out, Ratio{Metric: m.name, N: n, Endpoints: z.Endpoints, Upstream: up, Ratio: bound.BoundSeconds / bv, Note: "upstream did not finish: ratio is a lower bound"})
 								}
 							}
 						}
@@ -153,11 +155,11 @@ func ratios(runs []*Run) []Ratio {
 				uv, ok := m.get(u)
 				if !ok {
 					if m.name == "cold start: all programmed (s)" && u.ColdStart != nil && u.ColdStart.TimedOut {
-						out = append(out, Ratio{Metric: m.name, N: n, Upstream: up, Ratio: u.ColdStart.BoundSeconds / bv, Note: "upstream did not finish within the bound: ratio is a lower bound"})
+						out = append(out, Ratio{Metric: m.name, N: n, Endpoints: z.Endpoints, Upstream: up, Ratio: u.ColdStart.BoundSeconds / bv, Note: "upstream did not finish within the bound: ratio is a lower bound"})
 					}
 					continue
 				}
-				out = append(out, Ratio{Metric: m.name, N: n, Upstream: up, Ratio: uv / bv, Note: m.note})
+				out = append(out, Ratio{Metric: m.name, N: n, Endpoints: z.Endpoints, Upstream: up, Ratio: uv / bv, Note: m.note})
 			}
 		}
 	}
@@ -238,7 +240,7 @@ func (r *Results) Markdown() string {
 	w(".\n\n")
 	w("![cold start and one-change latency](chart.png)\n\n")
 
-	w("## Cold start\n\nN services (%d endpoints each) in the API, the proxy started alone on the node. Seconds from the process start.\n\n", r.Options.Endpoints)
+	w("## Cold start\n\nN services × E endpoints each in the API, the proxy started alone on the node. Seconds from the process start.\n\n")
 	w("| proxy | N | informers synced | first sync done | all sampled ClusterIPs answer | cleanup |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, run := range r.Runs {
 		if run.Skipped != "" {
@@ -256,14 +258,18 @@ func (r *Results) Markdown() string {
 		w("| %s | %s | %s | %s | %s | %s |\n", run.Proxy, nLabel(run), secs(cs.InformersSynced), secs(cs.FirstSync), all, secs(run.CleanupSeconds))
 	}
 
-	w("\n## One change at scale\n\nAPI write → first TCP connection that sees it (p50 / p99 / max over %d repetitions). Kernel: nftproxy's netlink transaction; kube-proxy's whole sync (its only sync metric). Sync: `kubeproxy_sync_proxy_rules_duration_seconds` of both.\n\n", r.Options.Repeats)
-	w("| proxy | N | add service p50 / p99 / max | kernel | sync | endpoint change p50 / p99 / max | kernel | sync |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("\n## One change at scale\n\nAPI write → first TCP connection that sees it (p50 / p99 / max over %d repetitions). Endpoint count changed: a service's E endpoints replaced by one other pod; endpoint replaced: one of its E endpoints replaced by another pod, the count kept. Kernel (p50 / p99 over the changes, each the mean per sync of the syncs until the answer): nftproxy's netlink transaction; kube-proxy's whole sync (its only sync metric). Sync: `kubeproxy_sync_proxy_rules_duration_seconds` of both, p50.\n\n", r.Options.Repeats)
+	w("| proxy | N | change | write → connection p50 / p99 / max | kernel p50 / p99 | sync |\n|---|---:|---|---:|---:|---:|\n")
 	for _, run := range r.Runs {
-		if run.AddService == nil {
-			continue
+		for _, c := range []struct {
+			name string
+			l    *Latency
+		}{{"add service", run.AddService}, {"endpoint count changed", run.EndpointChange}, {"endpoint replaced", run.EndpointReplaced}} {
+			if c.l == nil {
+				continue
+			}
+			w("| %s | %s | %s | %s | %s / %s | %s |\n", run.Proxy, nLabel(run), c.name, latCell(c.l), millis(c.l.KernelMS), millis(c.l.KernelP99), millis(c.l.SyncMS))
 		}
-		a, e := run.AddService, run.EndpointChange
-		w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", run.Proxy, nLabel(run), latCell(a), millis(a.KernelMS), millis(a.SyncMS), latCell(e), millis(e.KernelMS), millis(e.SyncMS))
 	}
 
 	if r.Options.Expose > 0 {
@@ -321,12 +327,12 @@ func (r *Results) Markdown() string {
 		w("\n## Ratios (upstream / nftproxy)\n\n| metric | N | kube-proxy nftables | kube-proxy iptables |\n|---|---:|---:|---:|\n")
 		type key struct {
 			m string
-			n int
+			n Size
 		}
 		var keys []key
 		vals := map[key]map[string]Ratio{}
 		for _, q := range r.Ratios {
-			k := key{q.Metric, q.N}
+			k := key{q.Metric, Size{q.N, q.Endpoints}}
 			if vals[k] == nil {
 				vals[k] = map[string]Ratio{}
 				keys = append(keys, k)
@@ -346,7 +352,7 @@ func (r *Results) Markdown() string {
 		for _, k := range keys {
 			a, okA := vals[k]["kube-proxy-nftables"]
 			b, okB := vals[k]["kube-proxy-iptables"]
-			w("| %s | %d | %s | %s |\n", k.m, k.n, cell(a, okA), cell(b, okB))
+			w("| %s | %s | %s | %s |\n", k.m, nLabel(&Run{N: k.n.N, Endpoints: k.n.Endpoints}), cell(a, okA), cell(b, okB))
 		}
 		w("\nConnections per second: higher is better, so there a ratio below 1 favours nftproxy.\n")
 	}
