@@ -6,6 +6,7 @@ package controller_test
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"sort"
@@ -17,6 +18,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/trace"
 )
 
 // Limits of the kernel and of nft.
@@ -219,7 +221,8 @@ func checkRuleset(rs *nft.Ruleset, fam nft.Family) []string {
 		lo, hi uint64 // [lo, hi)
 		chain  string
 	}
-	ranges := map[string][]slotRange{} // endpoints map → ranges DNAT rules draw from
+	ranges := map[string][]slotRange{}     // endpoints map → ranges DNAT rules draw from
+	keyMapReaders := map[string][]string{} // key map → chains whose DNAT rules read it
 	for _, c := range rs.Chains {
 		for ri, r := range c.Rules {
 			where := fmt.Sprintf("chain %s rule %d", c.Name, ri)
@@ -291,6 +294,14 @@ func checkRuleset(rs *nft.Ruleset, fam nft.Family) []string {
 						continue
 					}
 					ranges[st.Map] = append(ranges[st.Map], slotRange{uint64(st.Offset), uint64(st.Offset) + uint64(st.Mod), c.Name})
+				case nft.DNATKeyMap:
+					s := sets[st.Map]
+					if s == nil || len(s.Key) != len(st.Fields)+1 || !fieldsFit(st.Fields, s.Key[:len(st.Fields)], fieldType) ||
+						s.Key[len(st.Fields)] != nft.TypeNumgen || !slices.Equal(s.Data, []nft.Datatype{addrType, nft.TypeInetService}) || st.Mod == 0 {
+						bad("%s: %s does not fit key map %q", where, nft.RenderStmt(fam, st), st.Map)
+						continue
+					}
+					keyMapReaders[st.Map] = append(keyMapReaders[st.Map], c.Name)
 				case nft.MatchCtStateNew, nft.MatchCtStatusDNAT, nft.MatchFibDaddrLocal, nft.MatchFibSaddrLocal,
 					nft.Reject, nft.Masquerade, nft.Counter:
 				default:
@@ -343,8 +354,237 @@ func checkRuleset(rs *nft.Ruleset, fam nft.Family) []string {
 	// The chain graph has no loops (the kernel refuses them), and statements only occur
 	// where their hooks allow: dnat in nat prerouting/output, masquerade in nat
 	// postrouting, reject in prerouting, input, forward and output.
-	errs = append(errs, checkGraph(rs, chains, edges)...)
+	graphErrs := checkGraph(rs, chains, edges)
+	errs = append(errs, graphErrs...)
+	if len(graphErrs) == 0 && len(errs) == 0 {
+		// tracing needs a consistent ruleset without loops
+		errs = append(errs, checkKeyMaps(rs, sets, chains, edges, keyMapReaders)...)
+	}
 	return errs
+}
+
+// checkKeyMaps checks the flat path, where a frontend's endpoints are the entries
+// "frontend . i → endpoint" of a key map and shared chains pick one: every frontend's
+// entries are numbered 0..n-1; a packet to a frontend (an element of a set that a rule
+// of a dispatch chain — one a base chain jumps to — looks up before going to a chain
+// that leads to a key-map DNAT) is translated to each of its own entries with
+// probability 1/n, never left untranslated or sent elsewhere; every entry belongs to
+// such a frontend; and, where the compiler tagged them, a frontend's entries serve its
+// service port. The shared chains are traced (nft/trace) from the chain the frontend's
+// rule goes to, so whatever they read (the count-bit sets) is checked by its effect.
+func checkKeyMaps(rs *nft.Ruleset, sets map[string]*nft.Set, chains map[string]*nft.Chain, edges map[string][]string,
+	readers map[string][]string) []string {
+	var errs []string
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+	type group struct {
+		entries []nft.Element
+		reached bool
+	}
+	groups := map[string]map[string]*group{} // key map → frontend key → its entries
+	for _, s := range rs.Sets {
+		n := len(s.Key)
+		if n < 2 || s.Key[n-1] != nft.TypeNumgen {
+			continue
+		}
+		if len(s.Elements) > 0 && len(readers[s.Name]) == 0 {
+			bad("key map %s: %d entries, read by no dnat rule", s.Name, len(s.Elements))
+		}
+		groups[s.Name] = map[string]*group{}
+		for _, e := range s.Elements {
+			if len(e.Key) != n {
+				continue // reported with the set
+			}
+			k := keyBytes(s.Key[:n-1], e.Key[:n-1])
+			g := groups[s.Name][k]
+			if g == nil {
+				g = &group{}
+				groups[s.Name][k] = g
+			}
+			g.entries = append(g.entries, e)
+		}
+		for _, g := range groups[s.Name] {
+			idx := make([]int, 0, len(g.entries))
+			for _, e := range g.entries {
+				idx = append(idx, int(e.Key[n-1].Num))
+			}
+			sort.Ints(idx)
+			for i, x := range idx {
+				if x != i {
+					bad("key map %s: frontend %s has indexes %v, not 0..%d", s.Name, describeElement(s, g.entries[0]), idx, len(idx)-1)
+					break
+				}
+			}
+		}
+	}
+	if len(groups) == 0 {
+		return errs
+	}
+	// chains from which a key-map DNAT is reachable
+	leadsToDNAT := map[string]bool{}
+	var leads func(c string, seen map[string]bool) bool
+	leads = func(c string, seen map[string]bool) bool {
+		if v, ok := leadsToDNAT[c]; ok || seen[c] {
+			return v
+		}
+		seen[c] = true
+		v := false
+		if ch := chains[c]; ch != nil {
+			for _, r := range ch.Rules {
+				for _, st := range r.Stmts {
+					if _, ok := st.(nft.DNATKeyMap); ok {
+						v = true
+					}
+				}
+			}
+		}
+		for _, t := range edges[c] {
+			v = leads(t, seen) || v
+		}
+		leadsToDNAT[c] = v
+		return v
+	}
+	// dispatch chains: those a base chain jumps or goes to
+	dispatch := map[string]bool{}
+	for _, c := range rs.Chains {
+		if c.Hook != nil {
+			for _, t := range edges[c.Name] {
+				dispatch[t] = true
+			}
+		}
+	}
+	addr := netip.MustParseAddr("192.0.2.1")
+	if rs.Family == nft.IPv6 {
+		addr = netip.MustParseAddr("2001:db8::1")
+	}
+	for _, c := range rs.Chains {
+		if !dispatch[c.Name] {
+			continue
+		}
+		for _, r := range c.Rules {
+			var look *nft.Lookup
+			var to string
+			for _, st := range r.Stmts {
+				switch st := st.(type) {
+				case nft.Lookup:
+					look = &st
+				case nft.Verdict:
+					if st.Kind == nft.Jump || st.Kind == nft.Goto {
+						to = st.Chain
+					}
+				}
+			}
+			if look == nil || to == "" || !leads(to, map[string]bool{}) || sets[look.Set] == nil {
+				continue
+			}
+			// a ruleset whose only base chain goes to the frontend rule's target
+			probe := &nft.Ruleset{Family: rs.Family, Table: rs.Table, Sets: rs.Sets}
+			for _, ch := range rs.Chains {
+				if ch.Hook == nil {
+					probe.Chains = append(probe.Chains, ch)
+				}
+			}
+			probe.Chains = append(probe.Chains, &nft.Chain{Name: "probe", Hook: &nft.Hook{Type: nft.TypeNAT, Hook: nft.Prerouting, Priority: -100},
+				Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: to}}}}})
+			fs := sets[look.Set]
+			for _, fe := range fs.Elements {
+				if len(fe.Key) != len(look.Fields) {
+					continue
+				}
+				pkt := trace.Packet{Family: rs.Family, Saddr: addr, Daddr: addr, Hook: nft.Prerouting}
+				for i, f := range look.Fields {
+					switch f {
+					case nft.FieldDaddr:
+						pkt.Daddr = fe.Key[i].Addr
+					case nft.FieldSaddr:
+						pkt.Saddr = fe.Key[i].Addr
+					case nft.FieldL4Proto:
+						pkt.L4Proto = uint8(fe.Key[i].Num)
+					case nft.FieldTHDport:
+						pkt.Dport = uint16(fe.Key[i].Num)
+					}
+				}
+				where := fmt.Sprintf("frontend %s of %s (chain %s → %s)", describeElement(fs, fe), fs.Name, c.Name, to)
+				res, err := trace.Trace(probe, pkt, trace.Context{})
+				if err != nil {
+					bad("%s: trace: %v", where, err)
+					continue
+				}
+				got := map[string]float64{}
+				var m string // the key map the packet was translated through
+				for _, o := range res.Outcomes {
+					if o.Verdict != trace.Accept || !o.DNAT.IsValid() {
+						bad("%s: %.3g%% of new connections are not translated (%s)", where, o.Probability*100, o.Verdict)
+						continue
+					}
+					got[o.DNAT.String()] += o.Probability
+					for _, st := range o.Path {
+						if d, ok := stmtOf[nft.DNATKeyMap](st.Rule); ok {
+							if m != "" && m != d.Map {
+								bad("%s: translated through key maps %s and %s", where, m, d.Map)
+							}
+							m = d.Map
+						}
+					}
+				}
+				if m == "" {
+					bad("%s: never translated through a key map", where)
+					continue
+				}
+				km := sets[m]
+				n := len(km.Key)
+				g := groups[m][keyBytes(km.Key[:n-1], fe.Key)]
+				if g == nil || len(fe.Key) != n-1 {
+					bad("%s: translated through %s, which has no entries for it", where, m)
+					continue
+				}
+				g.reached = true
+				want := map[string]float64{}
+				sp, tagged := compile.ServicePortOf(fe.Tag)
+				for _, e := range g.entries {
+					if len(e.Data) == 2 {
+						want[netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)).String()] += 1 / float64(len(g.entries))
+					}
+					if esp, ok := compile.ServicePortOf(e.Tag); tagged && ok && esp != sp {
+						bad("%s: entry %s of %s serves %s, not %s", where, describeElement(km, e), m, esp, sp)
+					}
+				}
+				if !sameDistribution(got, want) {
+					bad("%s: translated to %v, want its entries of %s uniformly: %v", where, got, m, want)
+				}
+			}
+		}
+	}
+	for m, gs := range groups {
+		for _, g := range gs {
+			if !g.reached {
+				bad("key map %s: entries %s belong to no frontend", m, describeElement(sets[m], g.entries[0]))
+			}
+		}
+	}
+	return errs
+}
+
+func sameDistribution(a, b map[string]float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, p := range a {
+		if q, ok := b[k]; !ok || math.Abs(p-q) > 1e-9 {
+			return false
+		}
+	}
+	return true
+}
+
+// stmtOf returns the first statement of kind T in r.
+func stmtOf[T nft.Stmt](r nft.Rule) (T, bool) {
+	for _, s := range r.Stmts {
+		if v, ok := s.(T); ok {
+			return v, true
+		}
+	}
+	var zero T
+	return zero, false
 }
 
 func checkSetType(s *nft.Set, addrType nft.Datatype, bad func(string, ...any)) {
@@ -356,8 +596,9 @@ func checkSetType(s *nft.Set, addrType nft.Datatype, bad func(string, ...any)) {
 			bad("set %s: key type %v", s.Name, s.Key)
 		}
 	}
-	if slices.Contains(s.Key, nft.TypeNumgen) && len(s.Key) != 1 {
-		bad("set %s: numgen in a concatenation %v", s.Name, s.Key)
+	// numgen alone (a slot map), or last in a key map's concatenation (frontend . index)
+	if i := slices.Index(s.Key, nft.TypeNumgen); i >= 0 && (i != len(s.Key)-1 || (len(s.Key) > 1 && !s.IsMap())) {
+		bad("set %s: numgen not the last field of a map's key %v", s.Name, s.Key)
 	}
 	for _, t := range s.Data {
 		if (t == nft.TypeVerdict && len(s.Data) != 1) || t == nft.TypeNumgen || t < nft.TypeIPv4Addr || t > nft.TypeVerdict ||
@@ -477,7 +718,7 @@ func checkGraph(rs *nft.Ruleset, chains map[string]*nft.Chain, edges map[string]
 				for _, st := range r.Stmts {
 					ok := true
 					switch st.(type) {
-					case nft.DNATTo, nft.DNATNumgenMap:
+					case nft.DNATTo, nft.DNATNumgenMap, nft.DNATKeyMap:
 						ok = h.Type == nft.TypeNAT && (h.Hook == nft.Prerouting || h.Hook == nft.Output)
 					case nft.Masquerade:
 						ok = h.Type == nft.TypeNAT && h.Hook == nft.Postrouting
@@ -499,18 +740,26 @@ func checkGraph(rs *nft.Ruleset, chains map[string]*nft.Chain, edges map[string]
 	return errs
 }
 
-// normalize renders a flat ruleset without its slot numbering: endpoint maps are left
-// out and each DNAT rule lists the endpoints its slots hold, elements are sorted, and
-// chains and sets are in name order. Two rulesets that program the same behaviour
-// normalize equally, whichever slots their allocators chose.
+// normalize renders a flat ruleset without its slot numbering and its endpoint trees'
+// depth: endpoint maps are left out and each DNAT rule lists the endpoints its slots
+// hold; the shared chains that pick a flat frontend's endpoint (treeChains) are left
+// out, "goto (endpoint tree)" stands for the jumps into them, and the count-bit sets
+// they read are left out when empty; elements are sorted, and chains and sets are in
+// name order. Two rulesets that program the same behaviour normalize equally, whichever
+// slots their allocators chose and however deep their trees grew (checkKeyMaps holds
+// each tree to the counts it reads).
 func normalize(rs *nft.Ruleset) string {
 	epMaps := map[string]*nft.Set{}
+	tree, treeSets := treeChains(rs)
 	var b strings.Builder
 	sets := slices.Clone(rs.Sets)
 	sort.Slice(sets, func(i, j int) bool { return sets[i].Name < sets[j].Name })
 	for _, s := range sets {
 		if slices.Equal(s.Key, []nft.Datatype{nft.TypeNumgen}) {
 			epMaps[s.Name] = s
+			continue
+		}
+		if treeSets[s.Name] && len(s.Elements) == 0 {
 			continue
 		}
 		c := *s
@@ -526,6 +775,9 @@ func normalize(rs *nft.Ruleset) string {
 	chains := slices.Clone(rs.Chains)
 	sort.Slice(chains, func(i, j int) bool { return chains[i].Name < chains[j].Name })
 	for _, c := range chains {
+		if tree[c.Name] {
+			continue
+		}
 		fmt.Fprintf(&b, "chain %s %+v\n", c.Name, c.Hook)
 		for _, r := range c.Rules {
 			var parts []string
@@ -534,12 +786,73 @@ func normalize(rs *nft.Ruleset) string {
 					parts = append(parts, "dnat to one of "+slotEndpoints(epMaps[d.Map], d))
 					continue
 				}
+				if v, ok := st.(nft.Verdict); ok && tree[v.Chain] {
+					parts = append(parts, fmt.Sprintf("verdict %d (endpoint tree)", v.Kind))
+					continue
+				}
 				parts = append(parts, nft.RenderStmt(rs.Family, st))
 			}
 			fmt.Fprintf(&b, "\t%s comment %q\n", strings.Join(parts, " "), r.Comment)
 		}
 	}
 	return b.String()
+}
+
+// treeChains finds the chains that pick a flat frontend's endpoint: those whose every
+// rule is an optional set lookup followed by a key-map DNAT or a goto to another such
+// chain; and the sets only they look up (the count bits).
+func treeChains(rs *nft.Ruleset) (chains, sets map[string]bool) {
+	chains = map[string]bool{}
+	for changed := true; changed; {
+		changed = false
+		for _, c := range rs.Chains {
+			if chains[c.Name] || c.Hook != nil || len(c.Rules) == 0 {
+				continue
+			}
+			ok := true
+			for _, r := range c.Rules {
+				n := len(r.Stmts)
+				if n == 0 || n > 2 {
+					ok = false
+					break
+				}
+				if _, isLookup := r.Stmts[0].(nft.Lookup); n == 2 && !isLookup {
+					ok = false
+					break
+				}
+				switch st := r.Stmts[n-1].(type) {
+				case nft.DNATKeyMap:
+				case nft.Verdict:
+					ok = ok && st.Kind == nft.Goto && chains[st.Chain]
+				default:
+					ok = false
+				}
+			}
+			if ok {
+				chains[c.Name] = true
+				changed = true
+			}
+		}
+	}
+	sets = map[string]bool{}
+	other := map[string]bool{}
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			for _, st := range r.Stmts {
+				if l, ok := st.(nft.Lookup); ok {
+					if chains[c.Name] {
+						sets[l.Set] = true
+					} else {
+						other[l.Set] = true
+					}
+				}
+			}
+		}
+	}
+	for s := range other {
+		delete(sets, s)
+	}
+	return chains, sets
 }
 
 func slotEndpoints(m *nft.Set, d nft.DNATNumgenMap) string {
@@ -565,18 +878,22 @@ func slotEndpoints(m *nft.Set, d nft.DNATNumgenMap) string {
 }
 
 // TestChecksCatchCorruption shows that the invariants can fail: each corruption of a
-// valid compiled ruleset must be reported.
+// valid compiled ruleset must be reported. The clusterip seed's service port is on the
+// flat path; the etp-local seed's (external Local policy with a node port) has chains of
+// its own and endpoint slots.
 func TestChecksCatchCorruption(t *testing.T) {
-	compileSeed := func() *nft.Ruleset {
-		w := decode(seeds()["clusterip"])[0]
+	compileSeed := func(name string) *nft.Ruleset {
+		w := decode(seeds()[name])[0]
 		_, rulesets, _, err := controller.Compile(w.cfg, map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return rulesets[0]
 	}
-	if errs := checkRuleset(compileSeed(), nft.IPv4); len(errs) > 0 {
-		t.Fatalf("the uncorrupted ruleset is reported: %v", errs)
+	for _, name := range []string{"clusterip", "etp-local", "affinity-timeouts"} {
+		if errs := checkRuleset(compileSeed(name), nft.IPv4); len(errs) > 0 {
+			t.Fatalf("the uncorrupted ruleset of %s is reported: %v", name, errs)
+		}
 	}
 	set := func(rs *nft.Ruleset, name string) *nft.Set {
 		for _, s := range rs.Sets {
@@ -596,47 +913,129 @@ func TestChecksCatchCorruption(t *testing.T) {
 		t.Fatalf("no chain %s", name)
 		return nil
 	}
-	svcChain := compile.ChainName("svc", model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: model.ProtoTCP})
+	// entries of the endpoints map for the web service's cluster IP
+	web := netip.MustParseAddr("10.96.0.1")
+	webEntries := func(rs *nft.Ruleset) *nft.Set {
+		s := set(rs, "endpoints")
+		if !slices.ContainsFunc(s.Elements, func(e nft.Element) bool { return e.Key[0].Addr == web }) {
+			t.Fatalf("no endpoints entry for %s", web)
+		}
+		return s
+	}
+	root := func(rs *nft.Ruleset) string { // the tree the cluster frontends go to
+		for _, r := range chain(rs, "cluster-frontend").Rules {
+			if v, ok := r.Stmts[len(r.Stmts)-1].(nft.Verdict); ok && v.Kind == nft.Goto {
+				return v.Chain
+			}
+		}
+		t.Fatal("cluster-frontend goes nowhere")
+		return ""
+	}
+	svcChain := compile.ChainName("svc", model.ServicePortName{Namespace: "default", Name: "a", Port: "http", Protocol: model.ProtoTCP})
+	slotMap := func(rs *nft.Ruleset) *nft.Set {
+		for _, r := range chain(rs, svcChain).Rules {
+			for _, st := range r.Stmts {
+				if d, ok := st.(nft.DNATNumgenMap); ok {
+					return set(rs, d.Map)
+				}
+			}
+		}
+		t.Fatalf("chain %s draws no slots", svcChain)
+		return nil
+	}
 	for _, tc := range []struct {
+		seed    string
 		name    string
 		corrupt func(rs *nft.Ruleset)
 		want    string
 	}{
-		{"missing chain", func(rs *nft.Ruleset) {
-			rs.Chains = slices.DeleteFunc(rs.Chains, func(c *nft.Chain) bool { return c.Name == svcChain })
+		// the flat path
+		{"clusterip", "missing chain", func(rs *nft.Ruleset) {
+			rs.Chains = slices.DeleteFunc(rs.Chains, func(c *nft.Chain) bool { return c.Name == "cluster-frontend" })
 		}, "which does not exist"},
-		{"duplicate chain", func(rs *nft.Ruleset) { rs.Chains = append([]*nft.Chain{chain(rs, svcChain)}, rs.Chains...) }, "defined twice"},
-		{"duplicate element", func(rs *nft.Ruleset) {
-			s := set(rs, "service-ips")
+		{"clusterip", "duplicate chain", func(rs *nft.Ruleset) { rs.Chains = append([]*nft.Chain{chain(rs, "cluster-frontend")}, rs.Chains...) }, "defined twice"},
+		{"clusterip", "duplicate element", func(rs *nft.Ruleset) {
+			s := set(rs, "cluster-frontends")
 			s.Elements = append(s.Elements, s.Elements[0])
 		}, "duplicate key"},
-		{"key arity", func(rs *nft.Ruleset) {
-			s := set(rs, "service-ips")
+		{"clusterip", "key arity", func(rs *nft.Ruleset) {
+			s := set(rs, "cluster-frontends")
 			s.Elements[0].Key = s.Elements[0].Key[:2]
 		}, "does not fit"},
-		{"missing set", func(rs *nft.Ruleset) {
+		{"clusterip", "numgen first", func(rs *nft.Ruleset) {
+			s := webEntries(rs)
+			s.Key = append([]nft.Datatype{nft.TypeNumgen}, s.Key[:len(s.Key)-1]...)
+		}, "numgen not the last field"},
+		{"clusterip", "missing set", func(rs *nft.Ruleset) {
 			rs.Sets = slices.DeleteFunc(rs.Sets, func(s *nft.Set) bool { return s.Name == "hairpin" })
 		}, `"hairpin"`},
-		{"empty slot", func(rs *nft.Ruleset) { s := set(rs, "endpoints-0"); s.Elements = s.Elements[1:] }, "has no endpoint"},
-		{"orphan slot", func(rs *nft.Ruleset) {
-			s := set(rs, "endpoints-0")
-			s.Elements = append(s.Elements, nft.Element{Key: []nft.Value{nft.Num(200)}, Data: s.Elements[0].Data})
-		}, "drawn by no rule"},
-		{"loop", func(rs *nft.Ruleset) {
+		{"clusterip", "missing entry", func(rs *nft.Ruleset) {
+			s := webEntries(rs)
+			s.Elements = slices.DeleteFunc(s.Elements, func(e nft.Element) bool { return e.Key[0].Addr == web && e.Key[3].Num == 0 })
+		}, "has indexes"},
+		{"clusterip", "entry beyond the count", func(rs *nft.Ruleset) {
+			s := webEntries(rs)
+			e := s.Elements[0]
+			e.Key = append(slices.Clone(e.Key[:3]), nft.Num(200))
+			s.Elements = append(s.Elements, e)
+		}, "has indexes"},
+		{"clusterip", "count too high", func(rs *nft.Ruleset) {
+			s := set(rs, "endpoint-count-bit3")
+			s.Elements = append(s.Elements, set(rs, "cluster-frontends").Elements[0])
+		}, "are not translated"},
+		{"clusterip", "count too low", func(rs *nft.Ruleset) {
+			// one more entry than the count the bits hold: it is never drawn
+			s := webEntries(rs)
+			n := 0
+			for _, e := range s.Elements {
+				if e.Key[0].Addr == web {
+					n++
+				}
+			}
+			e := s.Elements[0]
+			e.Key = append(slices.Clone(e.Key[:3]), nft.Num(uint32(n)))
+			s.Elements = append(s.Elements, e)
+		}, "want its entries"},
+		{"clusterip", "entry of another service port", func(rs *nft.Ruleset) {
+			s := webEntries(rs)
+			s.Elements[0].Tag = &compile.Tag{Port: model.ServicePortName{Namespace: "x", Name: "y"}, Purpose: compile.PurposeEndpointSlot}
+		}, "serves x/y"},
+		{"clusterip", "orphan entries", func(rs *nft.Ruleset) {
+			s := set(rs, "cluster-frontends")
+			s.Elements = nil
+		}, "belong to no frontend"},
+		{"clusterip", "loop", func(rs *nft.Ruleset) {
 			c := chain(rs, "mark-for-masquerade")
 			c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Jump, Chain: "services"}}})
 		}, "chain loop"},
-		{"dnat in a filter chain", func(rs *nft.Ruleset) {
+		{"clusterip", "dnat in a filter chain", func(rs *nft.Ruleset) {
+			c := chain(rs, "firewall-check")
+			c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: root(rs)}}})
+		}, "reachable from base chain filter-prerouting-pre-dnat"},
+		{"clusterip", "long comment", func(rs *nft.Ruleset) { chain(rs, "cluster-frontend").Rules[0].Comment = strings.Repeat("c", 129) }, "comment of 129 bytes"},
+		// a service port with a chain of its own
+		{"etp-local", "missing service chain", func(rs *nft.Ruleset) {
+			rs.Chains = slices.DeleteFunc(rs.Chains, func(c *nft.Chain) bool { return c.Name == svcChain })
+		}, "which does not exist"},
+		{"etp-local", "duplicate dispatch element", func(rs *nft.Ruleset) {
+			s := set(rs, "service-ips")
+			s.Elements = append(s.Elements, s.Elements[0])
+		}, "duplicate key"},
+		{"etp-local", "empty slot", func(rs *nft.Ruleset) { s := slotMap(rs); s.Elements = s.Elements[1:] }, "has no endpoint"},
+		{"etp-local", "orphan slot", func(rs *nft.Ruleset) {
+			s := slotMap(rs)
+			s.Elements = append(s.Elements, nft.Element{Key: []nft.Value{nft.Num(200)}, Data: s.Elements[0].Data})
+		}, "drawn by no rule"},
+		{"etp-local", "service chain from a filter chain", func(rs *nft.Ruleset) {
 			c := chain(rs, "firewall-check")
 			c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: svcChain}}})
 		}, "reachable from base chain filter-prerouting-pre-dnat"},
-		{"long comment", func(rs *nft.Ruleset) { chain(rs, svcChain).Rules[1].Comment = strings.Repeat("c", 129) }, "comment of 129 bytes"},
 	} {
-		rs := compileSeed()
+		rs := compileSeed(tc.seed)
 		tc.corrupt(rs)
 		errs := checkRuleset(rs, nft.IPv4)
 		if !slices.ContainsFunc(errs, func(e string) bool { return strings.Contains(e, tc.want) }) {
-			t.Errorf("%s: want an error containing %q, got %q", tc.name, tc.want, errs)
+			t.Errorf("%s: %s: want an error containing %q, got %q", tc.seed, tc.name, tc.want, errs)
 		}
 	}
 
