@@ -143,7 +143,7 @@ func TestFakeRepair(t *testing.T) {
 	before := f.table()
 	err := f.Foreign(nft.IPv4, compile.TableName, func(rs *nft.Ruleset) {
 		for _, s := range rs.Sets {
-			if s.Name == "service-ips" {
+			if s.Name == "service-ips" || s.Name == "cluster-frontends" { // a's dispatch, chained or flat
 				s.Elements = nil
 			}
 		}
@@ -155,10 +155,16 @@ func TestFakeRepair(t *testing.T) {
 	if tampered := f.table(); tampered == before || !strings.Contains(tampered, "chain intruder") {
 		t.Fatalf("the foreign change did not land:\n%s", tampered)
 	}
+	if got := fate(f.Ruleset(nft.IPv4, compile.TableName), "10.244.0.5", "10.96.0.1:80"); got == "10.244.1.2:8080 100%" {
+		t.Fatalf("a's frontend still leads to its endpoint after its dispatch element was deleted:\n%s", f.table())
+	}
 	_, _, resyncs := f.Counts()
 	r := NewRepairer(p, RepairBackoff{Initial: time.Millisecond})
 	r.Changed(monitor.Change{Reason: "table ip nftproxy: element deleted from set service-ips, by pid 1 (nft)"})
 	waitFor(t, "the table repaired", func() bool { return f.table() == before })
+	if got := fate(f.Ruleset(nft.IPv4, compile.TableName), "10.244.0.5", "10.96.0.1:80"); got != "10.244.1.2:8080 100%" {
+		t.Errorf("after the repair a's frontend leads to %s", got)
+	}
 	if _, _, n := f.Counts(); n <= resyncs {
 		t.Errorf("repaired without a Resync (%d, before %d): the rewrite must not trust the applier's memory", n, resyncs)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/trace"
 )
 
 const (
@@ -146,8 +147,61 @@ func tenantObjects(w world, victimIPs map[netip.Addr]bool) ([]*v1.Service, []*di
 }
 
 // victimMapping describes, for every victim cluster IP, every element of the ruleset
-// keyed by it and, for service-ips verdicts, the endpoints the target chain picks from.
+// keyed by it and, for service-ips verdicts, the endpoints the target chain picks from;
+// and, whatever the shape (a chain of its own or the flat path's shared chains), where
+// a pod's new connection to each of the victim's ports at that IP goes, traced.
 func victimMapping(rs *nft.Ruleset, victimIPs map[netip.Addr]bool) string {
+	return victimElements(rs, victimIPs) + "\n" + victimTraces(rs, victimIPs)
+}
+
+// victimTraces traces a pod's new connection to every victim cluster IP of the
+// ruleset's family on each port the victim's services have, and lists the outcomes with
+// their probabilities.
+func victimTraces(rs *nft.Ruleset, victimIPs map[netip.Addr]bool) string {
+	pod := netip.MustParseAddr("10.244.0.9")
+	if rs.Family == nft.IPv6 {
+		pod = netip.MustParseAddr("fd00:244::9")
+	}
+	var lines []string
+	for ip := range victimIPs {
+		if ip.Is6() != (rs.Family == nft.IPv6) {
+			continue
+		}
+		for _, port := range []struct {
+			proto uint8
+			port  uint16
+		}{{model.ProtoTCP, 80}, {model.ProtoUDP, 53}, {model.ProtoTCP, 53}} {
+			pkt := trace.Packet{Family: rs.Family, Saddr: pod, Daddr: ip, L4Proto: port.proto, Dport: port.port, Hook: nft.Prerouting}
+			res, err := trace.Trace(rs, pkt, trace.Context{})
+			if err != nil {
+				lines = append(lines, fmt.Sprintf("trace %s %d/%d: %v", ip, port.port, port.proto, err))
+				continue
+			}
+			probs := map[string]float64{}
+			for _, o := range res.Outcomes {
+				k := o.Verdict.String()
+				if o.DNAT.IsValid() {
+					k += " " + o.DNAT.String()
+				}
+				if o.Masquerade {
+					k += " masquerade"
+				}
+				probs[k] += o.Probability
+			}
+			var out []string
+			for k, p := range probs {
+				out = append(out, fmt.Sprintf("%s %.6f", k, p))
+			}
+			sort.Strings(out)
+			lines = append(lines, fmt.Sprintf("trace %s %d/%d: %s", ip, port.port, port.proto, strings.Join(out, ", ")))
+		}
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+// victimElements lists the elements keyed by a victim cluster IP.
+func victimElements(rs *nft.Ruleset, victimIPs map[netip.Addr]bool) string {
 	chains := map[string]*nft.Chain{}
 	for _, c := range rs.Chains {
 		chains[c.Name] = c
@@ -197,8 +251,9 @@ func chainEndpoints(chains map[string]*nft.Chain, sets map[string]*nft.Set, name
 	return "[" + strings.Join(out, " ") + "]"
 }
 
-// ownPortsTaken lists service-ips elements that would answer on the node's addresses on
-// the ports nftproxy serves.
+// ownPortsTaken lists frontend elements (chained: service-ips; flat: cluster- and
+// external-frontends; without endpoints: the no-endpoint sets) that would answer on the
+// node's addresses on the ports nftproxy serves.
 func ownPortsTaken(rs *nft.Ruleset, cfg controller.Config, node *v1.Node) []string {
 	own := map[netip.Addr]bool{}
 	for _, a := range node.Status.Addresses {
@@ -206,7 +261,7 @@ func ownPortsTaken(rs *nft.Ruleset, cfg controller.Config, node *v1.Node) []stri
 	}
 	var out []string
 	for _, s := range rs.Sets {
-		if s.Name != "service-ips" && s.Name != "no-endpoint-services" {
+		if !slices.Contains([]string{"service-ips", "cluster-frontends", "external-frontends", "no-endpoint-services", "no-local-endpoint-services"}, s.Name) {
 			continue
 		}
 		for _, e := range s.Elements {
@@ -240,6 +295,9 @@ func FuzzIsolation(f *testing.F) {
 			want[i] = victimMapping(rs, victimIPs)
 			if !strings.Contains(want[i], "10.244.") && !strings.Contains(want[i], "fd00:244::") {
 				t.Fatalf("the victim alone has no endpoints in %s:\n%s", rs.Family, want[i])
+			}
+			if !strings.Contains(want[i], "accept 10.244.") && !strings.Contains(want[i], "accept [fd00:244::") {
+				t.Fatalf("the victim alone: no traced connection reaches an endpoint in %s:\n%s", rs.Family, want[i])
 			}
 		}
 		slots := map[nft.Family]*compile.Slots{}
