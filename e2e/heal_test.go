@@ -15,8 +15,9 @@ import (
 
 // TestSelfHealing runs nftproxy with its default --min-sync-period (1s) and
 // --sync-period (30s) and tampers with its table from the node namespace with nft, as
-// an administrator or another agent might: the table deleted, a service chain flushed,
-// a service-ips element deleted, a drop rule added. Each time the kernel's table must
+// an administrator or another agent might: the table deleted, the shared chain that
+// load-balances cluster IPs flushed, the service's cluster-frontends element and one of
+// its endpoint entries deleted, a drop rule added. Each time the kernel's table must
 // be back (the same listing, modulo counters) within a second — long before the
 // periodic resync — new connections must work again, and
 // nftproxy_dataplane_repairs_total must count the repair. A foreign table in the same
@@ -49,10 +50,12 @@ func TestSelfHealing(t *testing.T) {
 	e.putSlice(t, svc, endpoint(e.web[0], ready), endpoint(e.web[1], ready))
 	addr := hostPort(svc.Spec.ClusterIP, 80)
 	e.waitOK(t, "service answers", e.client.NS, "tcp", addr)
-	svcChain := "svc-default/heal/tcp/http"
+	// the service is on the flat path: no chain of its own; its cluster IP goes
+	// through the shared chain cluster-frontend
+	const frontChain = "cluster-frontend"
 	baseline := e.waitStableListing(t)
-	if !strings.Contains(baseline, "chain "+svcChain+" {") {
-		t.Fatalf("no chain %s in the table:\n%s", svcChain, baseline)
+	if !strings.Contains(baseline, "chain "+frontChain+" {") {
+		t.Fatalf("no chain %s in the table:\n%s", frontChain, baseline)
 	}
 
 	const attemptTimeout = 300 * time.Millisecond // of each client connection
@@ -62,8 +65,9 @@ func TestSelfHealing(t *testing.T) {
 		nft  []string
 	}{
 		{"delete-table", []string{"delete", "table", "ip", tableName}},
-		{"flush-service-chain", []string{"flush", "chain", "ip", tableName, svcChain}},
-		{"delete-service-ips-element", []string{"delete", "element", "ip", tableName, "service-ips", "{ " + svc.Spec.ClusterIP + " . tcp . 80 }"}},
+		{"flush-frontend-chain", []string{"flush", "chain", "ip", tableName, frontChain}},
+		{"delete-frontend-element", []string{"delete", "element", "ip", tableName, "cluster-frontends", "{ " + svc.Spec.ClusterIP + " . tcp . 80 }"}},
+		{"delete-endpoint-entry", []string{"delete", "element", "ip", tableName, "endpoints", "{ " + svc.Spec.ClusterIP + " . tcp . 80 . 1 }"}},
 		{"add-drop-rule", []string{"insert", "rule", "ip", tableName, "services", "ip", "daddr", svc.Spec.ClusterIP, "drop"}},
 	} {
 		t.Run(tamper.name, func(t *testing.T) {

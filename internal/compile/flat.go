@@ -22,8 +22,9 @@ import (
 // and N is written in binary into the sets endpoint-count-bit0..7: the frontend is in
 // set b when bit b of N is 1. A tree of shared chains reads those bits, most significant
 // first (lb-0-255 → lb-128-255 or lb-0-127 → …), and its last level holds the rules
-// "dnat to <frontend> . numgen random mod N map @endpoints" for N and N+1: eight set
-// lookups and one map lookup for every new connection, whatever the number of services.
+// "dnat to <frontend> . numgen random mod N map @endpoints" for N and N+1: as many set
+// lookups (the trees' depth, 4 to 8) and one map lookup for every new connection, whatever
+// the number of services.
 // The trees are as deep as the largest endpoint count of a flat frontend needs, at least
 // minTreeBits (2^d - 1 chains each for depth d: 15 by default, 255 at most), and they
 // never shrink (Slots.growTree): a count crossing a power of two for the first time adds

@@ -163,7 +163,7 @@ var Features = []Feature{
 	},
 	{
 		Name: "numgen", Major: 4, Minor: 9,
-		What: "numgen random mod N offset O: picking an endpoint in each service's slots of the shared endpoint map",
+		What: "numgen random mod N (offset O): picking an endpoint, inside the endpoints map key of a flat frontend and in a chained service's slots",
 		// An older kernel would refuse the unknown numgen expression outright; the
 		// offset (NFTA_NG_OFFSET) is in the same release.
 		Source: "nft_numgen with NFTA_NG_OFFSET: not in the 4.8.15 tree, in 4.9.0; " +
