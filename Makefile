@@ -57,7 +57,7 @@ demo: deps
 # Go benchmarks, then the side-by-side suite (e2e/bench): nftproxy and kube-proxy v1.37.0
 # (nftables and iptables mode) on one local cluster, about an hour at full size; writes
 # docs/bench/results.{json,md} and chart.png. Its N=100 smoke runs within `make e2e`.
-BENCH_SIZES ?= 1000,10000,30000
+BENCH_SIZES ?= 1000,10000,30000,5000x50
 bench: deps
 	mkdir -p docs/bench
 	set -o pipefail; NFTPROXY_KERNEL_TESTS=1 $(GO) test -run '^$$' -bench . -benchmem -count=1 ./internal/compile/ ./internal/controller/ ./nft/kernel/ | tee docs/bench/gobench.txt
