@@ -538,18 +538,8 @@ const (
 var (
 	jumpMasq      = nft.Verdict{Kind: nft.Jump, Chain: markMasq}
 	masqOffClustr = nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("10.244.0.0/16")}
-	toEcho        = to("10.96.0.10") // the masquerade rule only applies to cluster-IP traffic
 	notLoopback4  = nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("127.0.0.0/8")}
 )
-
-func to(ip string) nft.MatchPrefix {
-	a := netip.MustParseAddr(ip)
-	return nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(a, a.BitLen())}
-}
-
-func dnat(mod uint32) []nft.Stmt {
-	return []nft.Stmt{nft.MatchL4Proto{Proto: tcp}, nft.DNATNumgenMap{Mod: mod}}
-}
 
 var (
 	toTree   = nft.Verdict{Kind: nft.Goto, Chain: "lb-0-15"} // the least tree: counts up to 15
