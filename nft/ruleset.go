@@ -88,6 +88,17 @@ type Rule struct {
 	Tag     Tag
 }
 
+// StmtOf returns the first statement of kind T in r.
+func StmtOf[T Stmt](r Rule) (T, bool) {
+	for _, s := range r.Stmts {
+		if v, ok := s.(T); ok {
+			return v, true
+		}
+	}
+	var zero T
+	return zero, false
+}
+
 // Datatype is the type of one field of a set key or map value.
 type Datatype uint8
 

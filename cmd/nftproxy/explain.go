@@ -345,17 +345,6 @@ func outcomeLine(o trace.Outcome, p trace.Packet, sc scene) string {
 	return line
 }
 
-// stmtOf returns the first statement of kind T in r.
-func stmtOf[T nft.Stmt](r nft.Rule) (T, bool) {
-	for _, s := range r.Stmts {
-		if v, ok := s.(T); ok {
-			return v, true
-		}
-	}
-	var zero T
-	return zero, false
-}
-
 // serviceOf names the service port an outcome went through, from the compiler's tags:
 // of the verdict-map entry that routed it (a chained service port), else of the frontend
 // element it matched (the flat path), else of its DNAT rule or the endpoint entry that
@@ -491,7 +480,7 @@ func dropReason(o trace.Outcome, p trace.Packet, sc scene) string {
 	case compile.PurposeSourceRangeDrop:
 		return fmt.Sprintf("the source %s is not in the service's loadBalancerSourceRanges", p.Saddr)
 	case compile.PurposeUnallocatedServiceIP:
-		if m, ok := stmtOf[nft.MatchPrefix](last.Rule); ok && len(sc.services[p.Daddr]) == 0 {
+		if m, ok := nft.StmtOf[nft.MatchPrefix](last.Rule); ok && len(sc.services[p.Daddr]) == 0 {
 			return fmt.Sprintf("no service uses this address (an unallocated address of the service CIDR %s)", m.Prefix)
 		}
 	}

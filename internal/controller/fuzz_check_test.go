@@ -518,7 +518,7 @@ func checkKeyMaps(rs *nft.Ruleset, sets map[string]*nft.Set, chains map[string]*
 					}
 					got[o.DNAT.String()] += o.Probability
 					for _, st := range o.Path {
-						if d, ok := stmtOf[nft.DNATKeyMap](st.Rule); ok {
+						if d, ok := nft.StmtOf[nft.DNATKeyMap](st.Rule); ok {
 							if m != "" && m != d.Map {
 								bad("%s: translated through key maps %s and %s", where, m, d.Map)
 							}
@@ -574,17 +574,6 @@ func sameDistribution(a, b map[string]float64) bool {
 		}
 	}
 	return true
-}
-
-// stmtOf returns the first statement of kind T in r.
-func stmtOf[T nft.Stmt](r nft.Rule) (T, bool) {
-	for _, s := range r.Stmts {
-		if v, ok := s.(T); ok {
-			return v, true
-		}
-	}
-	var zero T
-	return zero, false
 }
 
 func checkSetType(s *nft.Set, addrType nft.Datatype, bad func(string, ...any)) {

@@ -149,18 +149,7 @@ func (tr *tracer) dnatNumgenMap(t *thread, s nft.DNATNumgenMap) ([]branch, error
 	case s.Mod == 0:
 		return nil, fmt.Errorf("numgen modulus 0")
 	}
-	var out []branch
-	for i := range s.Mod {
-		f := t.fork(1 / float64(s.Mod))
-		e := find(m, []nft.Value{nft.Num(s.Offset + i)})
-		if e == nil {
-			out = append(out, branch{t: f, ctl: control{kind: ctlBreak}})
-			continue
-		}
-		f.matched = append(f.matched, match(tr.fam, m, *e))
-		out = append(out, dnat(f, netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)))...)
-	}
-	return out, nil
+	return tr.draw(t, m, s.Mod, func(i uint32) []nft.Value { return []nft.Value{nft.Num(s.Offset + i)} }), nil
 }
 
 // dnatKeyMap forks into the Mod indexes 0…Mod-1 of the packet's own key (its Fields as
@@ -184,11 +173,20 @@ func (tr *tracer) dnatKeyMap(t *thread, s nft.DNATKeyMap) ([]branch, error) {
 		}
 		key[i] = v
 	}
-	out := make([]branch, 0, s.Mod)
-	for i := range s.Mod {
-		f := t.fork(1 / float64(s.Mod))
+	return tr.draw(t, m, s.Mod, func(i uint32) []nft.Value {
 		key[len(key)-1] = nft.Num(i)
-		e := find(m, key)
+		return key
+	}), nil
+}
+
+// draw forks t into mod branches of probability 1/mod, branch i translating to the
+// address . port of m's entry at key(i); an index without an entry makes the rule not
+// match, as a failed map lookup does.
+func (tr *tracer) draw(t *thread, m *nft.Set, mod uint32, key func(i uint32) []nft.Value) []branch {
+	out := make([]branch, 0, mod)
+	for i := range mod {
+		f := t.fork(1 / float64(mod))
+		e := find(m, key(i))
 		if e == nil {
 			out = append(out, branch{t: f, ctl: control{kind: ctlBreak}})
 			continue
@@ -196,5 +194,5 @@ func (tr *tracer) dnatKeyMap(t *thread, s nft.DNATKeyMap) ([]branch, error) {
 		f.matched = append(f.matched, match(tr.fam, m, *e))
 		out = append(out, dnat(f, netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)))...)
 	}
-	return out, nil
+	return out
 }

@@ -330,27 +330,38 @@ func addrField(fam nft.Family, f nft.Field) (uint32, uint32) {
 }
 
 // loadFields loads a concatenation into consecutive registers starting at NFT_REG_1, each
-// field rounded up to 4 bytes, as nft lays out lookup keys.
+// field rounded up to 4 bytes, as nft lays out lookup keys (the registers after the first
+// named by their 32-bit names, as these expressions were always written).
 func (b *Batch) loadFields(fam nft.Family, fs []nft.Field) {
-	var used uint32 // bytes of the concatenation so far
-	for _, f := range fs {
-		reg := uint32(reg1)
-		if used > 0 {
-			reg = reg32base + used/4
+	b.loadConcat(fam, fs, func(word uint32) uint32 {
+		if word == 0 {
+			return reg1
 		}
+		return reg32base + word
+	})
+}
+
+// loadConcat loads the fields fs into consecutive register space from NFT_REG_1, each
+// rounded up to 4 bytes; reg names the register at a 32-bit word. It returns the bytes
+// used.
+func (b *Batch) loadConcat(fam nft.Family, fs []nft.Field, reg func(word uint32) uint32) uint32 {
+	var used uint32
+	for _, f := range fs {
+		r := reg(used / 4)
 		switch f {
 		case nft.FieldSaddr, nft.FieldDaddr:
 			off, n := addrField(fam, f)
-			b.payload(reg, unix.NFT_PAYLOAD_NETWORK_HEADER, off, n)
+			b.payload(r, unix.NFT_PAYLOAD_NETWORK_HEADER, off, n)
 			used += n
 		case nft.FieldL4Proto:
-			b.meta(unix.NFT_META_L4PROTO, reg, false)
+			b.meta(unix.NFT_META_L4PROTO, r, false)
 			used += 4
 		case nft.FieldTHDport:
-			b.payload(reg, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
+			b.payload(r, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
 			used += 4
 		}
 	}
+	return used
 }
 
 // maxKeyBytes is the room the data registers give a concatenated key (NFT_REG32_00 to
@@ -368,26 +379,10 @@ func nftReg(word uint32) uint32 {
 }
 
 // loadKey loads a concatenation of packet fields as nft 1.0.6 does for a map key that
-// goes on with a numgen index: each field in consecutive register space from NFT_REG_1,
-// rounded up to 4 bytes, registers named as nft names them. It returns the bytes used.
+// goes on with a numgen index: registers named as nft names them (nftReg). It returns the
+// bytes used.
 func (b *Batch) loadKey(fam nft.Family, fs []nft.Field) uint32 {
-	var used uint32
-	for _, f := range fs {
-		reg := nftReg(used / 4)
-		switch f {
-		case nft.FieldSaddr, nft.FieldDaddr:
-			off, n := addrField(fam, f)
-			b.payload(reg, unix.NFT_PAYLOAD_NETWORK_HEADER, off, n)
-			used += n
-		case nft.FieldL4Proto:
-			b.meta(unix.NFT_META_L4PROTO, reg, false)
-			used += 4
-		case nft.FieldTHDport:
-			b.payload(reg, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
-			used += 4
-		}
-	}
-	return used
+	return b.loadConcat(fam, fs, nftReg)
 }
 
 func le32(v uint32) []byte {
