@@ -50,9 +50,13 @@ func TestDetectLocalModes(t *testing.T) {
 			backends := e.web[:2]
 
 			e.waitOK(t, "ClusterIP answers from a pod", e.client.NS, "tcp", addr)
+			// the service is on the flat path: its cluster IP is marked in the shared
+			// chain cluster-frontend
 			table, err := e.nftList(t.Context())
-			if err != nil || !strings.Contains(table, "ip daddr "+svc.Spec.ClusterIP+" "+mode.match) {
-				t.Fatalf("no %q for %s in the table (err %v):\n%s", mode.match, svc.Spec.ClusterIP, err, table)
+			_, front, _ := strings.Cut(table, "chain cluster-frontend {")
+			front, _, _ = strings.Cut(front, "}")
+			if err != nil || !strings.Contains(table, svc.Spec.ClusterIP+" . tcp . 8080") || !strings.Contains(front, mode.match) {
+				t.Fatalf("no %q in chain cluster-frontend, or %s not in the table (err %v):\n%s", mode.match, svc.Spec.ClusterIP, err, table)
 			}
 			res := e.probe(t, e.client.NS, "tcp", addr, 20, 2e9)
 			expectAnswered(t, "pod -> "+addr+" (local: source kept)", res, backends, is(e.client.IP.String()))
