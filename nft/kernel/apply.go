@@ -14,12 +14,14 @@ import (
 	"hash/maphash"
 	"maps"
 	"reflect"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/wire"
@@ -147,6 +149,12 @@ type Stats struct {
 	Elements int           // set elements added or deleted
 	Chains   int           // chains created, refilled or deleted
 	Kernel   time.Duration // time from send to the kernel's last answer
+	// KernelCPU is the sending thread's CPU time over the same span: nf_tables processes
+	// a batch, commit included, in the sender's sendmsg, so this is the kernel's work on
+	// the transaction (plus reading the answers) without the waits for a core — a
+	// process descheduled, or held back by its own garbage collector, shows those waits
+	// in Kernel only.
+	KernelCPU time.Duration
 }
 
 // Resync makes the next Apply rewrite the whole table from scratch, correcting any drift
@@ -192,9 +200,11 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	}
 	all := wire.Merge(batches...)
 	st.Messages, st.Bytes = all.Msgs(), all.Bytes()
-	start := time.Now()
+	runtime.LockOSThread() // the thread's CPU clock must be the one that sends
+	start, cpu := time.Now(), threadCPU()
 	err = all.Send(conn)
-	st.Kernel = time.Since(start)
+	st.Kernel, st.KernelCPU = time.Since(start), threadCPU()-cpu
+	runtime.UnlockOSThread()
 	if err != nil {
 		_ = a.retire() // its receive queue may hold stale answers
 		var rejected *RejectedError
@@ -927,4 +937,13 @@ func sameSetDef(a, b *nft.Set) bool {
 	return a != nil && b != nil && a.Comment == b.Comment &&
 		a.Dynamic == b.Dynamic && a.Timeout == b.Timeout && a.Size == b.Size && a.Counter == b.Counter &&
 		slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data)
+}
+
+// threadCPU is the calling thread's CPU time (0 if the clock cannot be read).
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts) != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
