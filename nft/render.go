@@ -78,10 +78,10 @@ func renderSet(b *strings.Builder, fam Family, s *Set) {
 // typeof is only userdata; these are the ones nft 1.0.6 lists back unchanged.
 func setTypeLine(fam Family, s *Set) string {
 	if len(s.Key) == 1 && s.Key[0] == TypeNumgen {
-		return "typeof numgen random mod 1 : " + typeofData(fam, s.Data)
+		return "typeof numgen random mod 1 : " + typeofFields(fam, s.Data)
 	}
 	if IsKeyNumgenMap(s) {
-		return "typeof " + typeofKey(fam, s.Key) + " : " + typeofData(fam, s.Data)
+		return "typeof " + typeofFields(fam, s.Key) + " : " + typeofFields(fam, s.Data)
 	}
 	line := "type " + joinTypes(s.Key)
 	if s.IsMap() {
@@ -97,9 +97,10 @@ func IsKeyNumgenMap(s *Set) bool {
 	return len(s.Key) > 1 && s.Key[len(s.Key)-1] == TypeNumgen && s.IsMap()
 }
 
-// typeofKey renders a key of packet fields and a numgen index as the expressions that
-// produce it: addresses are the destination, services the transport destination port.
-func typeofKey(fam Family, ts []Datatype) string {
+// typeofFields renders a key or value of packet fields (and a numgen index) as the
+// expressions that produce it: addresses are the destination, services the transport
+// destination port.
+func typeofFields(fam Family, ts []Datatype) string {
 	parts := make([]string, len(ts))
 	for i, t := range ts {
 		switch t {
@@ -118,20 +119,6 @@ func typeofKey(fam Family, ts []Datatype) string {
 	return strings.Join(parts, " . ")
 }
 
-func typeofData(fam Family, ts []Datatype) string {
-	parts := make([]string, len(ts))
-	for i, t := range ts {
-		switch t {
-		case TypeIPv4Addr, TypeIPv6Addr:
-			parts[i] = fam.String() + " daddr"
-		case TypeInetService:
-			parts[i] = "th dport"
-		default:
-			parts[i] = typeName(t)
-		}
-	}
-	return strings.Join(parts, " . ")
-}
 
 func joinTypes(ts []Datatype) string {
 	parts := make([]string, len(ts))
