@@ -78,7 +78,7 @@ func (c *compiler) flat(sp *model.ServicePort, internal, external int, nodePort 
 // its frontend set, its endpoint count's bits and its endpoint entries.
 func (c *compiler) flatService(cp *compiledPart, sp *model.ServicePort, p policy, won claims, internalEps, clusterEps []model.Endpoint, comment string) {
 	proto, port := nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))
-	hairpin := internalEps
+	c.hairpinElements(cp, internalEps)
 	if p.hasInternal && len(internalEps) > 0 {
 		for _, ip := range won.internal {
 			c.flatFrontend(cp, setClusterFrontends, setEndpointCountBit, mapEndpoints, []nft.Value{nft.Addr(ip), proto, port}, internalEps, comment)
@@ -91,11 +91,10 @@ func (c *compiler) flatService(cp *compiledPart, sp *model.ServicePort, p policy
 		if won.nodePort != 0 {
 			c.flatFrontend(cp, setNodePortFrontends, setNodePortEndpointCountBit, mapNodePortEndpoints, []nft.Value{proto, nft.Num(uint32(won.nodePort))}, clusterEps, comment)
 		}
-		if len(clusterEps) != len(internalEps) || (len(clusterEps) > 0 && &clusterEps[0] != &internalEps[0]) {
+		if !same(clusterEps, internalEps) {
 			c.hairpinElements(cp, clusterEps)
 		}
 	}
-	c.hairpinElements(cp, hairpin)
 }
 
 // flatFrontend adds one frontend (key) with endpoints eps: its element of frontSet, the
