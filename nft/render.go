@@ -119,7 +119,6 @@ func typeofFields(fam Family, ts []Datatype) string {
 	return strings.Join(parts, " . ")
 }
 
-
 func joinTypes(ts []Datatype) string {
 	parts := make([]string, len(ts))
 	for i, t := range ts {
