@@ -181,6 +181,9 @@ type scratch struct {
 	state              []uint8 // stateHas, stateAside
 	order              []int
 	internal, external []netip.Addr
+	// the frontends claimed (see compiler.frontends): cleared, not made, on every
+	// call, since a map of every service port's cluster IPs is megabytes at 30k
+	frontends map[frontendKey]int32
 }
 
 const (
@@ -304,7 +307,6 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		cfg: cc.cfg, slots: cc.slots, v6: cc.cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
 		local:         cc.cfg.DetectLocal.resolve(cc.cfg.Family == nft.IPv6, snap.Node),
 		nodePortAddrs: cc.cfg.NodePortAddrs,
-		frontends:     make(map[frontendKey]model.ServicePortName, len(snap.Services)),
 		nodePorts:     map[nodePortKey]model.ServicePortName{},
 	}
 	for _, a := range snap.NodePortAddrs {
@@ -314,13 +316,18 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	}
 	c.init()
 	services := snap.Services
+	sc := &cc.scratch
+	if sc.frontends == nil {
+		sc.frontends = make(map[frontendKey]int32, len(services))
+	}
+	clear(sc.frontends)
+	c.frontends, c.claimants = sc.frontends, services
 	var dropped []model.ServicePortName // slot owners no longer used
 	// the parts that are not the previous call's (nft.PartChanges): owner → part, nil
 	// when gone; kept only when prev holds every previous part
 	changed := map[string]*nft.Part{}
 
 	// the previous part of each service port (both lists are in name order)
-	sc := &cc.scratch
 	sc.matched = grow(sc.matched, len(services))
 	matched := sc.matched
 	j := 0
@@ -522,7 +529,7 @@ func (c *compiler) claimAll(services []model.ServicePort, sc *scratch) []claims 
 				continue
 			}
 			state[i] |= stateHas
-			if c.claimFrontend(sp.Name, ip, sp.Port) {
+			if c.claimFrontend(i, ip) {
 				internal = append(internal, ip)
 			}
 		}
@@ -546,7 +553,7 @@ func (c *compiler) claimAll(services []model.ServicePort, sc *scratch) []claims 
 				if ip.Is6() != c.v6 || c.refused(sp, what, ip) {
 					continue
 				}
-				if c.claimFrontend(sp.Name, ip, sp.Port) {
+				if c.claimFrontend(i, ip) {
 					external = append(external, ip)
 				}
 			}
@@ -609,8 +616,11 @@ func sameNode(a, b model.Node) bool {
 	return a.Name == b.Name && a.Zone == b.Zone && slices.Equal(a.IPs, b.IPs) && slices.Equal(a.PodCIDRs, b.PodCIDRs)
 }
 
+// frontendKey is an address, protocol and port; the address is kept as 16 bytes so that
+// the claim map holds no pointer for the collector to scan (one compiler serves one
+// family, so an IPv4 address and its IPv4-mapped IPv6 form never meet).
 type frontendKey struct {
-	addr  netip.Addr
+	addr  [16]byte
 	proto uint8
 	port  uint16
 }
@@ -637,8 +647,11 @@ type compiler struct {
 	local                                                 localCheck   // DetectLocal for this family and node
 	nodePortAddrs                                         []netip.Addr // the configuration's and the snapshot's
 
-	// keys already used, so that conflicting input never produces a duplicate element
-	frontends map[frontendKey]model.ServicePortName
+	// keys already used, so that conflicting input never produces a duplicate element:
+	// frontends maps a claimed frontend to its owner's index in claimants (the
+	// snapshot's service ports)
+	frontends map[frontendKey]int32
+	claimants []model.ServicePort
 	nodePorts map[nodePortKey]model.ServicePortName
 	problems  []model.Problem
 	seen      map[model.Problem]bool
@@ -656,17 +669,18 @@ func (cp *compiledPart) add(set string, es ...nft.Element) {
 	p.Elements = append(p.Elements, nft.SetElements{Set: set, Elements: es})
 }
 
-// claimFrontend reserves addr:port/proto for sp; false (and a problem) if another service
+// claimFrontend reserves addr and the port and protocol of claimants[i]; false (and a problem) if another service
 // port has it.
-func (c *compiler) claimFrontend(sp model.ServicePortName, addr netip.Addr, port uint16) bool {
-	k := frontendKey{addr, sp.Protocol, port}
+func (c *compiler) claimFrontend(i int, addr netip.Addr) bool {
+	sp := &c.claimants[i]
+	k := frontendKey{addr.As16(), sp.Name.Protocol, sp.Port}
 	if owner, taken := c.frontends[k]; taken {
-		if owner != sp { // a service listing one address twice is not a conflict
-			c.conflict(sp, "%s %s:%d is in use by another Service", model.ProtoString(sp.Protocol), addr, port)
+		if c.claimants[owner].Name != sp.Name { // a service listing one address twice is not a conflict
+			c.conflict(sp.Name, "%s %s:%d is in use by another Service", model.ProtoString(sp.Name.Protocol), addr, sp.Port)
 		}
 		return false
 	}
-	c.frontends[k] = sp
+	c.frontends[k] = int32(i)
 	return true
 }
 

@@ -16,6 +16,9 @@ import (
 type Cache struct {
 	gen      uint64
 	services map[nsName]*cachedService
+	// byObject finds a service by its Service object: hashing a pointer costs less than
+	// hashing a name, and nearly every Service of a sync is the one of the sync before
+	byObject map[*v1.Service]*cachedService
 	slices   map[*discovery.EndpointSlice]*cachedSlice
 	order    []*cachedService // services with a Service object, in name order
 }
@@ -38,7 +41,8 @@ type cachedSlice struct {
 
 // NewCache returns an empty Cache.
 func NewCache() *Cache {
-	return &Cache{services: map[nsName]*cachedService{}, slices: map[*discovery.EndpointSlice]*cachedSlice{}}
+	return &Cache{services: map[nsName]*cachedService{}, byObject: map[*v1.Service]*cachedService{},
+		slices: map[*discovery.EndpointSlice]*cachedSlice{}}
 }
 
 // Build returns what Build returns for the same arguments (the problems possibly in
@@ -89,15 +93,19 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 	}
 
 	// Services: a replaced object or a changed slice set builds the ports again.
-	var rebuilt map[nsName]bool // handed on as snap.Changes
+	var rebuilt []nsName // handed on as snap.Changes
 	seen := 0
 	for _, svc := range services {
-		cs := c.entry(nsName{svc.Namespace, svc.Name})
-		if cs.svc == nil {
-			membership = true
-		}
-		if cs.svc != svc {
+		cs := c.byObject[svc]
+		if cs == nil {
+			cs = c.entry(nsName{svc.Namespace, svc.Name})
+			if cs.svc == nil {
+				membership = true
+			} else {
+				delete(c.byObject, cs.svc)
+			}
 			cs.svc, cs.dirty = svc, true
+			c.byObject[svc] = cs
 		}
 		if cs.gen != c.gen {
 			seen++
@@ -108,16 +116,14 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 			ports := b.service(svc, sortedByName(cs.slices))
 			slices.SortFunc(ports, func(x, y ServicePort) int { return x.Name.Compare(y.Name) })
 			cs.ports, cs.problems, cs.dirty = ports, b.problems, false
-			if rebuilt == nil {
-				rebuilt = map[nsName]bool{}
-			}
-			rebuilt[cs.key] = true
+			rebuilt = append(rebuilt, cs.key)
 		}
 	}
 	if seen != len(c.order) || membership {
 		membership = true
 		for _, cs := range c.services {
 			if cs.svc != nil && cs.gen != c.gen { // the Service is gone
+				delete(c.byObject, cs.svc)
 				cs.svc, cs.ports, cs.problems, cs.dirty = nil, nil, nil, true
 				c.forgetIfUnused(cs)
 			}
@@ -130,12 +136,7 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 				c.order = append(c.order, cs)
 			}
 		}
-		slices.SortFunc(c.order, func(a, b *cachedService) int {
-			if r := strings.Compare(a.key.ns, b.key.ns); r != 0 {
-				return r
-			}
-			return strings.Compare(a.key.name, b.key.name)
-		})
+		slices.SortFunc(c.order, func(a, b *cachedService) int { return compareNames(a.key, b.key) })
 	}
 	n := 0
 	for _, cs := range c.order {
@@ -148,6 +149,7 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 		snap.Services = append(snap.Services, cs.ports...)
 		problems = append(problems, cs.problems...)
 	}
+	slices.SortFunc(rebuilt, compareNames)
 	snap.Changes = Changes{cache: c, gen: c.gen, rebuilt: rebuilt}
 	return snap, problems
 }
