@@ -19,8 +19,8 @@ import (
 // The set only speaks for the snapshot built immediately before (Follows). A snapshot
 // built by BuildFrom, or the first of a Cache, follows nothing: everything may differ.
 type Changes struct {
-	cache   *Cache // nil: not built by a cache
-	gen     uint64 // the cache's build that made the snapshot
+	cache   *Cache   // nil: not built by a cache
+	gen     uint64   // the cache's build that made the snapshot
 	rebuilt []nsName // sorted: a sync rebuilds a few services, and a lookup in a short
 	// sorted list costs less than hashing the name of each of 30,000 service ports
 }
