@@ -45,7 +45,7 @@ func listSnapshot() *model.Snapshot {
 	dns.Name.Protocol, dns.Name.Port, dns.Port = model.ProtoUDP, "", 53
 	return &model.Snapshot{
 		Node:     model.Node{Name: "node-1", IPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}},
-		Services: []model.ServicePort{plain, sticky, lb, empty, dns},
+		Services: model.Ports([]model.ServicePort{plain, sticky, lb, empty, dns}),
 	}
 }
 
@@ -160,7 +160,7 @@ func TestListKernel(t *testing.T) {
 		Port:       443,
 		Endpoints:  []model.Endpoint{{Addr: netip.MustParseAddr("fd00:244::5"), Port: 8443, Ready: true, Serving: true}},
 	}
-	rs6, _ := compile.Compile(&model.Snapshot{Node: snap.Node, Services: []model.ServicePort{six}},
+	rs6, _ := compile.Compile(&model.Snapshot{Node: snap.Node, Services: model.Ports([]model.ServicePort{six})},
 		compile.Config{Family: nft.IPv6, DetectLocal: compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/56")}}, MasqueradeBit: 14}, compile.NewSlots())
 	for _, r := range []*nft.Ruleset{rs, rs6} {
 		if _, err := a.Apply(r); err != nil {

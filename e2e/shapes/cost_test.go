@@ -224,7 +224,8 @@ func measureCurrent(t *testing.T, n, e, changes int) (time.Duration, map[string]
 	}
 	snap := &model.Snapshot{}
 	for i, s := range Services(n, e) {
-		snap.Services = append(snap.Services, toModel(fmt.Sprintf("s%06d", i), s))
+		sp := toModel(fmt.Sprintf("s%06d", i), s)
+		snap.Services = append(snap.Services, &sp)
 	}
 	rs, _ := cc.Compile(snap)
 	st, err := a.Apply(rs)
@@ -237,7 +238,9 @@ func measureCurrent(t *testing.T, n, e, changes int) (time.Duration, map[string]
 	for _, kind := range kinds {
 		for i := 0; i < changes; i++ {
 			k := target(i, n, gone)
-			sp := &snap.Services[k]
+			cp := *snap.Services[k] // service ports are never modified: change a copy
+			sp := &cp
+			snap.Services[k] = sp
 			mep := func(ep Endpoint) model.Endpoint {
 				return model.Endpoint{Addr: ep.Addr, Port: ep.Port, Ready: true, Serving: true}
 			}
@@ -253,7 +256,8 @@ func measureCurrent(t *testing.T, n, e, changes int) (time.Duration, map[string]
 					sp.Endpoints = append(slices.Clone(sp.Endpoints), mep(newEndpoint(1000+i)))
 				}
 			case "service-added":
-				snap.Services = append(snap.Services, toModel(fmt.Sprintf("new%06d", i), newService(i, e)))
+				added := toModel(fmt.Sprintf("new%06d", i), newService(i, e))
+				snap.Services = append(snap.Services, &added)
 			case "service-removed":
 				// Marked gone and emptied of its frontends: compiled out, indices stay.
 				gone[k] = true

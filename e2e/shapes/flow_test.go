@@ -72,7 +72,7 @@ func TestNewFlowCost(t *testing.T) {
 				for _, ep := range s.Endpoints {
 					sp.Endpoints = append(sp.Endpoints, model.Endpoint{Addr: ep.Addr, Port: ep.Port, Ready: true, Serving: true})
 				}
-				snap.Services = append(snap.Services, sp)
+				snap.Services = append(snap.Services, &sp)
 			}
 			rs, _ := compile.NewCompiler(cfg, compile.NewSlots()).Compile(snap)
 			if _, err := a.Apply(rs); err != nil {

@@ -23,7 +23,7 @@ func BenchmarkCompile(b *testing.B) {
 					k := i*10 + j
 					sp.Endpoints = append(sp.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(128 + k/65536), byte(k / 256), byte(k)}), Port: 8080, Ready: true, Serving: true})
 				}
-				snap.Services = append(snap.Services, sp)
+				snap.Services = append(snap.Services, &sp)
 			}
 			slots := NewSlots()
 			for b.Loop() {

@@ -43,7 +43,7 @@ func TestCompilerChangeSet(t *testing.T) {
 		}
 		snap := &model.Snapshot{Node: node}
 		for _, sp := range cur {
-			snap.Services = append(snap.Services, sp)
+			snap.Services = append(snap.Services, &sp)
 		}
 		sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
 		rs, _ := cc.Compile(snap)

@@ -169,7 +169,7 @@ type Compiler struct {
 	// holding it, kept up to date from the difference between calls (services holds
 	// the previous call's service ports: snapshots are immutable)
 	clusterIPs map[netip.Addr]int
-	services   []model.ServicePort
+	services   []*model.ServicePort
 	scratch    scratch // per-call buffers, reused
 }
 
@@ -205,7 +205,7 @@ func grow[T any](s []T, n int) []T {
 // addresses that became or stopped being a cluster IP. Service ports whose cluster IPs
 // did not change since the previous call cost a comparison (the model reuses an
 // unchanged service's slices).
-func (cc *Compiler) trackClusterIPs(services []model.ServicePort) map[netip.Addr]bool {
+func (cc *Compiler) trackClusterIPs(services []*model.ServicePort) map[netip.Addr]bool {
 	if cc.clusterIPs == nil {
 		cc.clusterIPs = make(map[netip.Addr]int, len(services))
 	}
@@ -228,8 +228,7 @@ func (cc *Compiler) trackClusterIPs(services []model.ServicePort) map[netip.Addr
 	}
 	old := cc.services
 	j := 0
-	for i := range services {
-		sp := &services[i]
+	for _, sp := range services {
 		for ; j < len(old) && old[j].Name.Less(sp.Name); j++ {
 			change(old[j].ClusterIPs, -1)
 		}
@@ -257,7 +256,7 @@ func same[T any](a, b []T) bool {
 
 // compiledPart is a service port's Part and what it was compiled from.
 type compiledPart struct {
-	in     model.ServicePort
+	in     *model.ServicePort // the snapshot's: service ports are never modified once built
 	claims claims
 	part   *nft.Part
 	owners []model.ServicePortName // slot ranges it uses
@@ -362,7 +361,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	parts := make([]*nft.Part, 0, len(services))
 	next := make([]*compiledPart, 0, len(services))
 	for i := range services {
-		sp := &services[i]
+		sp := services[i]
 		cp := matched[i]
 		if sc.state[i] != stateHas {
 			if cp != nil {
@@ -375,7 +374,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		if cp != nil && cp.claims.equal(w) {
 			w = cp.claims
 		}
-		sameInput := cp != nil && ((trusted && !snap.Changes.MayDiffer(sp.Name)) || cp.in.Equal(sp))
+		sameInput := cp != nil && ((trusted && !snap.Changes.MayDiffer(sp.Name)) || cp.in == sp || cp.in.Equal(sp))
 		if !sameInput || !cp.claims.equal(w) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved)) {
 			old := cp
 			cp = c.servicePort(sp, w.clone())
@@ -435,7 +434,7 @@ func endpointsAt(eps []model.Endpoint, addrs map[netip.Addr]bool) bool {
 
 // setAside marks the service ports of Services over a limit. Each Service is reported
 // once, by the compiler of its first cluster IP's family.
-func (c *compiler) setAside(services []model.ServicePort, state []uint8) {
+func (c *compiler) setAside(services []*model.ServicePort, state []uint8) {
 	lim := c.cfg.Limits
 	if lim == (Limits{}) {
 		return
@@ -447,10 +446,10 @@ func (c *compiler) setAside(services []model.ServicePort, state []uint8) {
 	var groups []group
 	total := 0
 	for from := 0; from < len(services); {
-		first := &services[from]
+		first := services[from]
 		to, fronts, cost, reason := from, 0, 0, ""
 		for ; to < len(services) && services[to].Name.Namespace == first.Name.Namespace && services[to].Name.Name == first.Name.Name; to++ {
-			sp := &services[to]
+			sp := services[to]
 			fronts += frontends(sp)
 			cost += ElementCost(sp)
 			if n := len(sp.Endpoints); lim.MaxEndpointsPerServicePort > 0 && n > lim.MaxEndpointsPerServicePort && reason == "" {
@@ -488,11 +487,11 @@ func (c *compiler) setAside(services []model.ServicePort, state []uint8) {
 	}
 }
 
-func (c *compiler) setAsideGroup(services []model.ServicePort, from, to int, state []uint8, reason string) {
+func (c *compiler) setAsideGroup(services []*model.ServicePort, from, to int, state []uint8, reason string) {
 	for k := from; k < to; k++ {
 		state[k] |= stateAside
 	}
-	sp := &services[from]
+	sp := services[from]
 	if len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0].Is6() == c.v6 {
 		c.problems = append(c.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
 	}
@@ -506,7 +505,7 @@ func (c *compiler) setAsideGroup(services []model.ServicePort, from, to int, sta
 // special address (loopback, link-local, …), or is the node's own address on a port
 // nftproxy serves, is refused for that service alone. It marks sc.state[i] stateHas when
 // services[i] has a cluster IP in this family (without, it is not programmed at all).
-func (c *compiler) claimAll(services []model.ServicePort, sc *scratch) []claims {
+func (c *compiler) claimAll(services []*model.ServicePort, sc *scratch) []claims {
 	sc.won = grow(sc.won, len(services))
 	won, state := sc.won, sc.state
 	// the claimed addresses of all service ports share two buffers (a part that is
@@ -519,7 +518,7 @@ func (c *compiler) claimAll(services []model.ServicePort, sc *scratch) []claims 
 	external := sc.external[:0]
 	order := sc.order[:0] // service ports with external frontends or a node port
 	for i := range services {
-		sp := &services[i]
+		sp := services[i]
 		if state[i]&stateAside != 0 {
 			continue
 		}
@@ -542,7 +541,7 @@ func (c *compiler) claimAll(services []model.ServicePort, sc *scratch) []claims 
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return services[a].Created.Compare(services[b].Created) })
 	for _, i := range order {
-		sp := &services[i]
+		sp := services[i]
 		start := len(external)
 		for k, ips := range [2][]netip.Addr{sp.ExternalIPs, sp.LoadBalancerIPs} {
 			if k == 0 && c.cfg.NoExternalIPs {
@@ -651,7 +650,7 @@ type compiler struct {
 	// frontends maps a claimed frontend to its owner's index in claimants (the
 	// snapshot's service ports)
 	frontends map[frontendKey]int32
-	claimants []model.ServicePort
+	claimants []*model.ServicePort
 	nodePorts map[nodePortKey]model.ServicePortName
 	problems  []model.Problem
 	seen      map[model.Problem]bool
@@ -672,7 +671,7 @@ func (cp *compiledPart) add(set string, es ...nft.Element) {
 // claimFrontend reserves addr and the port and protocol of claimants[i]; false (and a problem) if another service
 // port has it.
 func (c *compiler) claimFrontend(i int, addr netip.Addr) bool {
-	sp := &c.claimants[i]
+	sp := c.claimants[i]
 	k := frontendKey{addr.As16(), sp.Name.Protocol, sp.Port}
 	if owner, taken := c.frontends[k]; taken {
 		if c.claimants[owner].Name != sp.Name { // a service listing one address twice is not a conflict
@@ -758,7 +757,7 @@ func ChainName(kind string, sp model.ServicePortName) string {
 
 // servicePort compiles one service port, given the frontends and node port it won.
 func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart {
-	cp := &compiledPart{in: *sp, claims: won, part: &nft.Part{Owner: ChainName("port", sp.Name)}}
+	cp := &compiledPart{in: sp, claims: won, part: &nft.Part{Owner: ChainName("port", sp.Name)}}
 	cp.part.Tag = cp.tag(PurposeServicePort)
 	comment := truncateComment(sp.Name.String())
 	lbIPs := model.AddrsOf(sp.LoadBalancerIPs, c.v6)

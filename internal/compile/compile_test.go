@@ -144,7 +144,7 @@ func checkEndpointSlots(t *testing.T, rs *nft.Ruleset, snap *model.Snapshot, fam
 				eps = append(eps, e)
 			}
 		}
-		cat := model.Categorize(&sp, eps, snap.Node)
+		cat := model.Categorize(sp, eps, snap.Node)
 		hasIP := len(model.AddrsOf(sp.ClusterIPs, v6)) > 0
 		if isFlat(rs, sp.Name) {
 			internal := cat.Cluster
@@ -514,7 +514,7 @@ func eps(port uint16, addrs ...string) []model.Endpoint {
 }
 
 func snapshot(sps ...model.ServicePort) *model.Snapshot {
-	return &model.Snapshot{Node: model.Node{Name: "node-1", IPs: ips("192.0.2.10")}, Services: sps}
+	return &model.Snapshot{Node: model.Node{Name: "node-1", IPs: ips("192.0.2.10")}, Services: model.Ports(sps)}
 }
 
 // manyEndpoints returns n distinct IPv4 endpoints in 10.244.0.0/16.

@@ -40,12 +40,12 @@ func testConfig() Config {
 func scenarios() map[string]*model.Snapshot {
 	node := model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10")}}
 	return map[string]*model.Snapshot{
-		"clusterip-2ep": {Node: node, Services: []model.ServicePort{{
+		"clusterip-2ep": {Node: node, Services: model.Ports([]model.ServicePort{{
 			Name:       model.ServicePortName{Namespace: "default", Name: "echo", Port: "http", Protocol: model.ProtoTCP},
 			ClusterIPs: []netip.Addr{ip("10.96.0.10")}, Port: 80,
 			Endpoints: []model.Endpoint{ep("10.244.1.2", 8080), ep("10.244.1.3", 8080)},
-		}}},
-		"all-kinds": {Node: node, Services: []model.ServicePort{
+		}})},
+		"all-kinds": {Node: node, Services: model.Ports([]model.ServicePort{
 			{
 				Name:       model.ServicePortName{Namespace: "default", Name: "dns", Port: "dns", Protocol: model.ProtoUDP},
 				ClusterIPs: []netip.Addr{ip("10.96.0.53")}, Port: 53,
@@ -72,10 +72,10 @@ func scenarios() map[string]*model.Snapshot {
 				ClusterIPs: []netip.Addr{ip("10.96.1.3")}, Port: 3868,
 				Endpoints: []model.Endpoint{ep("10.244.1.5", 3868)},
 			},
-		}},
+		})},
 		"empty":    {Node: node},
 		"policies": policiesScenario(),
-		"dual-stack": {Node: model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10"), ip("2001:db8::10")}}, Services: []model.ServicePort{{
+		"dual-stack": {Node: model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10"), ip("2001:db8::10")}}, Services: model.Ports([]model.ServicePort{{
 			Name:       model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: model.ProtoTCP},
 			ClusterIPs: []netip.Addr{ip("10.96.0.20"), ip("fd00:96::20")}, Port: 80, NodePort: 30080,
 			ExternalIPs: []netip.Addr{ip("2001:db8:1::7")},
@@ -83,10 +83,10 @@ func scenarios() map[string]*model.Snapshot {
 		}, {
 			Name:       model.ServicePortName{Namespace: "default", Name: "dns", Protocol: model.ProtoUDP},
 			ClusterIPs: []netip.Addr{ip("fd00:96::53")}, Port: 53, NodePort: 30053,
-		}}},
+		}})},
 		// Two services claim the same external IP and node port: default/a keeps them,
 		// default/b keeps only its cluster IP.
-		"conflicts": {Node: node, Services: []model.ServicePort{{
+		"conflicts": {Node: node, Services: model.Ports([]model.ServicePort{{
 			Name:       model.ServicePortName{Namespace: "default", Name: "a", Port: "http", Protocol: model.ProtoTCP},
 			ClusterIPs: []netip.Addr{ip("10.96.2.1"), ip("fd00:96::2:1")}, Port: 80, NodePort: 30100,
 			ExternalIPs: []netip.Addr{ip("203.0.113.9"), ip("2001:db8:1::9")},
@@ -96,10 +96,10 @@ func scenarios() map[string]*model.Snapshot {
 			ClusterIPs: []netip.Addr{ip("10.96.2.2"), ip("fd00:96::2:2")}, Port: 80, NodePort: 30100,
 			ExternalIPs: []netip.Addr{ip("203.0.113.9"), ip("2001:db8:1::9")},
 			Endpoints:   []model.Endpoint{ep("10.244.2.2", 8080), ep("fd00:244:2::2", 8080)},
-		}}},
+		}})},
 		// graceful has no ready endpoint, so its serving terminating ones are used (not
 		// the one that stopped serving); down has none serving and is rejected.
-		"terminating": {Node: node, Services: []model.ServicePort{{
+		"terminating": {Node: node, Services: model.Ports([]model.ServicePort{{
 			Name:       model.ServicePortName{Namespace: "default", Name: "down", Protocol: model.ProtoTCP},
 			ClusterIPs: []netip.Addr{ip("10.96.3.2"), ip("fd00:96::3:2")}, Port: 80,
 			Endpoints: []model.Endpoint{
@@ -112,9 +112,9 @@ func scenarios() map[string]*model.Snapshot {
 				conds(ep("10.244.3.1", 8080), false, true, true), conds(ep("10.244.3.2", 8080), false, false, true),
 				conds(ep("fd00:244:3::1", 8080), false, true, true), conds(ep("fd00:244:3::2", 8080), false, false, true),
 			},
-		}}},
+		}})},
 		// big has 17 endpoints: two slot blocks (0-31), so small starts at slot 32.
-		"endpoint-slots": {Node: node, Services: []model.ServicePort{{
+		"endpoint-slots": {Node: node, Services: model.Ports([]model.ServicePort{{
 			Name:       model.ServicePortName{Namespace: "default", Name: "big", Protocol: model.ProtoTCP},
 			ClusterIPs: []netip.Addr{ip("10.96.4.1"), ip("fd00:96::4:1")}, Port: 80,
 			Endpoints: numbered(17),
@@ -122,7 +122,7 @@ func scenarios() map[string]*model.Snapshot {
 			Name:       model.ServicePortName{Namespace: "default", Name: "small", Protocol: model.ProtoTCP},
 			ClusterIPs: []netip.Addr{ip("10.96.4.2"), ip("fd00:96::4:2")}, Port: 80,
 			Endpoints: []model.Endpoint{ep("10.244.4.100", 8080), ep("fd00:244:4::100", 8080)},
-		}}},
+		}})},
 	}
 }
 
@@ -149,7 +149,7 @@ func policiesScenario() *model.Snapshot {
 	return &model.Snapshot{
 		Node:         node,
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")},
-		Services: []model.ServicePort{
+		Services: model.Ports([]model.ServicePort{
 			{
 				Name:       model.ServicePortName{Namespace: "default", Name: "affinity", Protocol: model.ProtoTCP},
 				ClusterIPs: []netip.Addr{ip("10.96.0.30"), ip("fd00:96::30")}, Port: 80, AffinityTimeout: 60,
@@ -172,6 +172,6 @@ func policiesScenario() *model.Snapshot {
 				ClusterIPs: []netip.Addr{ip("10.96.0.33"), ip("fd00:96::33")}, Port: 80, InternalPolicyLocal: true,
 				Endpoints: []model.Endpoint{remote("10.244.2.4"), remote("fd00:244:2::4")},
 			},
-		},
+		}),
 	}
 }

@@ -25,7 +25,8 @@ func pool() []model.ServicePort {
 	}
 	sort.Strings(names)
 	for i, name := range names {
-		for _, sp := range scenarios()[name].Services {
+		for _, p := range scenarios()[name].Services {
+			sp := *p
 			sp.Name.Namespace = fmt.Sprintf("%s-%d", sp.Name.Namespace, i)
 			out = append(out, sp)
 		}
@@ -97,7 +98,7 @@ func TestCompilerIncremental(t *testing.T) {
 				}
 				snap := &model.Snapshot{Node: node}
 				for _, sp := range cur {
-					snap.Services = append(snap.Services, sp)
+					snap.Services = append(snap.Services, &sp)
 				}
 				sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
 
@@ -124,7 +125,7 @@ func TestCompilerIncremental(t *testing.T) {
 					old := prevInput[sp.Name]
 					if p == prev {
 						reused++
-						if !old.Equal(&sp) {
+						if !old.Equal(sp) {
 							t.Fatalf("step %d: %s changed but kept its part", step, sp.Name)
 						}
 					}
@@ -153,7 +154,7 @@ func TestLongNamesFitComments(t *testing.T) {
 		AffinityTimeout: 100,
 		Endpoints:       []model.Endpoint{ep("10.244.1.2", 8080)},
 	}
-	rs, _ := Compile(&model.Snapshot{Services: []model.ServicePort{sp}}, configFor(nft.IPv4), NewSlots())
+	rs, _ := Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{sp})}, configFor(nft.IPv4), NewSlots())
 	n := 0
 	check := func(where, c string) {
 		n++
@@ -189,7 +190,7 @@ func TestFirewallOnlyForWonAddresses(t *testing.T) {
 			SourceRanges:    []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
 		}
 	}
-	rs, _ := NewCompiler(configFor(nft.IPv4), NewSlots()).Compile(&model.Snapshot{Services: []model.ServicePort{mk("a", "10.96.0.1"), mk("b", "10.96.0.2")}})
+	rs, _ := NewCompiler(configFor(nft.IPv4), NewSlots()).Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{mk("a", "10.96.0.1"), mk("b", "10.96.0.2")})})
 	owners := map[string]string{}
 	for _, p := range rs.Parts {
 		for _, se := range p.Elements {

@@ -26,7 +26,7 @@ func localModeScenarios() map[string]localScenario {
 		local.NodeName = "node-1"
 		local6 := ep("fd00:244:1::2", 8080)
 		local6.NodeName = "node-1"
-		return &model.Snapshot{Node: node, Services: []model.ServicePort{
+		return &model.Snapshot{Node: node, Services: model.Ports([]model.ServicePort{
 			{
 				Name:       model.ServicePortName{Namespace: "default", Name: "echo", Protocol: model.ProtoTCP},
 				ClusterIPs: []netip.Addr{ip("10.96.0.10"), ip("fd00:96::10")}, Port: 80,
@@ -38,7 +38,7 @@ func localModeScenarios() map[string]localScenario {
 				LoadBalancerIPs: []netip.Addr{ip("198.51.100.20"), ip("2001:db8:2::20")}, ExternalPolicyLocal: true,
 				Endpoints: []model.Endpoint{local, local6},
 			},
-		}}
+		})}
 	}
 	return map[string]localScenario{
 		"detect-local-clustercidr": {snap(), DetectLocal{Mode: LocalClusterCIDR,

@@ -18,7 +18,7 @@ func TestSnapshotNodePortAddrs(t *testing.T) {
 		Endpoints: eps(8080, "10.244.1.2"),
 	}}
 	snapAt := func(addr string) *model.Snapshot {
-		return &model.Snapshot{Node: model.Node{Name: "node-1"}, Services: services, NodePortAddrs: ips(addr)}
+		return &model.Snapshot{Node: model.Node{Name: "node-1"}, Services: model.Ports(services), NodePortAddrs: ips(addr)}
 	}
 	cc := NewCompiler(cfg, NewSlots())
 	for _, tc := range []struct {

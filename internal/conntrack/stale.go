@@ -75,8 +75,7 @@ func udpPorts(snap *model.Snapshot, usable UsableFunc) map[model.ServicePortName
 	if snap == nil {
 		return ports
 	}
-	for i := range snap.Services {
-		sp := &snap.Services[i]
+	for _, sp := range snap.Services {
 		if sp.Name.Protocol == model.ProtoUDP {
 			ports[sp.Name] = &portState{sp: sp, usable: usable(sp)}
 		}

@@ -46,7 +46,9 @@ func with(sp model.ServicePort, edit func(*model.ServicePort)) model.ServicePort
 	return sp
 }
 
-func snap(sps ...model.ServicePort) *model.Snapshot { return &model.Snapshot{Services: sps} }
+func snap(sps ...model.ServicePort) *model.Snapshot {
+	return &model.Snapshot{Services: model.Ports(sps)}
+}
 
 // toEp selects entries from frontend ip:port DNATed to endpoint ep:epPort.
 func toEp(ip string, port uint16, ep string, epPort uint16) Flow {

@@ -174,8 +174,7 @@ func (t *triggers) observe(taken map[types.NamespacedName][]trigger, rec metrics
 // counted.
 func noLocalEndpoints(snap *model.Snapshot) map[string][2]int {
 	out := map[string][2]int{metrics.IPv4: {}, metrics.IPv6: {}}
-	for i := range snap.Services {
-		sp := &snap.Services[i]
+	for _, sp := range snap.Services {
 		if !sp.InternalPolicyLocal && !sp.ExternalPolicyLocal {
 			continue
 		}

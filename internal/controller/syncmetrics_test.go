@@ -174,7 +174,7 @@ func TestNoLocalEndpoints(t *testing.T) {
 		return sp
 	}
 	v4, dual := []netip.Addr{a("10.96.0.1")}, []netip.Addr{a("10.96.0.2"), a("fd00::2")}
-	snap := &model.Snapshot{Node: model.Node{Name: "node-1"}, Services: []model.ServicePort{
+	snap := &model.Snapshot{Node: model.Node{Name: "node-1"}, Services: model.Ports([]model.ServicePort{
 		port("internal-elsewhere", v4, true, false, ep("10.244.2.1", "node-2")),
 		port("external-elsewhere", v4, false, true, ep("10.244.2.2", "node-2")),
 		port("internal-here", v4, true, false, ep("10.244.1.3", "node-1"), ep("10.244.2.3", "node-2")),
@@ -182,7 +182,7 @@ func TestNoLocalEndpoints(t *testing.T) {
 		port("both-dual", dual, true, true, ep("10.244.2.4", "node-2")),         // IPv6: no endpoint
 		port("cluster-elsewhere", v4, false, false, ep("10.244.2.5", "node-2")), // Cluster policy
 		port("internal-not-ready", v4, true, false, model.Endpoint{Addr: a("10.244.1.6"), NodeName: "node-1"}, ep("10.244.2.6", "node-2")),
-	}}
+	})}
 	want := map[string][2]int{metrics.IPv4: {3, 2}, metrics.IPv6: {0, 0}}
 	if got := noLocalEndpoints(snap); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v, want %v (internal, external)", got, want)

@@ -19,8 +19,7 @@ import (
 func FromSnapshot(snap *model.Snapshot) map[ServiceName]Service {
 	out := map[ServiceName]Service{}
 	local := map[ServiceName]map[netip.Addr]bool{}
-	for i := range snap.Services {
-		sp := &snap.Services[i]
+	for _, sp := range snap.Services {
 		if sp.HealthCheckNodePort == 0 {
 			continue
 		}

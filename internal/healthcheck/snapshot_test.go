@@ -60,7 +60,7 @@ func TestFromSnapshot(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := FromSnapshot(&model.Snapshot{Node: tc.node, Services: tc.svcs})
+			got := FromSnapshot(&model.Snapshot{Node: tc.node, Services: model.Ports(tc.svcs)})
 			if !maps.Equal(got, tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}

@@ -28,7 +28,7 @@ func TestKernelCounters(t *testing.T) {
 		}
 	}
 	cfg := compile.Config{Family: nft.IPv4, MasqueradeBit: 14, NodePortAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}}
-	rs, _ := compile.NewCompiler(cfg, compile.NewSlots()).Compile(&model.Snapshot{Services: []model.ServicePort{sp("web-one", 80, 30080), sp("web-two", 81, 0)}})
+	rs, _ := compile.NewCompiler(cfg, compile.NewSlots()).Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{sp("web-one", 80, 30080), sp("web-two", 81, 0)})})
 	a := kernel.New(kernel.WithNetNS(ns.FD))
 	if _, err := a.Apply(rs); err != nil {
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func TestAppliedParts(t *testing.T) {
 		return model.ServicePort{Name: name, ClusterIPs: []netip.Addr{netip.MustParseAddr(ip)}, Port: 80}
 	}
 	cc := compile.NewCompiler(cfg, compile.NewSlots())
-	rs, _ := cc.Compile(&model.Snapshot{Services: []model.ServicePort{svc(web, "10.96.0.1")}})
+	rs, _ := cc.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{svc(web, "10.96.0.1")})})
 	var ap AppliedParts
 	if _, ok := ap.ServicePort(nft.IPv4, compile.ChainName("port", web)); ok {
 		t.Fatal("a part found before any publish")
@@ -77,7 +77,7 @@ func TestAppliedParts(t *testing.T) {
 	if _, ok := ap.ServicePort(nft.IPv4, "port-default/web/tcp/http/x"); ok {
 		t.Error("an unknown owner found")
 	}
-	rs, _ = cc.Compile(&model.Snapshot{Services: []model.ServicePort{svc(dns, "10.96.0.10")}})
+	rs, _ = cc.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{svc(dns, "10.96.0.10")})})
 	ap.Publish([]*nft.Ruleset{rs})
 	if got, ok := ap.ServicePort(nft.IPv4, compile.ChainName("port", dns)); !ok || got != dns {
 		t.Errorf("dns: %v, %v", got, ok)

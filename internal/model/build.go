@@ -38,10 +38,18 @@ func BuildFrom(in Inputs) (*Snapshot, []Problem) {
 	snap := newSnapshot(b, in)
 	bySvc := b.groupSlices(in.Slices)
 	for _, svc := range in.Services {
-		snap.Services = append(snap.Services, b.service(svc, bySvc[nsName{svc.Namespace, svc.Name}])...)
+		snap.Services = appendPointers(snap.Services, b.service(svc, bySvc[nsName{svc.Namespace, svc.Name}]))
 	}
 	sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
 	return snap, b.problems
+}
+
+// appendPointers appends a pointer to each of ports to dst.
+func appendPointers(dst []*ServicePort, ports []ServicePort) []*ServicePort {
+	for i := range ports {
+		dst = append(dst, &ports[i])
+	}
+	return dst
 }
 
 // newSnapshot returns the snapshot of in without its services.

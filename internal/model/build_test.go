@@ -118,7 +118,7 @@ var yes, no = ptr.To(true), ptr.To(false)
 //	default/web:http/TCP ips=10.96.0.1 port=80 np=30080 ext=203.0.113.1 lb=198.51.100.1 eps=10.0.0.1:8080/RS-@node-a%zone-a
 //
 // Endpoint flags are R(eady) S(erving) T(erminating), "-" when false.
-func dumpPort(sp model.ServicePort) string {
+func dumpPort(sp *model.ServicePort) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s/%s ips=%s port=%d", sp.Name, model.ProtoString(sp.Name.Protocol), addrs(sp.ClusterIPs), sp.Port)
 	if sp.NodePort != 0 {

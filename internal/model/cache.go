@@ -143,10 +143,10 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 		n += len(cs.ports)
 	}
 	if n > 0 {
-		snap.Services = make([]ServicePort, 0, n)
+		snap.Services = make([]*ServicePort, 0, n)
 	}
 	for _, cs := range c.order {
-		snap.Services = append(snap.Services, cs.ports...)
+		snap.Services = appendPointers(snap.Services, cs.ports)
 		problems = append(problems, cs.problems...)
 	}
 	slices.SortFunc(rebuilt, compareNames)

@@ -144,8 +144,11 @@ type Node struct {
 // Snapshot is the complete input of one sync: everything the compiler needs is in it
 // when BuildFrom (or Cache.BuildFrom) returns it, and nothing writes it afterwards.
 type Snapshot struct {
-	Node     Node
-	Services []ServicePort // sorted by Name
+	Node Node
+	// Services are sorted by Name. They are shared: a snapshot and the next one hold
+	// the same *ServicePort for a service that did not change, so building one copies
+	// pointers, not service ports (nothing modifies a ServicePort once built).
+	Services []*ServicePort
 	// ServiceCIDRs are the ranges cluster IPs are allocated from (ServiceCIDR objects or
 	// --service-cluster-ip-range); traffic to an unallocated address in them is dropped.
 	ServiceCIDRs []netip.Prefix
@@ -258,4 +261,10 @@ func (e Endpoint) Equal(o Endpoint) bool {
 	return e.Addr == o.Addr && e.Port == o.Port && e.Ready == o.Ready && e.Serving == o.Serving &&
 		e.Terminating == o.Terminating && e.NodeName == o.NodeName && e.Zone == o.Zone &&
 		slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints)
+}
+
+// Ports returns pointers to copies of ports, in their order: a Snapshot's Services
+// from service port values (tests and tools build snapshots by hand).
+func Ports(ports []ServicePort) []*ServicePort {
+	return appendPointers(make([]*ServicePort, 0, len(ports)), slices.Clone(ports))
 }

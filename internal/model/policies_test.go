@@ -97,7 +97,7 @@ type polGot struct {
 	ranges             string // comma-separated prefixes, in order
 }
 
-func polOf(sp model.ServicePort) polGot {
+func polOf(sp *model.ServicePort) polGot {
 	r := make([]string, len(sp.SourceRanges))
 	for i, p := range sp.SourceRanges {
 		r[i] = p.String()

@@ -301,7 +301,8 @@ func TestFakeIncrementalEqualsFresh(t *testing.T) {
 				}
 			}
 		}) {
-			snap.Services = append(snap.Services, cur[k])
+			sp := cur[k]
+			snap.Services = append(snap.Services, &sp)
 		}
 		rs, err := cc.Compile(snap)
 		if err != nil {

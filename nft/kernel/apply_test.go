@@ -45,7 +45,7 @@ func TestIncrementalEqualsFresh(t *testing.T) {
 	applier := kernel.New(kernel.WithNetNS(inc.FD))
 	slots := compile.NewSlots()
 	for i, step := range steps {
-		snap := &model.Snapshot{Services: step.svcs}
+		snap := &model.Snapshot{Services: model.Ports(step.svcs)}
 		rs, _ := compile.Compile(snap, cfg(), slots)
 		st, err := applier.Apply(rs)
 		if err != nil {
@@ -89,7 +89,7 @@ func TestUnchangedSyncSendsOnlyTheTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := testnetns.New(t)
 			applier := kernel.New(kernel.WithNetNS(ns.FD))
-			snap := &model.Snapshot{Services: []model.ServicePort{tc.sp(3)}}
+			snap := &model.Snapshot{Services: model.Ports([]model.ServicePort{tc.sp(3)})}
 			slots := compile.NewSlots()
 			rs, _ := compile.Compile(snap, cfg(), slots)
 			if _, err := applier.Apply(rs); err != nil {
@@ -104,7 +104,8 @@ func TestUnchangedSyncSendsOnlyTheTable(t *testing.T) {
 				t.Fatalf("no-op sync sent %+v, want only the table message", st)
 			}
 			// One endpoint more: a few elements (and a chain when chained), not the whole table.
-			snap.Services[0] = tc.sp(4)
+			sp := tc.sp(4)
+			snap.Services[0] = &sp
 			rs3, _ := compile.Compile(snap, cfg(), slots)
 			st, err = applier.Apply(rs3)
 			if err != nil {
@@ -131,13 +132,13 @@ func TestRejectedTransactionKeepsOldRuleset(t *testing.T) {
 	ns := testnetns.New(t)
 	applier := kernel.New(kernel.WithNetNS(ns.FD))
 	slots := compile.NewSlots()
-	good, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2)}}, cfg(), slots)
+	good, _ := compile.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2)})}, cfg(), slots)
 	if _, err := applier.Apply(good); err != nil {
 		t.Fatal(err)
 	}
 	before := listTable(t, ns)
 
-	bad, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2), svc("b", "10.96.0.2", 0, 5, 1)}}, cfg(), slots)
+	bad, _ := compile.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2), svc("b", "10.96.0.2", 0, 5, 1)})}, cfg(), slots)
 	for _, s := range bad.Sets {
 		if s.Name == "service-ips" {
 			s.Elements = append(s.Elements, nft.Element{
@@ -155,7 +156,7 @@ func TestRejectedTransactionKeepsOldRuleset(t *testing.T) {
 	if after := listTable(t, ns); after != before {
 		t.Fatalf("failed transaction changed the kernel\n--- before:\n%s\n--- after:\n%s", before, after)
 	}
-	fixed, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2), svc("b", "10.96.0.2", 0, 5, 1)}}, cfg(), slots)
+	fixed, _ := compile.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{svc("a", "10.96.0.1", 0, 0, 2), svc("b", "10.96.0.2", 0, 5, 1)})}, cfg(), slots)
 	st, err := applier.Apply(fixed)
 	if err != nil {
 		t.Fatalf("apply after failure: %v", err)
@@ -185,7 +186,7 @@ func TestResyncRepairsTampering(t *testing.T) {
 	// a is on the flat path; b, with session affinity, has chains of its own
 	b := svc("b", "10.96.0.2", 0, 10, 2)
 	b.AffinityTimeout = 10800
-	rs, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 2), b}}, cfg(), compile.NewSlots())
+	rs, _ := compile.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 2), b})}, cfg(), compile.NewSlots())
 	if _, err := applier.Apply(rs); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestLargeTransaction(t *testing.T) {
 		svcs = append(svcs, s)
 	}
 	cc := compile.NewCompiler(cfg(), compile.NewSlots())
-	snap := &model.Snapshot{Services: svcs}
+	snap := &model.Snapshot{Services: model.Ports(svcs)}
 	rs, _ := cc.Compile(snap)
 	a := kernel.New(kernel.WithNetNS(ns.FD))
 	st, err := a.Apply(rs)
@@ -327,7 +328,7 @@ func TestCounters(t *testing.T) {
 	applier := kernel.New(kernel.WithNetNS(ns.FD))
 	a, b := svc("a", "10.96.0.1", 0, 0, 1), svc("b", "10.96.0.2", 0, 5, 0)
 	a.Name.Protocol, b.Name.Protocol = model.ProtoUDP, model.ProtoUDP
-	rs, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{a, b}}, cfg(), compile.NewSlots())
+	rs, _ := compile.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{a, b})}, cfg(), compile.NewSlots())
 	if _, err := applier.Apply(rs); err != nil {
 		t.Fatal(err)
 	}

@@ -17,15 +17,15 @@ import (
 )
 
 // services returns n ClusterIP service ports with eps endpoints each.
-func services(n, eps int) []model.ServicePort {
-	out := make([]model.ServicePort, n)
+func services(n, eps int) []*model.ServicePort {
+	out := make([]*model.ServicePort, n)
 	for i := range out {
 		s := svc(fmt.Sprintf("s%06d", i), fmt.Sprintf("10.%d.%d.%d", 96+i/65536, (i/256)%256, i%256), 0, 0, 0)
 		for j := 0; j < eps; j++ {
 			k := i*eps + j
 			s.Endpoints = append(s.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(128 + k/65536), byte(k / 256), byte(k)}), Port: 8080, Ready: true, Serving: true})
 		}
-		out[i] = s
+		out[i] = &s
 	}
 	return out
 }
@@ -180,7 +180,7 @@ func freshEndpoint(k int) model.Endpoint {
 }
 
 // with returns a new snapshot: the current one with service i replaced by sp.
-func (oc *oneChange) with(i int, sp model.ServicePort) *model.Snapshot {
+func (oc *oneChange) with(i int, sp *model.ServicePort) *model.Snapshot {
 	svcs := slices.Clone(oc.snap.Services)
 	svcs[i] = sp
 	return &model.Snapshot{Services: svcs}
@@ -195,7 +195,7 @@ func (oc *oneChange) change(kind string, i int) (do, undo *model.Snapshot) {
 	switch kind {
 	case "endpoint-replaced":
 		t := (n/2 + i*7919) % n
-		sp := cur.Services[t]
+		sp := new(*cur.Services[t]) // service ports are never modified: change a copy
 		eps := slices.Clone(sp.Endpoints)
 		eps[i%len(eps)] = freshEndpoint(oc.seq)
 		sp.Endpoints = eps
@@ -203,7 +203,7 @@ func (oc *oneChange) change(kind string, i int) (do, undo *model.Snapshot) {
 	case "endpoint-count":
 		// pairs of iterations on one service: E -> E+1, then E+1 -> E
 		t := (n/2 + (i/2)*7919) % n
-		sp := cur.Services[t]
+		sp := new(*cur.Services[t]) // service ports are never modified: change a copy
 		if len(sp.Endpoints) > e {
 			sp.Endpoints = slices.Clone(sp.Endpoints[:e])
 		} else {
@@ -216,7 +216,7 @@ func (oc *oneChange) change(kind string, i int) (do, undo *model.Snapshot) {
 		for j := range e {
 			sp.Endpoints = append(sp.Endpoints, freshEndpoint(oc.seq*e+j))
 		}
-		return &model.Snapshot{Services: append(slices.Clip(cur.Services), sp)}, cur
+		return &model.Snapshot{Services: append(slices.Clip(cur.Services), &sp)}, cur
 	case "service-removed":
 		t := (n/2 + i*7919) % n
 		return &model.Snapshot{Services: slices.Delete(slices.Clone(cur.Services), t, t+1)}, cur

@@ -20,7 +20,7 @@ import (
 func snapshotOf(cur map[string]model.ServicePort) *model.Snapshot {
 	snap := &model.Snapshot{}
 	for _, sp := range cur {
-		snap.Services = append(snap.Services, sp)
+		snap.Services = append(snap.Services, &sp)
 	}
 	sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
 	return snap
@@ -170,7 +170,9 @@ func BenchmarkApplyChangeSet(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
 				i++
-				target := &snap.Services[(n/2+i*7919)%n]
+				k := (n/2 + i*7919) % n
+				target := new(*snap.Services[k]) // service ports are never modified: change a copy
+				snap.Services[k] = target
 				eps := slices.Clone(target.Endpoints)
 				eps[0] = model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 250, byte(i / 256), byte(i)}), Port: 8080, Ready: true, Serving: true}
 				target.Endpoints = eps

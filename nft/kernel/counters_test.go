@@ -28,7 +28,7 @@ func TestCountersByOwner(t *testing.T) {
 	}
 	one, two := sp("metrics-port-one", 80, 2), sp("metrics-port-two", 81, 3)
 	// as the controller compiles: one part per service port (compile.Compile flattens)
-	rs, _ := compile.NewCompiler(cfg(), compile.NewSlots()).Compile(&model.Snapshot{Services: []model.ServicePort{one, two}})
+	rs, _ := compile.NewCompiler(cfg(), compile.NewSlots()).Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{one, two})})
 	a := kernel.New(kernel.WithNetNS(ns.FD))
 	if _, err := a.Apply(rs); err != nil {
 		t.Fatal(err)

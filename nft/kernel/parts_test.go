@@ -44,7 +44,7 @@ func TestPartsIncrementalEqualsFresh(t *testing.T) {
 		}
 		snap := &model.Snapshot{}
 		for _, sp := range cur {
-			snap.Services = append(snap.Services, sp)
+			snap.Services = append(snap.Services, &sp)
 		}
 		sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
 		rs, _ := cc.Compile(snap)

@@ -82,7 +82,7 @@ func TestMonitor(t *testing.T) {
 	// session affinity, has chains of its own and a service-ips element
 	b := svc("b", "10.96.0.2", 0, 10, 2)
 	b.AffinityTimeout = 10800
-	snap := &model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 2), b}}
+	snap := &model.Snapshot{Services: model.Ports([]model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 2), b})}
 	rs, _ := compile.Compile(snap, cfg(), slots)
 	if _, err := applier.Apply(rs); err != nil {
 		t.Fatal(err)
@@ -116,7 +116,8 @@ func TestMonitor(t *testing.T) {
 	t.Run("own-transactions-unreported", func(t *testing.T) {
 		// a full rewrite, an incremental one (one more endpoint), and back
 		for _, n := range []int{2, 3, 2} {
-			snap.Services[0] = svc("a", "10.96.0.1", 30080, 0, n)
+			sp := svc("a", "10.96.0.1", 30080, 0, n)
+			snap.Services[0] = &sp
 			next, _ := compile.Compile(snap, cfg(), slots)
 			applier.Resync()
 			if _, err := applier.Apply(next); err != nil {
@@ -245,7 +246,7 @@ table ip6 elsewhere { chain services { }; }
 func TestMonitorLostEvents(t *testing.T) {
 	ns := testnetns.New(t)
 	applier := kernel.New(kernel.WithNetNS(ns.FD))
-	rs, _ := compile.Compile(&model.Snapshot{Services: []model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 2)}}, cfg(), compile.NewSlots())
+	rs, _ := compile.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{svc("a", "10.96.0.1", 30080, 0, 2)})}, cfg(), compile.NewSlots())
 	if _, err := applier.Apply(rs); err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +281,7 @@ func TestMonitorLargeOwnTransaction(t *testing.T) {
 	for i := 0; i < 5000; i++ {
 		svcs = append(svcs, svc(fmt.Sprintf("s%05d", i), fmt.Sprintf("10.96.%d.%d", i/250, 1+i%250), 0, i*10, 10))
 	}
-	rs, _ := compile.Compile(&model.Snapshot{Services: svcs}, cfg(), compile.NewSlots())
+	rs, _ := compile.Compile(&model.Snapshot{Services: model.Ports(svcs)}, cfg(), compile.NewSlots())
 	applier := kernel.New(kernel.WithNetNS(ns.FD))
 	_, changes, _ := watch(t, ns, monitor.IgnoreWritesOf(applier))
 	for i := 0; i < 2; i++ {

@@ -31,7 +31,7 @@ func verifySnapshot() *model.Snapshot {
 	empty := svc("empty", "10.96.0.4", 30081, 0, 0)
 	return &model.Snapshot{
 		Node:     model.Node{Name: "node-1", IPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}},
-		Services: []model.ServicePort{a, sticky, lb, empty},
+		Services: model.Ports([]model.ServicePort{a, sticky, lb, empty}),
 	}
 }
 
@@ -52,8 +52,7 @@ func verifySnapshot6() *model.Snapshot {
 		return netip.AddrFrom16([16]byte{0xfd, 0, 2, 0x44, 12: b[0], 13: b[1], 14: b[2], 15: b[3]})
 	}
 	snap.Node.IPs = []netip.Addr{netip.MustParseAddr("2001:db8::10")}
-	for i := range snap.Services {
-		sp := &snap.Services[i]
+	for _, sp := range snap.Services {
 		sp.ClusterIPs = []netip.Addr{six(sp.ClusterIPs[0])}
 		for j := range sp.Endpoints {
 			sp.Endpoints[j].Addr = six(sp.Endpoints[j].Addr)
@@ -254,7 +253,7 @@ func TestVerifySlotsByContent(t *testing.T) {
 	// node port), like lb; flat service ports have no slots
 	first := svc("first", "10.96.0.9", 30090, 100, 40)
 	first.ExternalPolicyLocal = true
-	bigger := &model.Snapshot{Node: snap.Node, Services: append([]model.ServicePort{first}, snap.Services...)}
+	bigger := &model.Snapshot{Node: snap.Node, Services: append([]*model.ServicePort{&first}, snap.Services...)}
 	compile.Compile(bigger, cfg(), history) // "first" takes slots 0-47; the others follow
 	programmed, _ := compile.Compile(snap, cfg(), history)
 	if _, err := a.Apply(programmed); err != nil {

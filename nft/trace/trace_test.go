@@ -30,7 +30,7 @@ func snapshot() *model.Snapshot {
 	return &model.Snapshot{
 		Node:         model.Node{Name: "node-1", IPs: []netip.Addr{ip(nodeIP), ip(nodeIP6)}},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
-		Services: []model.ServicePort{
+		Services: model.Ports([]model.ServicePort{
 			{Name: spn("default", "echo", model.ProtoTCP), ClusterIPs: []netip.Addr{ip("10.96.0.10"), ip("fd00:96::10")}, Port: 80,
 				Endpoints: []model.Endpoint{ep("10.244.1.2", "node-2"), ep("10.244.1.3", "node-2"), ep("fd00:244:1::2", "node-2"), ep("fd00:244:1::3", "node-2")}},
 			{Name: spn("web", "lb", model.ProtoTCP), ClusterIPs: []netip.Addr{ip("10.96.1.1")}, Port: 443, NodePort: 30443,
@@ -47,7 +47,7 @@ func snapshot() *model.Snapshot {
 				Endpoints: []model.Endpoint{ep("10.244.1.7", "node-2"), ep("10.244.1.8", "node-2"), ep("10.244.1.9", "node-2")}},
 			{Name: spn("kube-system", "hostnet", model.ProtoTCP), ClusterIPs: []netip.Addr{ip("10.96.1.6")}, Port: 443,
 				Endpoints: []model.Endpoint{{Addr: ip(nodeIP), Port: 6443, Ready: true, NodeName: "node-1"}}},
-		},
+		}),
 	}
 }
 
