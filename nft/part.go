@@ -137,11 +137,11 @@ func (rs *Ruleset) Flatten() *Ruleset {
 func keyString(vs []Value) string {
 	var b strings.Builder
 	for _, v := range vs {
-		if v.Addr.IsValid() {
-			b.WriteString(v.Addr.String())
+		if v.Addr().IsValid() {
+			b.WriteString(v.Addr().String())
 		} else {
 			b.WriteString("#")
-			b.WriteString(strconv.FormatUint(uint64(v.Num), 10))
+			b.WriteString(strconv.FormatUint(uint64(v.Num()), 10))
 		}
 		b.WriteByte(' ')
 	}

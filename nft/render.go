@@ -176,11 +176,11 @@ func renderValues(types []Datatype, vals []Value) string {
 func renderValue(t Datatype, v Value) string {
 	switch t {
 	case TypeIPv4Addr, TypeIPv6Addr:
-		return v.Addr.String()
+		return v.Addr().String()
 	case TypeInetProto:
-		return ProtoName(uint8(v.Num))
+		return ProtoName(uint8(v.Num()))
 	}
-	return strconv.FormatUint(uint64(v.Num), 10)
+	return strconv.FormatUint(uint64(v.Num()), 10)
 }
 
 // ProtoName is nft's name for an IP protocol number.

@@ -187,7 +187,7 @@ func listServices(rs *nft.Ruleset) []listedPort {
 	if s := sets[listClusterIPs]; s != nil {
 		for _, e := range s.Elements {
 			if len(e.Key) == 1 {
-				clusterIPs[e.Key[0].Addr] = true
+				clusterIPs[e.Key[0].Addr()] = true
 			}
 		}
 	}
@@ -209,8 +209,8 @@ func listServices(rs *nft.Ruleset) []listedPort {
 		var proto uint8
 		switch len(e.Key) {
 		case 3:
-			a := e.Key[0].Addr
-			f.Address, proto, f.Port = a.String(), uint8(e.Key[1].Num), uint16(e.Key[2].Num)
+			a := e.Key[0].Addr()
+			f.Address, proto, f.Port = a.String(), uint8(e.Key[1].Num()), uint16(e.Key[2].Num())
 			f.Type = frontendExternal
 			if clusterIPs[a] {
 				f.Type = frontendClusterIP
@@ -219,7 +219,7 @@ func listServices(rs *nft.Ruleset) []listedPort {
 				f.Type = typ
 			}
 		case 2:
-			f.Type, proto, f.Port = frontendNodePort, uint8(e.Key[0].Num), uint16(e.Key[1].Num)
+			f.Type, proto, f.Port = frontendNodePort, uint8(e.Key[0].Num()), uint16(e.Key[1].Num())
 		default:
 			return nil
 		}
@@ -346,7 +346,7 @@ func (fe *flatEndpoints) of(key []nft.Value) []listedEndpoint {
 	entries := fe.entries[k]
 	byIndex := make(map[uint32]nft.Element, len(entries))
 	for _, e := range entries {
-		byIndex[e.Key[len(e.Key)-1].Num] = e
+		byIndex[e.Key[len(e.Key)-1].Num()] = e
 	}
 	bitSet := listEndpointCountBit
 	if len(key) == 2 {
@@ -364,7 +364,7 @@ func (fe *flatEndpoints) of(key []nft.Value) []listedEndpoint {
 			w.add("(missing slot "+strconv.Itoa(int(i))+")", p, false)
 			continue
 		}
-		w.add(netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)).String(), p, false)
+		w.add(netip.AddrPortFrom(e.Data[0].Addr(), uint16(e.Data[1].Num())).String(), p, false)
 	}
 	return w.endpoints()
 }
@@ -402,11 +402,11 @@ func (fe *flatEndpoints) index() {
 func valuesKey(vs []nft.Value) string {
 	var b strings.Builder
 	for _, v := range vs {
-		if v.Addr.IsValid() {
-			b.WriteString(v.Addr.String())
+		if v.Addr().IsValid() {
+			b.WriteString(v.Addr().String())
 		}
 		b.WriteByte('/')
-		b.WriteString(strconv.FormatUint(uint64(v.Num), 10))
+		b.WriteString(strconv.FormatUint(uint64(v.Num()), 10))
 		b.WriteByte(' ')
 	}
 	return b.String()
@@ -494,7 +494,7 @@ func (w *walker) slots(d nft.DNATNumgenMap, p float64, local bool) {
 	byKey := map[uint32]nft.Element{}
 	for _, e := range set.Elements {
 		if len(e.Key) == 1 {
-			byKey[e.Key[0].Num] = e
+			byKey[e.Key[0].Num()] = e
 		}
 	}
 	for k := d.Offset; k < d.Offset+d.Mod; k++ {
@@ -503,7 +503,7 @@ func (w *walker) slots(d nft.DNATNumgenMap, p float64, local bool) {
 			w.add("(missing slot "+strconv.Itoa(int(k))+")", p/float64(d.Mod), local)
 			continue
 		}
-		w.add(netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)).String(), p/float64(d.Mod), local)
+		w.add(netip.AddrPortFrom(e.Data[0].Addr(), uint16(e.Data[1].Num())).String(), p/float64(d.Mod), local)
 	}
 }
 

@@ -197,7 +197,7 @@ func TestListFlatMissingEntry(t *testing.T) {
 	for _, s := range rs.Sets {
 		if s.Name == "endpoints" {
 			s.Elements = slices.DeleteFunc(s.Elements, func(e nft.Element) bool {
-				return e.Key[0].Addr == netip.MustParseAddr("10.96.0.1") && e.Key[3].Num == 1
+				return e.Key[0].Addr() == netip.MustParseAddr("10.96.0.1") && e.Key[3].Num() == 1
 			})
 		}
 	}

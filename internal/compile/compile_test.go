@@ -358,7 +358,7 @@ func slotTargets(t *testing.T, rs *nft.Ruleset, ch *nft.Chain, used map[string]i
 	}
 	byKey := map[uint32]nft.Element{}
 	for _, e := range m.Elements {
-		byKey[e.Key[0].Num] = e
+		byKey[e.Key[0].Num()] = e
 	}
 	var got []string
 	for k := d.Offset; k < d.Offset+d.Mod; k++ {
@@ -367,7 +367,7 @@ func slotTargets(t *testing.T, rs *nft.Ruleset, ch *nft.Chain, used map[string]i
 			t.Errorf("%s: slot %d missing from %s", ch.Name, k, d.Map)
 			continue
 		}
-		got = append(got, netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)).String())
+		got = append(got, netip.AddrPortFrom(e.Data[0].Addr(), uint16(e.Data[1].Num())).String())
 	}
 	used[d.Map] += int(d.Mod)
 	return got
@@ -376,10 +376,10 @@ func slotTargets(t *testing.T, rs *nft.Ruleset, ch *nft.Chain, used map[string]i
 // ---- readable views of ruleset values ------------------------------------------------
 
 func valueString(v nft.Value) string {
-	if v.Addr.IsValid() {
-		return v.Addr.String()
+	if v.Addr().IsValid() {
+		return v.Addr().String()
 	}
-	return strconv.FormatUint(uint64(v.Num), 10)
+	return strconv.FormatUint(uint64(v.Num()), 10)
 }
 
 func valuesString(vs []nft.Value) string {

@@ -116,7 +116,7 @@ func TestTagsLongNames(t *testing.T) {
 			}
 			for _, e := range se.Elements {
 				sp, _ := ServicePortOf(e.Tag)
-				byKey[e.Key[2].Num] = sp
+				byKey[e.Key[2].Num()] = sp
 				comments[e.Comment] = true
 			}
 		}

@@ -93,7 +93,7 @@ func describeElement(s *nft.Set, e nft.Element) string {
 		out += " : " + nft.RenderStmt(nft.IPv4, *e.Verdict)
 	}
 	for _, d := range e.Data {
-		out += fmt.Sprintf(" : %v/%d", d.Addr, d.Num)
+		out += fmt.Sprintf(" : %v/%d", d.Addr(), d.Num())
 	}
 	if e.Comment != "" {
 		out += " comment " + strconv.Quote(e.Comment)
@@ -324,7 +324,7 @@ func checkRuleset(rs *nft.Ruleset, fam nft.Family) []string {
 		have := map[uint64]bool{}
 		for _, e := range sets[m].Elements {
 			if len(e.Key) == 1 {
-				have[uint64(e.Key[0].Num)] = true
+				have[uint64(e.Key[0].Num())] = true
 			}
 		}
 		for _, r := range rr {
@@ -344,7 +344,7 @@ func checkRuleset(rs *nft.Ruleset, fam nft.Family) []string {
 			if len(e.Key) != 1 {
 				continue
 			}
-			k := uint64(e.Key[0].Num)
+			k := uint64(e.Key[0].Num())
 			if !slices.ContainsFunc(ranges[s.Name], func(r slotRange) bool { return r.lo <= k && k < r.hi }) {
 				bad("endpoints map %s: slot %d is drawn by no rule", s.Name, k)
 			}
@@ -405,7 +405,7 @@ func checkKeyMaps(rs *nft.Ruleset, sets map[string]*nft.Set, chains map[string]*
 		for _, g := range groups[s.Name] {
 			idx := make([]int, 0, len(g.entries))
 			for _, e := range g.entries {
-				idx = append(idx, int(e.Key[n-1].Num))
+				idx = append(idx, int(e.Key[n-1].Num()))
 			}
 			sort.Ints(idx)
 			for i, x := range idx {
@@ -494,13 +494,13 @@ func checkKeyMaps(rs *nft.Ruleset, sets map[string]*nft.Set, chains map[string]*
 				for i, f := range look.Fields {
 					switch f {
 					case nft.FieldDaddr:
-						pkt.Daddr = fe.Key[i].Addr
+						pkt.Daddr = fe.Key[i].Addr()
 					case nft.FieldSaddr:
-						pkt.Saddr = fe.Key[i].Addr
+						pkt.Saddr = fe.Key[i].Addr()
 					case nft.FieldL4Proto:
-						pkt.L4Proto = uint8(fe.Key[i].Num)
+						pkt.L4Proto = uint8(fe.Key[i].Num())
 					case nft.FieldTHDport:
-						pkt.Dport = uint16(fe.Key[i].Num)
+						pkt.Dport = uint16(fe.Key[i].Num())
 					}
 				}
 				where := fmt.Sprintf("frontend %s of %s (chain %s → %s)", describeElement(fs, fe), fs.Name, c.Name, to)
@@ -542,7 +542,7 @@ func checkKeyMaps(rs *nft.Ruleset, sets map[string]*nft.Set, chains map[string]*
 				sp, tagged := compile.ServicePortOf(fe.Tag)
 				for _, e := range g.entries {
 					if len(e.Data) == 2 {
-						want[netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)).String()] += 1 / float64(len(g.entries))
+						want[netip.AddrPortFrom(e.Data[0].Addr(), uint16(e.Data[1].Num())).String()] += 1 / float64(len(g.entries))
 					}
 					if esp, ok := compile.ServicePortOf(e.Tag); tagged && ok && esp != sp {
 						bad("%s: entry %s of %s serves %s, not %s", where, describeElement(km, e), m, esp, sp)
@@ -623,19 +623,19 @@ func valuesOK(types []nft.Datatype, vals []nft.Value, addrOK func(netip.Addr) bo
 		v := vals[i]
 		switch t {
 		case nft.TypeIPv4Addr, nft.TypeIPv6Addr:
-			if !addrOK(v.Addr) || v.Num != 0 {
+			if !addrOK(v.Addr()) || v.Num() != 0 {
 				return false
 			}
 		case nft.TypeInetProto:
-			if v.Addr.IsValid() || v.Num > 255 {
+			if v.Addr().IsValid() || v.Num() > 255 {
 				return false
 			}
 		case nft.TypeInetService:
-			if v.Addr.IsValid() || v.Num > 65535 {
+			if v.Addr().IsValid() || v.Num() > 65535 {
 				return false
 			}
 		case nft.TypeNumgen:
-			if v.Addr.IsValid() {
+			if v.Addr().IsValid() {
 				return false
 			}
 		default:
@@ -651,9 +651,9 @@ func keyBytes(types []nft.Datatype, vals []nft.Value) string {
 	var b strings.Builder
 	for i, v := range vals {
 		if i < len(types) && (types[i] == nft.TypeIPv4Addr || types[i] == nft.TypeIPv6Addr) {
-			b.Write(v.Addr.AsSlice())
+			b.Write(v.Addr().AsSlice())
 		} else {
-			b.WriteString(strconv.FormatUint(uint64(v.Num), 10))
+			b.WriteString(strconv.FormatUint(uint64(v.Num()), 10))
 		}
 		b.WriteByte(0)
 	}
@@ -851,7 +851,7 @@ func slotEndpoints(m *nft.Set, d nft.DNATNumgenMap) string {
 	byKey := map[uint32]nft.Element{}
 	for _, e := range m.Elements {
 		if len(e.Key) == 1 {
-			byKey[e.Key[0].Num] = e
+			byKey[e.Key[0].Num()] = e
 		}
 	}
 	var out []string
@@ -861,7 +861,7 @@ func slotEndpoints(m *nft.Set, d nft.DNATNumgenMap) string {
 			out = append(out, "(empty slot)")
 			continue
 		}
-		out = append(out, netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)).String())
+		out = append(out, netip.AddrPortFrom(e.Data[0].Addr(), uint16(e.Data[1].Num())).String())
 	}
 	return "{" + strings.Join(out, ", ") + "}"
 }
@@ -906,7 +906,7 @@ func TestChecksCatchCorruption(t *testing.T) {
 	web := netip.MustParseAddr("10.96.0.1")
 	webEntries := func(rs *nft.Ruleset) *nft.Set {
 		s := set(rs, "endpoints")
-		if !slices.ContainsFunc(s.Elements, func(e nft.Element) bool { return e.Key[0].Addr == web }) {
+		if !slices.ContainsFunc(s.Elements, func(e nft.Element) bool { return e.Key[0].Addr() == web }) {
 			t.Fatalf("no endpoints entry for %s", web)
 		}
 		return s
@@ -960,7 +960,7 @@ func TestChecksCatchCorruption(t *testing.T) {
 		}, `"hairpin"`},
 		{"clusterip", "missing entry", func(rs *nft.Ruleset) {
 			s := webEntries(rs)
-			s.Elements = slices.DeleteFunc(s.Elements, func(e nft.Element) bool { return e.Key[0].Addr == web && e.Key[3].Num == 0 })
+			s.Elements = slices.DeleteFunc(s.Elements, func(e nft.Element) bool { return e.Key[0].Addr() == web && e.Key[3].Num() == 0 })
 		}, "has indexes"},
 		{"clusterip", "entry beyond the count", func(rs *nft.Ruleset) {
 			s := webEntries(rs)
@@ -977,7 +977,7 @@ func TestChecksCatchCorruption(t *testing.T) {
 			s := webEntries(rs)
 			n := 0
 			for _, e := range s.Elements {
-				if e.Key[0].Addr == web {
+				if e.Key[0].Addr() == web {
 					n++
 				}
 			}

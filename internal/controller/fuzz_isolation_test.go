@@ -213,7 +213,7 @@ func victimElements(rs *nft.Ruleset, victimIPs map[netip.Addr]bool) string {
 	var lines []string
 	for _, s := range rs.Sets {
 		for _, e := range s.Elements {
-			if len(e.Key) == 0 || !victimIPs[e.Key[0].Addr] {
+			if len(e.Key) == 0 || !victimIPs[e.Key[0].Addr()] {
 				continue
 			}
 			line := s.Name + " " + describeElement(s, e)
@@ -265,7 +265,7 @@ func ownPortsTaken(rs *nft.Ruleset, cfg controller.Config, node *v1.Node) []stri
 			continue
 		}
 		for _, e := range s.Elements {
-			if len(e.Key) == 3 && own[e.Key[0].Addr] && e.Key[1].Num == uint32(model.ProtoTCP) && slices.Contains(cfg.ServedPorts, uint16(e.Key[2].Num)) {
+			if len(e.Key) == 3 && own[e.Key[0].Addr()] && e.Key[1].Num() == uint32(model.ProtoTCP) && slices.Contains(cfg.ServedPorts, uint16(e.Key[2].Num())) {
 				out = append(out, s.Name+" "+describeElement(s, e))
 			}
 		}

@@ -38,17 +38,17 @@ func (t *thread) field(f nft.Field, want nft.Datatype) (nft.Value, error) {
 	var have nft.Datatype
 	switch f {
 	case nft.FieldSaddr, nft.FieldDaddr:
-		v.Addr, have = t.pkt.Saddr, nft.TypeIPv4Addr
+		v, have = nft.Addr(t.pkt.Saddr), nft.TypeIPv4Addr
 		if f == nft.FieldDaddr {
-			v.Addr = t.pkt.Daddr
+			v = nft.Addr(t.pkt.Daddr)
 		}
 		if t.pkt.Family == nft.IPv6 {
 			have = nft.TypeIPv6Addr
 		}
 	case nft.FieldL4Proto:
-		v.Num, have = uint32(t.pkt.L4Proto), nft.TypeInetProto
+		v, have = nft.Num(uint32(t.pkt.L4Proto)), nft.TypeInetProto
 	case nft.FieldTHDport:
-		v.Num, have = uint32(t.pkt.Dport), nft.TypeInetService
+		v, have = nft.Num(uint32(t.pkt.Dport)), nft.TypeInetService
 	default:
 		return v, fmt.Errorf("unknown field %d", f)
 	}
@@ -75,11 +75,11 @@ func equalKey(types []nft.Datatype, a, b []nft.Value) bool {
 	for i, t := range types {
 		switch t {
 		case nft.TypeIPv4Addr, nft.TypeIPv6Addr:
-			if a[i].Addr != b[i].Addr {
+			if a[i].Addr() != b[i].Addr() {
 				return false
 			}
 		default:
-			if a[i].Num != b[i].Num {
+			if a[i].Num() != b[i].Num() {
 				return false
 			}
 		}

@@ -192,7 +192,7 @@ func (tr *tracer) draw(t *thread, m *nft.Set, mod uint32, key func(i uint32) []n
 			continue
 		}
 		f.matched = append(f.matched, match(tr.fam, m, *e))
-		out = append(out, dnat(f, netip.AddrPortFrom(e.Data[0].Addr, uint16(e.Data[1].Num)))...)
+		out = append(out, dnat(f, netip.AddrPortFrom(e.Data[0].Addr(), uint16(e.Data[1].Num())))...)
 	}
 	return out
 }

@@ -448,7 +448,7 @@ func AppendValues(dst []byte, ts []nft.Datatype, vs []nft.Value) ([]byte, error)
 		v := vs[i]
 		switch t {
 		case nft.TypeIPv4Addr, nft.TypeIPv6Addr:
-			a := v.Addr
+			a := v.Addr()
 			if !a.IsValid() || a.Is4() != (t == nft.TypeIPv4Addr) {
 				return nil, fmt.Errorf("kernel: %v is not a valid %s", a, map[bool]string{true: "IPv4 address", false: "IPv6 address"}[t == nft.TypeIPv4Addr])
 			}
@@ -460,11 +460,11 @@ func AppendValues(dst []byte, ts []nft.Datatype, vs []nft.Value) ([]byte, error)
 				dst = append(dst, b[:]...)
 			}
 		case nft.TypeInetProto:
-			dst = append(dst, byte(v.Num))
+			dst = append(dst, byte(v.Num()))
 		case nft.TypeInetService:
-			dst = binary.BigEndian.AppendUint16(dst, uint16(v.Num))
+			dst = binary.BigEndian.AppendUint16(dst, uint16(v.Num()))
 		case nft.TypeNumgen:
-			dst = binary.LittleEndian.AppendUint32(dst, v.Num) // registers hold host byte order
+			dst = binary.LittleEndian.AppendUint32(dst, v.Num()) // registers hold host byte order
 		default:
 			return nil, fmt.Errorf("kernel: cannot encode datatype %d", t)
 		}
