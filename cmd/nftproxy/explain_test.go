@@ -34,7 +34,7 @@ func rule(comment string, stmts ...nft.Stmt) nft.Rule {
 
 // tagged gives a rule the compiler's tag.
 func tagged(r nft.Rule, sp model.ServicePortName, p compile.Purpose) nft.Rule {
-	r.Tag = &compile.Tag{Port: sp, Purpose: p}
+	r.Tag = &compile.Tag{Port: &sp, Purpose: p}
 	return r
 }
 
@@ -52,7 +52,7 @@ func TestFormatResult(t *testing.T) {
 			Path: []trace.Step{
 				step("nat-prerouting", rule("", jump("services"))),
 				step("services", rule("", nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: "service-ips"}),
-					trace.Match{Set: svcIPs, Element: nft.Element{Comment: "default/echo:http", Tag: &compile.Tag{Port: echo, Purpose: compile.PurposeDispatch}}, Text: `10.96.0.10 . tcp . 80 comment "default/echo:http" : goto svc-default/echo/tcp/http`}),
+					trace.Match{Set: svcIPs, Element: nft.Element{Comment: "default/echo:http", Tag: &compile.Tag{Port: &echo, Purpose: compile.PurposeDispatch}}, Text: `10.96.0.10 . tcp . 80 comment "default/echo:http" : goto svc-default/echo/tcp/http`}),
 				step("svc-default/echo/tcp/http", tagged(rule("",
 					nft.MatchPrefix{Field: nft.FieldDaddr, Prefix: netip.MustParsePrefix("10.96.0.10/32")},
 					nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("10.244.0.0/16")},
@@ -112,7 +112,7 @@ func TestFormatReject(t *testing.T) {
 			step("filter-output", rule("", nft.MatchCtStateNew{}, jump("service-endpoints-check"))),
 			step("service-endpoints-check", rule("", nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: noEps.Name}),
 				trace.Match{Set: noEps, Element: nft.Element{Comment: "kube-system/dns", Verdict: &nft.Verdict{Kind: nft.Goto, Chain: "reject-chain"},
-					Tag: &compile.Tag{Port: model.ServicePortName{Namespace: "kube-system", Name: "dns", Protocol: model.ProtoUDP}, Purpose: compile.PurposeRejectNoEndpoints}}}),
+					Tag: &compile.Tag{Port: &model.ServicePortName{Namespace: "kube-system", Name: "dns", Protocol: model.ProtoUDP}, Purpose: compile.PurposeRejectNoEndpoints}}}),
 			step("reject-chain", rule("", nft.Reject{})),
 		}}},
 	}

@@ -987,7 +987,7 @@ func TestChecksCatchCorruption(t *testing.T) {
 		}, "want its entries"},
 		{"clusterip", "entry of another service port", func(rs *nft.Ruleset) {
 			s := webEntries(rs)
-			s.Elements[0].Tag = &compile.Tag{Port: model.ServicePortName{Namespace: "x", Name: "y"}, Purpose: compile.PurposeEndpointSlot}
+			s.Elements[0].Tag = &compile.Tag{Port: &model.ServicePortName{Namespace: "x", Name: "y"}, Purpose: compile.PurposeEndpointSlot}
 		}, "serves x/y"},
 		{"clusterip", "orphan entries", func(rs *nft.Ruleset) {
 			s := set(rs, "cluster-frontends")
