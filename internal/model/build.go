@@ -345,12 +345,13 @@ func (b *builder) endpoints(portName string, proto uint8, slices []*discovery.En
 				if ep.Zone != nil {
 					e.Zone = *ep.Zone
 				}
-				if h := ep.Hints; h != nil {
+				if h := ep.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
+					e.Hints = &Hints{}
 					for _, z := range h.ForZones {
-						e.ZoneHints = append(e.ZoneHints, z.Name)
+						e.Hints.Zones = append(e.Hints.Zones, z.Name)
 					}
 					for _, n := range h.ForNodes {
-						e.NodeHints = append(e.NodeHints, n.Name)
+						e.Hints.Nodes = append(e.Hints.Nodes, n.Name)
 					}
 				}
 				if dup(e.AddrPort()) {

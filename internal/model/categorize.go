@@ -60,9 +60,9 @@ const (
 func (t topology) allows(e Endpoint, node Node) bool {
 	switch t {
 	case topologySameNode:
-		return slices.Contains(e.NodeHints, node.Name)
+		return slices.Contains(e.NodeHints(), node.Name)
 	case topologySameZone:
-		return slices.Contains(e.ZoneHints, node.Zone)
+		return slices.Contains(e.ZoneHints(), node.Zone)
 	}
 	return true
 }
@@ -78,14 +78,14 @@ func topologyMode(eps []Endpoint, node Node) topology {
 			continue
 		}
 		anyReady = true
-		if len(e.NodeHints) == 0 {
+		if len(e.NodeHints()) == 0 {
 			allNode = false
-		} else if slices.Contains(e.NodeHints, node.Name) {
+		} else if slices.Contains(e.NodeHints(), node.Name) {
 			forNode = true
 		}
-		if len(e.ZoneHints) == 0 {
+		if len(e.ZoneHints()) == 0 {
 			allZone = false
-		} else if slices.Contains(e.ZoneHints, node.Zone) {
+		} else if slices.Contains(e.ZoneHints(), node.Zone) {
 			forZone = true
 		}
 	}

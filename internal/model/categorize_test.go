@@ -30,10 +30,14 @@ func catEP(n byte, flags string, opts ...catOpt) model.Endpoint {
 func catOn(node string) catOpt { return func(e *model.Endpoint) { e.NodeName = node } }
 
 // catZones sets hints.forZones.
-func catZones(zones ...string) catOpt { return func(e *model.Endpoint) { e.ZoneHints = zones } }
+func catZones(zones ...string) catOpt {
+	return func(e *model.Endpoint) { e.Hints = &model.Hints{Zones: zones, Nodes: e.NodeHints()} }
+}
 
 // catNodes sets hints.forNodes.
-func catNodes(nodes ...string) catOpt { return func(e *model.Endpoint) { e.NodeHints = nodes } }
+func catNodes(nodes ...string) catOpt {
+	return func(e *model.Endpoint) { e.Hints = &model.Hints{Zones: e.ZoneHints(), Nodes: nodes} }
+}
 
 // catEPs lists endpoints as address:port, in order.
 func catEPs(eps []model.Endpoint) string {
@@ -477,8 +481,8 @@ func dumpCatInput(eps []model.Endpoint) string {
 	var b strings.Builder
 	for _, e := range eps {
 		fmt.Fprintf(&b, "%s/%t%t%t@%s%%%s", e.AddrPort(), e.Ready, e.Serving, e.Terminating, e.NodeName, e.Zone)
-		b.WriteString(" z=" + strings.Join(e.ZoneHints, "+"))
-		b.WriteString(" n=" + strings.Join(e.NodeHints, "+"))
+		b.WriteString(" z=" + strings.Join(e.ZoneHints(), "+"))
+		b.WriteString(" n=" + strings.Join(e.NodeHints(), "+"))
 		b.WriteString(";")
 	}
 	return b.String()

@@ -406,7 +406,7 @@ func TestBuildEndpointHints(t *testing.T) {
 		t.Fatalf("got %d endpoints, want %d", len(eps), len(want))
 	}
 	for i, e := range eps {
-		if got := fmt.Sprintf("%s zones=%v nodes=%v", e.AddrPort(), e.ZoneHints, e.NodeHints); got != want[i] {
+		if got := fmt.Sprintf("%s zones=%v nodes=%v", e.AddrPort(), e.ZoneHints(), e.NodeHints()); got != want[i] {
 			t.Errorf("endpoint %d: %s, want %s", i, got, want[i])
 		}
 	}
