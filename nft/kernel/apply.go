@@ -11,7 +11,6 @@ package kernel
 import (
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"maps"
 	"reflect"
 	"runtime"
@@ -61,7 +60,7 @@ type state struct {
 	sets   map[string]*nft.Set   // the ruleset's and its parts' sets
 	chains map[string]*nft.Chain // the ruleset's own chains (parts keep theirs)
 	parts  map[string]*nft.Part
-	elems  map[string]map[string]refElem // set → key bytes → element
+	elems  map[string]setIndex // set → key → element (index.go)
 	// known is false for a state read from the kernel: only names, content unknown
 	known bool
 	// distrust is set when a refused transaction's undo restored the state: the next
@@ -99,27 +98,23 @@ func (u *undo) apply() {
 	}
 	for set, keys := range u.d.before {
 		m := st.elems[set]
-		if m == nil {
-			m = map[string]refElem{}
-			st.elems[set] = m
-		}
-		for k, was := range keys {
-			if was == nil {
-				delete(m, k)
-			} else {
-				m[k] = *was
+		for kb, was := range keys {
+			k := keyOf(kb)
+			switch {
+			case was != nil && m == nil: // emit dropped the set's index
+				m = newIndex(k.n, len(keys))
+				st.elems[set] = m
+				fallthrough
+			case was != nil:
+				m.put(&k, *was)
+			case m != nil:
+				m.del(&k)
 			}
 		}
-		if len(m) == 0 {
+		if m != nil && m.len() == 0 {
 			delete(st.elems, set)
 		}
 	}
-}
-
-type refElem struct {
-	elem *nft.Element // in the ruleset or part that added it last
-	full uint64       // hash of key, value and comment bytes: equal when nothing changed
-	refs int32
 }
 
 // RejectedError is the kernel's refusal of a transaction: it applied none of it, so the
@@ -301,7 +296,7 @@ func (a *Applier) kernelState(fam nft.Family, table string) (*state, error) {
 
 func newState(rs *nft.Ruleset) *state {
 	return &state{rs: rs, sets: map[string]*nft.Set{}, chains: map[string]*nft.Chain{}, parts: map[string]*nft.Part{},
-		elems: map[string]map[string]refElem{}}
+		elems: map[string]setIndex{}}
 }
 
 // names returns a state with st's set and chain names and unknown content: diffing
@@ -322,71 +317,59 @@ func (st *state) names() *state {
 	return out
 }
 
-// fingerprint identifies an element's key, value and comment: equal fingerprints need no
-// kernel update. It is compared only with the previous fingerprint of the same key, so a
-// 64-bit hash (seeded per process) stands in for the bytes: at a few hundred thousand
-// elements that saves tens of MiB.
-func fingerprint(s *nft.Set, e nft.Element, key []byte) uint64 {
-	var h maphash.Hash
-	h.SetSeed(fingerprintSeed)
-	_, _ = h.Write(key)
-	_ = h.WriteByte(0)
-	if e.Verdict != nil {
-		_ = h.WriteByte(byte(e.Verdict.Kind))
-		_, _ = h.WriteString(e.Verdict.Chain)
-	} else if len(e.Data) > 0 {
-		var buf [64]byte
-		data, _ := wire.AppendValues(buf[:0], s.Data, e.Data)
-		_, _ = h.Write(data)
-	}
-	_ = h.WriteByte(0)
-	_, _ = h.WriteString(e.Comment)
-	return h.Sum64()
-}
-
-var fingerprintSeed = maphash.MakeSeed()
-
 // elemDelta tracks how a sync changes the elements of the sets it touches: the state of
 // each touched key before, so that only real changes reach the kernel.
 type elemDelta struct {
 	st     *state
-	before map[string]map[string]*refElem // set → key → a copy of the entry before (nil: absent)
+	before map[string]map[string]*refElem // set → key bytes → a copy of the entry before (nil: absent)
 	// fresh: st starts empty and every set is created anew, so nothing is tracked in
 	// before: the elements are in st.elems, each once
 	fresh bool
 }
 
-// maps returns the element index of a set and, unless the delta is fresh, the map of
+// maps returns the element index of set s and, unless the delta is fresh, the map of
 // its keys' states before this sync.
-func (d *elemDelta) maps(set string) (m map[string]refElem, bm map[string]*refElem) {
-	m = d.st.elems[set]
+func (d *elemDelta) maps(s *nft.Set) (m setIndex, bm map[string]*refElem) {
+	m = d.st.elems[s.Name]
 	if m == nil {
-		m = map[string]refElem{}
-		d.st.elems[set] = m
+		m = newIndex(wire.KeyLen(s.Key), 0)
+		d.st.elems[s.Name] = m
 	}
 	if d.fresh {
 		return m, nil
 	}
-	bm = d.before[set]
+	bm = d.before[s.Name]
 	if bm == nil {
 		bm = map[string]*refElem{}
-		d.before[set] = bm
+		d.before[s.Name] = bm
 	}
 	return m, bm
 }
 
+// key encodes the key of e, an element of set s, into k, and checks that it has the
+// length of the set's index m.
+func key(k *elemKey, m setIndex, s *nft.Set, e *nft.Element) error {
+	if err := k.encode(s, e.Key); err != nil {
+		return fmt.Errorf("set %s: %w", s.Name, err)
+	}
+	if k.n != m.keyLen() {
+		return fmt.Errorf("set %s: key of %d bytes in an index of %d-byte keys", s.Name, k.n, m.keyLen())
+	}
+	return nil
+}
+
 // note records key's state before its first change in this sync.
-func note(m map[string]refElem, bm map[string]*refElem, key []byte) {
+func note(m setIndex, bm map[string]*refElem, key *elemKey) {
 	if bm == nil {
 		return
 	}
-	if _, seen := bm[string(key)]; seen {
+	if _, seen := bm[string(key.bytes())]; seen {
 		return
 	}
-	if e, ok := m[string(key)]; ok {
-		bm[string(key)] = &e
+	if e, ok := m.get(key); ok {
+		bm[string(key.bytes())] = &e
 	} else {
-		bm[string(key)] = nil
+		bm[string(key.bytes())] = nil
 	}
 }
 
@@ -395,25 +378,20 @@ func (d *elemDelta) add(s *nft.Set, es []nft.Element) error {
 	if len(es) == 0 {
 		return nil // an untouched set stays out of the sync's work (emit walks touched sets)
 	}
-	m, bm := d.maps(s.Name)
-	var kb [64]byte
+	m, bm := d.maps(s)
+	var k elemKey
 	for i := range es {
 		e := &es[i] // rulesets are never modified once built: the index points into them
-		k, err := wire.AppendValues(kb[:0], s.Key, e.Key)
-		if err != nil {
-			return fmt.Errorf("set %s: %w", s.Name, err)
+		if err := key(&k, m, s, e); err != nil {
+			return err
 		}
-		note(m, bm, k)
-		full := fingerprint(s, *e, k)
-		if cur, ok := m[string(k)]; ok {
-			// parts share a key only with identical elements; should two differ, the
-			// last one counted wins rather than a stale one
-			cur.refs++
-			cur.elem, cur.full = e, full
-			m[string(k)] = cur
-			continue
-		}
-		m[string(k)] = refElem{elem: e, full: full, refs: 1}
+		note(m, bm, &k)
+		cur, _ := m.get(&k) // zero when absent
+		// parts share a key only with identical elements; should two differ, the last
+		// one counted wins rather than a stale one
+		cur.elem = e
+		cur.refs++
+		m.put(&k, cur)
 	}
 	return nil
 }
@@ -423,19 +401,18 @@ func (d *elemDelta) remove(s *nft.Set, es []nft.Element) error {
 	if len(es) == 0 {
 		return nil
 	}
-	m, bm := d.maps(s.Name)
-	var kb [64]byte
-	for _, e := range es {
-		k, err := wire.AppendValues(kb[:0], s.Key, e.Key)
-		if err != nil {
-			return fmt.Errorf("set %s: %w", s.Name, err)
+	m, bm := d.maps(s)
+	var k elemKey
+	for i := range es {
+		if err := key(&k, m, s, &es[i]); err != nil {
+			return err
 		}
-		note(m, bm, k)
-		if cur, ok := m[string(k)]; ok {
+		note(m, bm, &k)
+		if cur, ok := m.get(&k); ok {
 			if cur.refs--; cur.refs <= 0 {
-				delete(m, string(k))
+				m.del(&k)
 			} else {
-				m[string(k)] = cur
+				m.put(&k, cur)
 			}
 		}
 	}
@@ -527,8 +504,8 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 		}
 	}
 	for name, n := range counts {
-		if n > 0 {
-			cur.elems[name] = make(map[string]refElem, n)
+		if s := byName[name]; s != nil && n > 0 {
+			cur.elems[name] = newIndex(wire.KeyLen(s.Key), n)
 		}
 	}
 	if err := d.addElements(byName, cur.rs.Sets, nil); err != nil {
@@ -854,9 +831,9 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 	if d.fresh { // every element is new
 		for name, m := range d.st.elems {
 			setNames = append(setNames, name)
-			es := make([]*nft.Element, 0, len(m))
-			for _, e := range m {
-				es = append(es, e.elem)
+			es := make([]*nft.Element, 0, m.len())
+			for e := range m.elems() {
+				es = append(es, e)
 			}
 			add[name] = es
 		}
@@ -866,17 +843,21 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 		if d.fresh {
 			break
 		}
-		now := d.st.elems[name]
-		for k, was := range d.before[name] {
-			is, ok := now[k]
-			if was != nil && !pl.recreated[name] && !gone[name] && (!ok || is.full != was.full) {
+		now, s := d.st.elems[name], sets[name]
+		for kb, was := range d.before[name] {
+			k := keyOf(kb)
+			is, ok := now.get(&k)
+			// a key that stays: changed when its element differs from the one before
+			// (the same element, unless this sync added it again)
+			changed := func() bool { return !sameValue(s, is.elem, was.elem) }
+			if was != nil && !pl.recreated[name] && !gone[name] && (!ok || changed()) {
 				del[name] = append(del[name], was.elem)
 			}
-			if ok && (was == nil || pl.recreated[name] || is.full != was.full) {
+			if ok && (was == nil || pl.recreated[name] || changed()) {
 				add[name] = append(add[name], is.elem)
 			}
 		}
-		if len(now) == 0 || gone[name] && !pl.recreated[name] {
+		if now.len() == 0 || gone[name] && !pl.recreated[name] {
 			delete(d.st.elems, name)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -84,6 +85,43 @@ func BenchmarkColdApply(b *testing.B) {
 			}
 			b.ReportMetric(kernelTime.Seconds()*1000/float64(ops), "kernel-ms")
 			b.ReportMetric(float64(bytes)/float64(n), "bytes/service")
+		})
+	}
+}
+
+// BenchmarkIndexMemory is the heap an Applier keeps after a cold apply: its element
+// index and state (the ruleset itself is the caller's and is not counted). index-MB is
+// the live heap after runtime.GC() with the Applier alive minus the same without it;
+// index-bytes/element divides it by the elements applied. It is measured once per size;
+// the timed loop is empty.
+func BenchmarkIndexMemory(b *testing.B) {
+	for _, size := range benchSizes(b, []benchSize{{1000, 10}, {10000, 10}, {30000, 10}}) {
+		b.Run(size.String(), func(b *testing.B) {
+			rs, _ := compile.NewCompiler(cfg(), compile.NewSlots()).Compile(&model.Snapshot{Services: services(size.n, size.eps)})
+			live := func() uint64 {
+				var ms runtime.MemStats
+				runtime.GC()
+				runtime.GC() // the first may leave finalizers' objects behind
+				runtime.ReadMemStats(&ms)
+				return ms.HeapAlloc
+			}
+			ns := testnetns.New(b)
+			a := kernel.New(kernel.WithNetNS(ns.FD))
+			st, err := a.Apply(rs)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = a.Close()
+			with := live()
+			runtime.KeepAlive(a)
+			without := live()
+			retained := with - min(with, without)
+			for b.Loop() { // a measure, not a timing: the loop is empty
+			}
+			runtime.KeepAlive(rs)
+			b.ReportMetric(float64(retained)/1e6, "index-MB")
+			b.ReportMetric(float64(retained)/float64(st.Elements), "index-bytes/element")
+			b.ReportMetric(float64(st.Elements), "elements")
 		})
 	}
 }

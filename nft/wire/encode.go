@@ -425,6 +425,13 @@ func typeLen(t nft.Datatype) uint32 {
 	return 0
 }
 
+// KeyLen is the length of the keys (or values) of datatypes ts as AppendValues encodes
+// them.
+func KeyLen(ts []nft.Datatype) int {
+	_, n := concatType(ts)
+	return int(n)
+}
+
 // concatType returns the key type id and length of a (possibly concatenated) type.
 func concatType(ts []nft.Datatype) (id, length uint32) {
 	if len(ts) == 1 {
