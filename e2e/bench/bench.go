@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/netip"
@@ -63,6 +64,10 @@ type Options struct {
 	Bound        time.Duration // gives up on a cold start after this long ("> bound")
 	Samples      int           // ClusterIPs probed per cold start (first and last included)
 	Proxies      []string      // subset of proxy names; empty: all three
+	// HeapProfiles, if set, is a directory: nftproxy runs with --profiling and its heap
+	// profile (after a collection) is saved there as heap-nftproxy-N.pb.gz when its
+	// measurements end, to see where the memory of a size goes.
+	HeapProfiles string
 	Logf         func(format string, args ...any)
 	// Checkpoint, if set, is called with the results so far after every proxy run (a
 	// run stopped early still leaves what it measured).
@@ -459,7 +464,11 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 	s.logf("bench: === %s at N=%d", p.Name, n)
 	logName := fmt.Sprintf("%s-%d", p.Name, n)
 	t0 := time.Now()
-	proc, err := c.StartProcess(c.NodeNS, logName, p.args(c)...)
+	args := p.args(c)
+	if s.o.HeapProfiles != "" && p.Mode == "" {
+		args = append(args, "--profiling")
+	}
+	proc, err := c.StartProcess(c.NodeNS, logName, args...)
 	if err != nil {
 		return err
 	}
@@ -517,6 +526,11 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 		} else {
 			r.Memory = &Memory{PeakRSSMiB: float64(hwm) / 1024, RSSMiB: float64(rss) / 1024}
 		}
+		if s.o.HeapProfiles != "" && p.Mode == "" && proc.Running() {
+			if err := s.saveHeapProfile(ctx, filepath.Join(s.o.HeapProfiles, fmt.Sprintf("heap-%s-%d.pb.gz", p.Name, n))); err != nil {
+				errf("heap profile: %v", err)
+			}
+		}
 	}
 	s.logf("bench: %s N=%d measured in %v", p.Name, n, time.Since(t0).Round(time.Second))
 	proc.Stop()
@@ -556,6 +570,37 @@ func sampleIndexes(n, k int) []int {
 		}
 	}
 	return out
+}
+
+// saveHeapProfile writes nftproxy's heap profile, taken after a collection, to path.
+func (s *suite) saveHeapProfile(ctx context.Context, path string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/debug/pprof/heap?gc=1", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.metricsClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/debug/pprof/heap: HTTP %d", resp.StatusCode)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	s.logf("bench: heap profile in %s", path)
+	return f.Close()
 }
 
 // scrape reads the proxy's /metrics, leaving out nftproxy's per-service counters

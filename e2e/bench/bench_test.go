@@ -29,6 +29,8 @@ import (
 //	BENCH_SCENARIOS   comma-separated subset of footprint,datapath,onechange,expose,churn (default all)
 //	BENCH_EXPOSE_REPEATS  new Service + EndpointSlice pairs per proxy and N (default 20)
 //	BENCH_NFTPROXY_BIN    a prebuilt nftproxy to measure instead of building the tree
+//	BENCH_HEAP_PROFILE    if set: nftproxy runs with --profiling, and its heap profile at the
+//	                      end of each size's measurements is saved in BENCH_OUT
 func TestSideBySide(t *testing.T) {
 	if os.Getenv("NFTPROXY_BENCH") != "1" {
 		t.Skip("set NFTPROXY_BENCH=1 to run the side-by-side benchmark (root; about an hour at full size)")
@@ -67,6 +69,9 @@ func TestSideBySide(t *testing.T) {
 	case !filepath.IsAbs(out):
 		// relative to the repository, not to the package directory go test runs in
 		out = filepath.Join(repoRoot(), out)
+	}
+	if os.Getenv("BENCH_HEAP_PROFILE") != "" {
+		o.HeapProfiles = out
 	}
 	o.Checkpoint = func(r *Results) {
 		if err := r.Write(out); err != nil {
