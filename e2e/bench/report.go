@@ -273,11 +273,12 @@ func (r *Results) Markdown() string {
 	}
 
 	if r.Options.Expose > 0 {
-		w("\n## New Service + EndpointSlice\n\nWhat a rollout plus `kubectl expose` produces: a new Service, then its EndpointSlice as soon as that write returns (write gap p50 in the table), %.0f s after the previous pair and with no change pending; Service write → first successful TCP connection to its ClusterIP (p50 / p99 / max over %d pairs). Syncs: how many syncs ran until then (p50); sync and kernel: mean per sync.\n\n", r.Options.ExposeGapS, r.Options.Expose)
-		w("| proxy | N | Service → connection p50 / p99 / max | write gap | syncs | sync | kernel |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		w("\n## New Service + EndpointSlice\n\nWhat a rollout plus `kubectl expose` produces: a new Service, then its EndpointSlice as soon as that write returns (write gap p50 in the table), %.0f s after the previous pair and with no change pending; Service write → first successful TCP connection to its ClusterIP (p50 / p99 / max over %d pairs). After the slice: from the return of the EndpointSlice write (whose own latency is in the next column) to that connection (p50 / p99), the part after the API server has taken both objects. Syncs: how many syncs ran until then (p50); sync and kernel: mean per sync.\n\n", r.Options.ExposeGapS, r.Options.Expose)
+		w("| proxy | N | Service → connection p50 / p99 / max | write gap | slice write | after the slice p50 / p99 | syncs | sync | kernel |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, run := range r.Runs {
 			if e := run.Expose; e != nil {
-				w("| %s | %s | %s | %s | %.0f | %s | %s |\n", run.Proxy, nLabel(run), latCell(e), millis(e.WriteGapMS), e.Syncs, millis(e.SyncMS), millis(e.KernelMS))
+				w("| %s | %s | %s | %s | %s | %s / %s | %.0f | %s | %s |\n", run.Proxy, nLabel(run), latCell(e), millis(e.WriteGapMS), millis(e.SliceWriteMS),
+					millis(e.AfterSliceP50MS), millis(e.AfterSliceP99MS), e.Syncs, millis(e.SyncMS), millis(e.KernelMS))
 			}
 		}
 	}
