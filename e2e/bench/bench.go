@@ -64,9 +64,10 @@ type Options struct {
 	Bound        time.Duration // gives up on a cold start after this long ("> bound")
 	Samples      int           // ClusterIPs probed per cold start (first and last included)
 	Proxies      []string      // subset of proxy names; empty: all three
-	// HeapProfiles, if set, is a directory: nftproxy runs with --profiling and its heap
+	// HeapProfiles, if set, is a directory: nftproxy runs with --profiling, its heap
 	// profile (after a collection) is saved there as heap-nftproxy-N.pb.gz when its
-	// measurements end, to see where the memory of a size goes.
+	// measurements end, and a CPU profile of the expose scenario as
+	// cpu-expose-nftproxy-N.pb.gz, to see where the memory and the sync time go.
 	HeapProfiles string
 	Logf         func(format string, args ...any)
 	// Checkpoint, if set, is called with the results so far after every proxy run (a
@@ -580,9 +581,14 @@ func sampleIndexes(n, k int) []int {
 
 // saveHeapProfile writes nftproxy's heap profile, taken after a collection, to path.
 func (s *suite) saveHeapProfile(ctx context.Context, path string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	return s.saveProfile(ctx, "heap?gc=1", time.Minute, path)
+}
+
+// saveProfile writes the proxy's /debug/pprof/<what> to path.
+func (s *suite) saveProfile(ctx context.Context, what string, timeout time.Duration, path string) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/debug/pprof/heap?gc=1", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/debug/pprof/"+what, nil)
 	if err != nil {
 		return err
 	}
@@ -592,7 +598,7 @@ func (s *suite) saveHeapProfile(ctx context.Context, path string) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("/debug/pprof/heap: HTTP %d", resp.StatusCode)
+		return fmt.Errorf("/debug/pprof/%s: HTTP %d", what, resp.StatusCode)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
@@ -605,7 +611,7 @@ func (s *suite) saveHeapProfile(ctx context.Context, path string) error {
 		f.Close()
 		return err
 	}
-	s.logf("bench: heap profile in %s", path)
+	s.logf("bench: profile in %s", path)
 	return f.Close()
 }
 
@@ -920,6 +926,18 @@ func (s *suite) expose(ctx context.Context, p Proxy, n int, errf func(string, ..
 		s.settle(ctx, time.Now())
 	}()
 	s.settle(ctx, time.Now())
+	if s.o.HeapProfiles != "" && p.Mode == "" {
+		secs := int(time.Duration(reps)*s.o.ExposeGap/time.Second) + 1
+		path := filepath.Join(s.o.HeapProfiles, fmt.Sprintf("cpu-expose-%s-%d.pb.gz", p.Name, n))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := s.saveProfile(ctx, fmt.Sprintf("profile?seconds=%d", secs), time.Duration(secs+60)*time.Second, path); err != nil {
+				errf("expose: CPU profile: %v", err)
+			}
+		}()
+		defer func() { <-done }()
+	}
 	last := time.Now()
 	syncHist := "kubeproxy_sync_proxy_rules_duration_seconds"
 	for rep := range reps {

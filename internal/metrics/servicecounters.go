@@ -50,10 +50,21 @@ type ServiceCounters struct {
 	inflight chan struct{} // closed when the read in progress ends; nil if none
 }
 
-// counterSample is one read of the kernel, as metrics.
+// counterSample is one read of the kernel. It keeps the sums, not the metrics: a
+// sample lives until the next read, and 60,000 const metrics (two per service port at
+// 30k) held 40 MB of label pairs between scrapes; Collect makes them per scrape.
 type counterSample struct {
-	until   time.Time // it serves scrapes until then
-	metrics []prometheus.Metric
+	until    time.Time // it serves scrapes until then
+	failed   bool      // the read failed: only the error gauge
+	ports    []portSum // in the order the read found them
+	rejected uint64
+}
+
+// portSum is one service port's counts (summed over the ports the labels cannot tell
+// apart).
+type portSum struct {
+	ns, name, port string
+	packets, bytes uint64
 }
 
 // NewServiceCounters returns a collector over read that reads the kernel at most once
@@ -79,9 +90,18 @@ func (c *ServiceCounters) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *ServiceCounters) Collect(ch chan<- prometheus.Metric) {
-	for _, m := range c.sample().metrics {
-		ch <- m
+	s := c.sample()
+	if s.failed {
+		ch <- prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 1)
+		return
 	}
+	ch <- prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 0)
+	for i := range s.ports {
+		p := &s.ports[i]
+		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(p.packets), p.ns, p.name, p.port)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(p.bytes), p.ns, p.name, p.port)
+	}
+	ch <- prometheus.MustNewConstMetric(c.rejects, prometheus.CounterValue, float64(s.rejected))
 }
 
 // sample returns the last read if it is recent enough, else waits for the read in
@@ -111,7 +131,7 @@ func (c *ServiceCounters) sample() *counterSample {
 	return s
 }
 
-// readKernel reads the counters once and turns them into metrics: one series per
+// readKernel reads the counters once and sums them: one series per
 // service port (the labels cannot tell two ports apart only if the API let a Service
 // have two ports of one name, when they are summed).
 func (c *ServiceCounters) readKernel() *counterSample {
@@ -124,32 +144,23 @@ func (c *ServiceCounters) readKernel() *counterSample {
 	ports, rejected, err := c.read()
 	if err != nil {
 		c.log.V(2).Info("Reading kernel counters failed", "err", err.Error())
-		s.metrics = []prometheus.Metric{prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 1)}
+		s.failed = true
 		return s
 	}
 	type key struct{ ns, name, port string }
-	type sum struct{ packets, bytes uint64 }
-	sums := make(map[key]*sum, len(ports))
-	order := make([]key, 0, len(ports))
+	at := make(map[key]int, len(ports)) // index in s.ports
+	s.ports = make([]portSum, 0, len(ports))
 	for _, p := range ports {
 		k := key{p.Port.Namespace, p.Port.Name, p.Port.Port}
-		v := sums[k]
-		if v == nil {
-			v = &sum{}
-			sums[k] = v
-			order = append(order, k)
+		i, seen := at[k]
+		if !seen {
+			i = len(s.ports)
+			at[k] = i
+			s.ports = append(s.ports, portSum{ns: k.ns, name: k.name, port: k.port})
 		}
-		v.packets += p.Packets
-		v.bytes += p.Bytes
+		s.ports[i].packets += p.Packets
+		s.ports[i].bytes += p.Bytes
 	}
-	s.metrics = make([]prometheus.Metric, 0, 2*len(order)+2)
-	s.metrics = append(s.metrics, prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 0))
-	for _, k := range order {
-		v := sums[k]
-		s.metrics = append(s.metrics,
-			prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.packets), k.ns, k.name, k.port),
-			prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(v.bytes), k.ns, k.name, k.port))
-	}
-	s.metrics = append(s.metrics, prometheus.MustNewConstMetric(c.rejects, prometheus.CounterValue, float64(rejected)))
+	s.rejected = rejected
 	return s
 }
