@@ -3,6 +3,7 @@ package conntrack
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -90,26 +91,33 @@ func (c *Cleaner) deleteFamily(v6 bool, flows []Flow) (int, error) {
 	}
 }
 
-// matcher is one netlink filter for all the flows of a family, indexed by protocol and
-// original destination port so that each table entry is checked against the few flows
-// that can match it, not all of them.
+// matcher is one netlink filter for all the flows of a family, indexed by protocol,
+// original destination address and port, so that each table entry is checked against
+// the few flows that can match it, not all of them: after a repair every cluster IP has
+// a flow (Escaped), and thousands of them may share a port.
 type matcher struct {
-	v6     bool
-	byPort map[protoPort][]Flow
+	v6    bool
+	byDst map[dstKey][]Flow
 }
 
-type protoPort struct {
+// dstKey indexes flows by their original destination; addr is invalid for the flows
+// that match any address (node ports).
+type dstKey struct {
 	proto uint8
+	addr  netip.Addr
 	port  uint16
 }
 
 var _ netlink.CustomConntrackFilter = (*matcher)(nil)
 
 func newMatcher(v6 bool, flows []Flow) *matcher {
-	m := &matcher{v6: v6, byPort: map[protoPort][]Flow{}}
+	m := &matcher{v6: v6, byDst: map[dstKey][]Flow{}}
 	for _, f := range flows {
-		k := protoPort{f.Protocol, f.OrigDstPort}
-		m.byPort[k] = append(m.byPort[k], f)
+		k := dstKey{f.Protocol, f.OrigDstIP, f.OrigDstPort}
+		if !portsParsed(f.Protocol) {
+			k.port = 0 // see Flow.Matches
+		}
+		m.byDst[k] = append(m.byDst[k], f)
 	}
 	return m
 }
@@ -119,7 +127,23 @@ func (m *matcher) MatchConntrackFlow(ct *netlink.ConntrackFlow) bool {
 	if isIPv6(ct.Forward.DstIP) != m.v6 {
 		return false
 	}
-	for _, f := range m.byPort[protoPort{ct.Forward.Protocol, ct.Forward.DstPort}] {
+	k := dstKey{proto: ct.Forward.Protocol, port: ct.Forward.DstPort}
+	if !portsParsed(k.proto) {
+		k.port = 0
+	}
+	if m.matchAny(ct, k) { // flows for any address
+		return true
+	}
+	a, ok := netip.AddrFromSlice(ct.Forward.DstIP)
+	if !ok {
+		return false
+	}
+	k.addr = a.Unmap()
+	return m.matchAny(ct, k)
+}
+
+func (m *matcher) matchAny(ct *netlink.ConntrackFlow, k dstKey) bool {
+	for _, f := range m.byDst[k] {
 		if f.Matches(ct) {
 			return true
 		}

@@ -159,8 +159,8 @@ func TestCleanSkipsMalformedFlows(t *testing.T) {
 		t.Fatalf("deleted %d in %d calls; want the good flow cleaned in 1 call", n, len(d.calls))
 	}
 	m := d.calls[0].filters[0].(*matcher)
-	if len(m.byPort) != 1 || len(m.byPort[protoPort{model.ProtoUDP, 53}]) != 1 {
-		t.Errorf("filter holds %v, want only the good flow", m.byPort)
+	if len(m.byDst) != 1 || len(m.byDst[dstKey{model.ProtoUDP, addr("10.96.0.10"), 53}]) != 1 {
+		t.Errorf("filter holds %v, want only the good flow", m.byDst)
 	}
 }
 

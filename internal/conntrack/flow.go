@@ -1,11 +1,14 @@
-// Package conntrack keeps UDP conntrack state consistent with the service map.
+// Package conntrack keeps conntrack state consistent with the service map.
 //
 // UDP has no connection teardown: a conntrack entry that DNATs a client to an endpoint
 // lives as long as the client keeps sending, even after the endpoint is gone, and an
 // entry created while a service had no endpoint (nothing DNATed it) keeps its packets
 // away from the endpoints that appear later. Between two snapshots Stale computes the
 // few entries that must go, as Flow filters; Cleaner deletes exactly those through
-// netlink. TCP and SCTP entries are never touched: their endpoints reset or time out.
+// netlink. TCP and SCTP entries DNATed to an endpoint are never touched: their
+// endpoints reset or time out. The one exception is a broken table: connections to
+// cluster IPs of any protocol that escaped NAT while it was broken are deleted after
+// its repair (Escaped).
 package conntrack
 
 import (
@@ -23,7 +26,7 @@ import (
 // the terms of conntrack(8). Unset fields match anything; Protocol and OrigDstPort are
 // always set.
 type Flow struct {
-	Protocol uint8 // model.ProtoUDP
+	Protocol uint8 // model.ProtoTCP, ProtoUDP or ProtoSCTP
 	// IPv6 is the family of the entries; addresses set below must be of that family.
 	IPv6        bool
 	OrigDstIP   netip.Addr // --orig-dst; invalid: any (node ports)
@@ -60,14 +63,33 @@ func (f Flow) familyName() string {
 }
 
 // Matches reports whether the conntrack entry ct is one the flow selects.
+//
+// The netlink library parses the ports of TCP and UDP entries only: an SCTP entry
+// reaches a filter with ports 0. A flow of such a protocol then matches on its
+// addresses alone, and only if it names both (an entry to OrigDstIP, on any port,
+// whose replies come from ReplySrcIP): never a flow without addresses, which would
+// select every entry of the protocol.
 func (f Flow) Matches(ct *netlink.ConntrackFlow) bool {
 	fwd, rev := &ct.Forward, &ct.Reverse
+	ports := fwd.DstPort == f.OrigDstPort && (f.ReplySrcPort == 0 || rev.SrcPort == f.ReplySrcPort)
+	if !ports && unparsedPorts(ct) {
+		ports = f.OrigDstIP.IsValid() && f.ReplySrcIP.IsValid()
+	}
 	return fwd.Protocol == f.Protocol &&
-		fwd.DstPort == f.OrigDstPort &&
+		ports &&
 		isIPv6(fwd.DstIP) == f.IPv6 &&
 		addrMatches(f.OrigDstIP, fwd.DstIP) &&
-		addrMatches(f.ReplySrcIP, rev.SrcIP) &&
-		(f.ReplySrcPort == 0 || rev.SrcPort == f.ReplySrcPort)
+		addrMatches(f.ReplySrcIP, rev.SrcIP)
+}
+
+// portsParsed reports whether the netlink library fills in the ports of entries of the
+// protocol (vishvananda/netlink v1.3.1, parseIpTuple: TCP and UDP only).
+func portsParsed(proto uint8) bool { return proto == model.ProtoTCP || proto == model.ProtoUDP }
+
+// unparsedPorts reports whether ct is an entry whose ports the library did not parse.
+func unparsedPorts(ct *netlink.ConntrackFlow) bool {
+	fwd, rev := &ct.Forward, &ct.Reverse
+	return !portsParsed(fwd.Protocol) && fwd.SrcPort == 0 && fwd.DstPort == 0 && rev.SrcPort == 0 && rev.DstPort == 0
 }
 
 // validate rejects flows that are malformed; a malformed flow is never widened into a

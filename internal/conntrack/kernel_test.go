@@ -33,8 +33,11 @@ func (e ctEntry) insertArgs() []string {
 		"-s", e.client, "-d", e.origDst, "--sport", strconv.Itoa(e.clientPort), "--dport", strconv.Itoa(e.origPort),
 		"-r", e.replySrc, "-q", e.client, "--reply-port-src", strconv.Itoa(e.replyPort),
 		"--reply-port-dst", strconv.Itoa(e.clientPort), "-t", "120", "-u", "SEEN_REPLY"}
-	if e.proto == "tcp" {
+	switch e.proto {
+	case "tcp":
 		args = append(args, "--state", "ESTABLISHED")
+	case "sctp":
+		args = append(args, "--state", "ESTABLISHED", "--orig-vtag", "1", "--reply-vtag", "2")
 	}
 	return args
 }
@@ -164,4 +167,66 @@ func remainingClientPorts(t *testing.T, ns *testnetns.NS) []int {
 	}
 	slices.Sort(ports)
 	return ports
+}
+
+// TestCleanEscapedKernel deletes through netlink, in a throwaway namespace, the entries
+// Escaped selects after a repair: connections to cluster IPs of every protocol that
+// nothing DNATed go, DNATed ones and un-DNATed ones to other frontends stay.
+func TestCleanEscapedKernel(t *testing.T) {
+	ns := testnetns.New(t)
+	const pod, pod6 = "10.244.1.5", "fd00:10::5"
+	entries := []ctEntry{
+		{"tcp", pod, 41001, "10.96.0.10", 80, "10.96.0.10", 80, true, "TCP to the cluster IP, not DNATed"},
+		{"tcp", pod, 41002, "10.96.0.10", 80, "10.244.1.2", 8080, false, "TCP DNATed to an endpoint"},
+		{"udp", pod, 41003, "10.96.0.10", 53, "10.96.0.10", 53, true, "UDP to the cluster IP, not DNATed"},
+		{"sctp", pod, 41004, "10.96.0.20", 3868, "10.96.0.20", 3868, true, "SCTP to the cluster IP, not DNATed"},
+		{"sctp", pod, 41005, "10.96.0.20", 3868, "10.244.1.3", 3868, false, "SCTP DNATed to an endpoint"},
+		{"tcp", pod, 41006, "192.0.2.10", 80, "192.0.2.10", 80, false, "external IP, not DNATed: may be a real address"},
+		{"tcp", pod, 41007, "10.96.0.10", 81, "10.96.0.10", 81, false, "a port the service does not have"},
+		{"tcp", pod6, 41008, "fd00:96::10", 80, "fd00:96::10", 80, true, "IPv6 TCP to the cluster IP, not DNATed"},
+		{"tcp", pod6, 41009, "fd00:96::10", 80, "fd00:10::2", 8080, false, "IPv6 TCP DNATed to an endpoint"},
+	}
+	for _, e := range entries {
+		ns.MustRun(t, "", e.insertArgs()...)
+	}
+	svc := func(name string, proto uint8, port uint16, ips ...string) model.ServicePort {
+		return model.ServicePort{Name: model.ServicePortName{Namespace: "default", Name: name, Protocol: proto},
+			ClusterIPs: addrs(ips...), Port: port, ExternalIPs: addrs("192.0.2.10")}
+	}
+	flows := Escaped(snap(
+		svc("web", model.ProtoTCP, 80, "10.96.0.10", "fd00:96::10"),
+		svc("dns", model.ProtoUDP, 53, "10.96.0.10"),
+		svc("diameter", model.ProtoSCTP, 3868, "10.96.0.20"),
+	))
+	t.Logf("escaped flows: %s", show(flows))
+	h, err := netlink.NewHandleAt(netns.NsHandle(ns.FD), unix.NETLINK_NETFILTER)
+	if err != nil {
+		t.Fatalf("netlink handle in %s: %v", ns.Name, err)
+	}
+	defer h.Close()
+	mustSeeOnlyOurEntries(t, h, entries)
+	n, err := (&Cleaner{Deleter: h}).Clean(flows)
+	if err != nil {
+		t.Fatalf("Clean: %v", err)
+	}
+	var want []int
+	wantDeleted := 0
+	for _, e := range entries {
+		if e.wantDeleted {
+			wantDeleted++
+		} else {
+			want = append(want, e.clientPort)
+		}
+	}
+	if n != wantDeleted {
+		t.Errorf("Clean deleted %d entries, want %d", n, wantDeleted)
+	}
+	if got := remainingClientPorts(t, ns); !slices.Equal(got, want) {
+		for _, e := range entries {
+			if slices.Contains(got, e.clientPort) == e.wantDeleted {
+				t.Errorf("entry %d (%s): deleted = %v, want %v", e.clientPort, e.why, !e.wantDeleted, e.wantDeleted)
+			}
+		}
+		t.Fatalf("remaining entries (client ports) %v, want %v", got, want)
+	}
 }

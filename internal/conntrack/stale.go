@@ -100,11 +100,11 @@ func toEndpoint(sp *model.ServicePort, e model.Endpoint) []Flow {
 	v6 := e.Addr.Is6()
 	var flows []Flow
 	for _, ip := range frontendIPs(sp, v6) {
-		flows = append(flows, Flow{Protocol: model.ProtoUDP, IPv6: v6, OrigDstIP: ip, OrigDstPort: sp.Port,
+		flows = append(flows, Flow{Protocol: sp.Name.Protocol, IPv6: v6, OrigDstIP: ip, OrigDstPort: sp.Port,
 			ReplySrcIP: e.Addr, ReplySrcPort: e.Port})
 	}
 	if sp.NodePort != 0 {
-		flows = append(flows, Flow{Protocol: model.ProtoUDP, IPv6: v6, OrigDstPort: sp.NodePort,
+		flows = append(flows, Flow{Protocol: sp.Name.Protocol, IPv6: v6, OrigDstPort: sp.NodePort,
 			ReplySrcIP: e.Addr, ReplySrcPort: e.Port})
 	}
 	return flows
@@ -127,16 +127,23 @@ func firstEndpoints(old, now *portState) []Flow {
 func notDNATed(sp *model.ServicePort, v6 bool) []Flow {
 	var flows []Flow
 	for _, ip := range frontendIPs(sp, v6) {
-		flows = append(flows, Flow{Protocol: model.ProtoUDP, IPv6: v6, OrigDstIP: ip, OrigDstPort: sp.Port,
-			ReplySrcIP: ip, ReplySrcPort: sp.Port})
+		flows = append(flows, notDNATedTo(sp, ip))
 	}
 	if sp.NodePort != 0 {
 		// The node port is open on any node address, so the address is not known here;
 		// the reply port still tells un-DNATed entries from DNATed ones.
-		flows = append(flows, Flow{Protocol: model.ProtoUDP, IPv6: v6, OrigDstPort: sp.NodePort,
+		flows = append(flows, Flow{Protocol: sp.Name.Protocol, IPv6: v6, OrigDstPort: sp.NodePort,
 			ReplySrcPort: sp.NodePort})
 	}
 	return flows
+}
+
+// notDNATedTo selects the entries of sp's protocol to ip and sp's port whose replies
+// come from there too: nothing DNATed them. (A DNATed entry's replies come from the
+// endpoint.)
+func notDNATedTo(sp *model.ServicePort, ip netip.Addr) Flow {
+	return Flow{Protocol: sp.Name.Protocol, IPv6: ip.Is6(), OrigDstIP: ip, OrigDstPort: sp.Port,
+		ReplySrcIP: ip, ReplySrcPort: sp.Port}
 }
 
 // frontendIPs are the service IPs of sp in one family: cluster, external and

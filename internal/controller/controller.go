@@ -60,7 +60,8 @@ type Config struct {
 	// ServiceCIDRs are used when the API serves no ServiceCIDR objects
 	// (--service-cluster-ip-range).
 	ServiceCIDRs []netip.Prefix
-	// Conntrack deletes stale UDP conntrack entries after each sync; nil: never.
+	// Conntrack deletes stale UDP conntrack entries after each sync, and after a repair
+	// the entries that escaped NAT while the table was broken; nil: never.
 	Conntrack conntrack.Deleter
 	// HealthChecks serves healthCheckNodePorts; nil: none.
 	HealthChecks HealthChecks
@@ -130,6 +131,10 @@ type Proxy struct {
 	repairReason string // a full rewrite was requested (RequestRepair); "" if not
 
 	lastFull time.Time // end of the last sync that rewrote the whole table (sync goroutine only)
+	// the reason of a repair whose sync has not succeeded yet: the sync that does
+	// succeeds also deletes the conntrack entries that escaped NAT while the table was
+	// broken (sync goroutine only)
+	repairing string
 	// the rulesets the kernel last accepted, and the parts it refused (see isolate.go)
 	applied    []*nft.Ruleset
 	quarantine map[quarantineKey]*nft.Part
@@ -413,6 +418,9 @@ func (p *Proxy) sync(periodic bool) error {
 	snap, rulesets, err := p.compile()
 	if err == nil {
 		repair := p.takeRepair()
+		if repair != "" {
+			p.repairing = repair
+		}
 		if periodic && repair == "" && !p.lastFull.IsZero() && time.Since(p.lastFull) >= FullSyncPeriod {
 			repair = "periodic full sync"
 		}
@@ -447,7 +455,8 @@ func (p *Proxy) sync(periodic bool) error {
 			if st.Full {
 				p.lastFull = time.Now()
 			}
-			p.cleanConntrack(snap)
+			p.cleanConntrack(snap, p.repairing)
+			p.repairing = ""
 			p.syncHealthChecks(snap)
 			p.cfg.Metrics.SyncDone(st.Full, time.Since(start), st.Kernel)
 			p.cfg.Metrics.ServicePorts(len(snap.Services))
@@ -473,25 +482,44 @@ func (p *Proxy) sync(periodic bool) error {
 	return err
 }
 
-// cleanConntrack deletes UDP conntrack entries the change from the previous snapshot
-// made stale. Failures are logged: the rules are right, only some UDP clients may wait
-// for their entries to time out.
-func (p *Proxy) cleanConntrack(snap *model.Snapshot) {
+// cleanConntrack deletes the conntrack entries that would keep packets away from the
+// ruleset just committed: the UDP entries the change from the previous snapshot made
+// stale and, after a sync that repaired a broken table (repaired: the repair's reason;
+// "" if none), the entries of connections to cluster IPs that escaped NAT while it was
+// broken (conntrack.Escaped). The periodic full sync rewrites a table that was intact
+// (a broken one is repaired when the monitor sees it), so nothing escaped. Both kinds go
+// to one cleanup: one table dump per family, one observation in the conntrack metrics.
+// Failures are logged: the rules are right, only some clients may wait for their
+// entries to time out.
+func (p *Proxy) cleanConntrack(snap *model.Snapshot, repaired string) {
 	prev := p.prevSnap
 	p.prevSnap = snap
 	if p.cfg.Conntrack == nil {
 		return
 	}
-	flows := conntrack.StaleWith(prev, snap, conntrack.Serving)
+	stale := conntrack.StaleWith(prev, snap, conntrack.Serving)
+	var escaped []conntrack.Flow
+	if repaired != "" {
+		escaped = conntrack.Escaped(snap)
+	}
+	flows := append(slices.Clip(stale), escaped...)
 	n, err := p.conntrackCleaner().Clean(flows) // no flows: no table dump, metrics observed
-	if len(flows) == 0 {
-		return
-	}
-	if err != nil {
+	switch {
+	case len(flows) == 0:
+	case repaired != "":
+		// an entry may be selected by both kinds (a UDP port's un-DNATed entries when it
+		// gets endpoints), so the count is of the two together
+		kv := []any{"entries", n, "escapedFlows", len(escaped), "staleUDPFlows", len(stale), "repair", repaired}
+		if err != nil {
+			p.log.Error(err, "Deleting the conntrack entries that escaped NAT while the table was broken failed", kv[2:]...)
+			return
+		}
+		p.log.V(2).Info("Deleted the conntrack entries that escaped NAT while the table was broken", kv...)
+	case err != nil:
 		p.log.Error(err, "Deleting stale UDP conntrack entries failed", "flows", len(flows))
-		return
+	default:
+		p.log.V(2).Info("Deleted stale UDP conntrack entries", "entries", n, "flows", len(flows))
 	}
-	p.log.V(2).Info("Deleted stale UDP conntrack entries", "entries", n, "flows", len(flows))
 }
 
 // syncHealthChecks opens, updates and closes the health-check node port servers; a

@@ -276,12 +276,22 @@ func (f *fakeConntrack) ConntrackDeleteFilters(_ netlink.ConntrackTableType, _ n
 // matches reports whether a recorded filter would delete a UDP entry to dst:80 DNATed
 // to ep.
 func (f *fakeConntrack) matches(dst, ep string) bool {
+	return f.selects(model.ProtoUDP, dst, 80, ep, 8080)
+}
+
+// selects reports whether a recorded filter would delete an IPv4 entry of proto from a
+// pod to dst:port whose replies come from replySrc:replyPort. An SCTP entry has ports 0,
+// as the netlink library reports it.
+func (f *fakeConntrack) selects(proto uint8, dst string, port uint16, replySrc string, replyPort uint16) bool {
 	flow := &netlink.ConntrackFlow{FamilyType: 2}
-	flow.Forward.Protocol, flow.Forward.DstIP, flow.Forward.DstPort = 17, net.ParseIP(dst).To4(), 80
+	flow.Forward.Protocol, flow.Forward.DstIP, flow.Forward.DstPort = proto, net.ParseIP(dst).To4(), port
 	flow.Forward.SrcIP = net.ParseIP("10.244.1.50").To4()
 	flow.Forward.SrcPort = 40000
-	flow.Reverse.Protocol, flow.Reverse.SrcIP, flow.Reverse.DstIP = 17, net.ParseIP(ep).To4(), flow.Forward.SrcIP
-	flow.Reverse.SrcPort, flow.Reverse.DstPort = 8080, 40000
+	flow.Reverse.Protocol, flow.Reverse.SrcIP, flow.Reverse.DstIP = proto, net.ParseIP(replySrc).To4(), flow.Forward.SrcIP
+	flow.Reverse.SrcPort, flow.Reverse.DstPort = replyPort, 40000
+	if proto == model.ProtoSCTP {
+		flow.Forward.SrcPort, flow.Forward.DstPort, flow.Reverse.SrcPort, flow.Reverse.DstPort = 0, 0, 0, 0
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, filter := range f.filters {
@@ -291,6 +301,8 @@ func (f *fakeConntrack) matches(dst, ep string) bool {
 	}
 	return false
 }
+
+func (f *fakeConntrack) reset() { f.mu.Lock(); f.filters = nil; f.mu.Unlock() }
 
 func TestStaleUDPConntrackIsDeleted(t *testing.T) {
 	dp, ct := &fakeDataplane{}, &fakeConntrack{}
@@ -315,6 +327,79 @@ func TestStaleUDPConntrackIsDeleted(t *testing.T) {
 	if ct.matches("10.96.0.53", "10.244.1.3") {
 		t.Error("entries to the new endpoint would be deleted too")
 	}
+}
+
+// TestRepairDeletesEscapedConntrack: the sync that repairs the table (even when its
+// first attempt fails) deletes the conntrack entries of connections to cluster IPs that
+// escaped NAT while it was broken, of every protocol, and nothing DNATed or to another
+// frontend; a normal sync does not.
+func TestRepairDeletesEscapedConntrack(t *testing.T) {
+	dp, ct := &fakeDataplane{}, &fakeConntrack{}
+	web := service("web", "10.96.0.10")
+	web.Spec.ExternalIPs = []string{"192.0.2.10"}
+	dns := service("dns", "10.96.0.53")
+	dns.Spec.Ports[0].Protocol, dns.Spec.Ports[0].Port = v1.ProtocolUDP, 53
+	sig := service("sig", "10.96.0.20") // no endpoints
+	sig.Spec.Ports[0].Protocol, sig.Spec.Ports[0].Port = v1.ProtocolSCTP, 3868
+	dnsSlice := slice("dns", "dns-1", "10.244.1.3")
+	udp := v1.ProtocolUDP
+	dnsSlice.Ports[0].Protocol = &udp
+	client := fake.NewClientset(web, slice("web", "web-1", "10.244.1.2"), dns, dnsSlice, sig)
+	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Conntrack: ct}, logr.Discard())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	type entry struct {
+		what           string
+		proto          uint8
+		dst            string
+		port           uint16
+		replySrc       string
+		replyPort      uint16
+		escapedFromNAT bool
+	}
+	entries := []entry{
+		{"TCP to the cluster IP, not DNATed", model.ProtoTCP, "10.96.0.10", 80, "10.96.0.10", 80, true},
+		{"UDP to the cluster IP, not DNATed", model.ProtoUDP, "10.96.0.53", 53, "10.96.0.53", 53, true},
+		{"SCTP to the cluster IP, not DNATed", model.ProtoSCTP, "10.96.0.20", 3868, "10.96.0.20", 3868, true},
+		{"TCP DNATed to the endpoint", model.ProtoTCP, "10.96.0.10", 80, "10.244.1.2", 8080, false},
+		{"UDP DNATed to the endpoint", model.ProtoUDP, "10.96.0.53", 53, "10.244.1.3", 8080, false},
+		{"TCP to the external IP, not DNATed", model.ProtoTCP, "192.0.2.10", 80, "192.0.2.10", 80, false},
+		{"TCP to a port the cluster IP does not serve", model.ProtoTCP, "10.96.0.10", 81, "10.96.0.10", 81, false},
+	}
+	check := func(after string, repaired bool) {
+		t.Helper()
+		for _, e := range entries {
+			if got := ct.selects(e.proto, e.dst, e.port, e.replySrc, e.replyPort); got != (repaired && e.escapedFromNAT) {
+				t.Errorf("after %s: %s: deleted = %v, want %v", after, e.what, got, repaired && e.escapedFromNAT)
+			}
+		}
+	}
+	synced := func(n int) func() bool { return func() bool { return p.Status().Syncs >= n } }
+
+	waitFor(t, "first sync", synced(1)) // Syncs counts after the conntrack cleanup
+	ct.reset()                          // (the first sync deletes dns's un-DNATed entries: a restart)
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("other", "10.96.0.2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a normal sync", synced(2))
+	check("a normal sync", false)
+
+	dp.mu.Lock()
+	dp.fail = 1 // the repair's first attempt fails; its retry must still clean up
+	dp.mu.Unlock()
+	p.RequestRepair("test: table deleted")
+	waitFor(t, "the repair's sync after a failed attempt", func() bool { return p.Status().Failures == 1 && p.Status().Syncs >= 3 })
+	check("the repair", true)
+
+	ct.reset()
+	if err := client.CoreV1().Services("default").Delete(ctx, "other", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a normal sync after the repair", synced(4))
+	check("a normal sync after the repair", false)
 }
 
 // TestPeriodicSyncsAreIncremental: periodic syncs (every --sync-period) send only changes;
