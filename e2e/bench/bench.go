@@ -927,7 +927,8 @@ func (s *suite) expose(ctx context.Context, p Proxy, n int, errf func(string, ..
 	}()
 	s.settle(ctx, time.Now())
 	if s.o.HeapProfiles != "" && p.Mode == "" {
-		secs := int(time.Duration(reps)*s.o.ExposeGap/time.Second) + 1
+		// the metrics server ends a response after 60 s (httplimit.Metrics)
+		secs := min(int(time.Duration(reps)*s.o.ExposeGap/time.Second)+1, 50)
 		path := filepath.Join(s.o.HeapProfiles, fmt.Sprintf("cpu-expose-%s-%d.pb.gz", p.Name, n))
 		done := make(chan struct{})
 		go func() {
