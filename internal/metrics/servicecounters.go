@@ -1,6 +1,9 @@
 package metrics
 
 import (
+	"cmp"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,7 +59,7 @@ type ServiceCounters struct {
 type counterSample struct {
 	until    time.Time // it serves scrapes until then
 	failed   bool      // the read failed: only the error gauge
-	ports    []portSum // in the order the read found them
+	ports    []portSum // sorted as the registry sorts them
 	rejected uint64
 }
 
@@ -161,6 +164,12 @@ func (c *ServiceCounters) readKernel() *counterSample {
 		s.ports[i].packets += p.Packets
 		s.ports[i].bytes += p.Bytes
 	}
+	// in the order the registry sorts a family's series in (by label value, labels by
+	// name: namespace, port, service), so that its sort of every scrape finds them
+	// sorted: on 60,000 series in random order it took 100 ms of each scrape at 30k
+	slices.SortFunc(s.ports, func(a, b portSum) int {
+		return cmp.Or(strings.Compare(a.ns, b.ns), strings.Compare(a.port, b.port), strings.Compare(a.name, b.name))
+	})
 	s.rejected = rejected
 	return s
 }
