@@ -237,15 +237,15 @@ func (cc *Compiler) trackClusterIPs(services []*model.ServicePort) map[netip.Add
 	old := cc.services
 	j := 0
 	for _, sp := range services {
+		if j < len(old) && old[j] == sp { // unchanged: no name to compare
+			j++
+			continue
+		}
 		for ; j < len(old) && old[j].Name.Less(sp.Name); j++ {
 			change(old[j].ClusterIPs, -1)
 			eps.add(old[j].Endpoints, -1)
 		}
 		if j < len(old) && old[j].Name == sp.Name {
-			if old[j] == sp {
-				j++
-				continue
-			}
 			if !same(old[j].ClusterIPs, sp.ClusterIPs) && !slices.Equal(old[j].ClusterIPs, sp.ClusterIPs) {
 				change(old[j].ClusterIPs, -1)
 				change(sp.ClusterIPs, +1)
@@ -390,6 +390,11 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	matched := sc.matched
 	j := 0
 	for i := range services {
+		if j < len(prev) && prev[j].in == services[i] { // unchanged: no name to compare
+			matched[i] = prev[j]
+			j++
+			continue
+		}
 		for ; j < len(prev); j++ {
 			if cmp := prev[j].in.Name.Compare(services[i].Name); cmp >= 0 {
 				if cmp == 0 {
@@ -436,7 +441,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		if cp != nil && cp.claims.equal(w) {
 			w = cp.claims
 		}
-		sameInput := cp != nil && ((trusted && !snap.Changes.MayDiffer(sp.Name)) || cp.in == sp || cp.in.Equal(sp))
+		sameInput := cp != nil && (cp.in == sp || (trusted && !snap.Changes.MayDiffer(sp.Name)) || cp.in.Equal(sp))
 		if !sameInput || !cp.claims.equal(w) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved)) {
 			old := cp
 			cp = c.servicePort(sp, w.clone())
