@@ -27,7 +27,8 @@ const DefaultBurst = 2
 // MinInterval. So under a steady stream of requests syncs start MinInterval after the
 // previous one ended (end to start, as kube-proxy counts), after an idle period of
 // Burst × MinInterval up to Burst requested syncs run back to back, and in any window
-// of length T at most Burst + T/MinInterval syncs start.
+// of length T at most Burst + T/MinInterval requested syncs and retries start (plus the
+// periodic syncs, which come only after MaxInterval without a sync).
 type Runner struct {
 	fn              func(periodic bool) error
 	min, max, retry time.Duration
@@ -137,9 +138,15 @@ func (r *Runner) Loop(stop <-chan struct{}) {
 		default:
 		}
 		r.lastStart = r.clock.Now()
-		// Every run spends MinInterval of the budget, an unrequested one too (it is not
-		// held back by the budget: periodic and retry runs keep their own times).
-		r.budget = max(0, r.available(r.lastStart)-r.min)
+		// Every requested run and every retry spends MinInterval of the budget. A periodic
+		// run does not: it comes only after MaxInterval without any run, and spending the
+		// budget then made the next change's second sync (a new Service's EndpointSlice,
+		// a few milliseconds after the Service) wait MinInterval.
+		if periodic := !pending && r.failures == 0; periodic {
+			r.budget = r.available(r.lastStart)
+		} else {
+			r.budget = max(0, r.available(r.lastStart)-r.min)
+		}
 		err := r.safeRun(!pending)
 		r.lastEnd = r.clock.Now()
 		pending = false

@@ -316,9 +316,11 @@ func TestSteadyStreamIsBounded(t *testing.T) {
 	}
 }
 
-// TestPeriodicRunSpendsBudget: an unrequested (periodic) run counts against the bound
-// like a requested one.
-func TestPeriodicRunSpendsBudget(t *testing.T) {
+// TestPeriodicRunKeepsBudget: an unrequested (periodic) run comes only after the periodic
+// interval without a run and spends nothing, so the pair of syncs a new Service and its
+// EndpointSlice need right after it still runs back to back; the budget still bounds
+// the requested runs after that.
+func TestPeriodicRunKeepsBudget(t *testing.T) {
 	h := newHarness(t)
 	h.loop()
 	h.expectRun(false)
@@ -326,7 +328,26 @@ func TestPeriodicRunSpendsBudget(t *testing.T) {
 	h.advance(30 * time.Second)
 	h.expectRun(true) // the periodic run, from a full budget
 	h.r.Request()
-	h.expectRun(false) // one left
+	h.expectRun(false) // the burst is whole
+	h.r.Request()
+	h.expectRun(false)
+	h.r.Request()
+	h.expectNoRun() // and then spent
+	h.advance(time.Second)
+	h.expectRun(false)
+}
+
+// TestRetrySpendsBudget: a retry after a failure is a sync like a requested one and
+// counts against the bound (unlike a periodic run, after which two requests would run).
+func TestRetrySpendsBudget(t *testing.T) {
+	h := newHarness(t)
+	h.fail <- errors.New("kernel said no")
+	h.loop()
+	h.expectRun(false) // fails
+	h.advance(5 * time.Second)
+	h.expectRun(true) // the retry, from a full budget, spends a second of it
+	h.r.Request()
+	h.expectRun(false) // the last second
 	h.r.Request()
 	h.expectNoRun()
 	h.advance(time.Second)
