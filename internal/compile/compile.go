@@ -174,7 +174,7 @@ type Compiler struct {
 	// endpointAddrs counts the endpoints' addresses of services, in buckets: when an
 	// address becomes or stops being a cluster IP, the services with an endpoint there
 	// are compiled again, and a bucket at zero says no service has one, without a look
-	// at the 300,000 endpoints of 30,000 services (see Compile)
+	// at the 300,000 endpoints of 30,000 services (see Compile; 4 MB of buckets there)
 	endpointAddrs addrCounts
 	services      []*model.ServicePort
 	scratch       scratch // per-call buffers, reused
@@ -264,24 +264,30 @@ func (cc *Compiler) trackClusterIPs(services []*model.ServicePort) map[netip.Add
 		change(old[j].ClusterIPs, -1)
 		eps.add(old[j].Endpoints, -1)
 	}
+	eps.resize(services)
 	cc.services = services
 	return moved
 }
 
-// addrCounts counts addresses in 2^16 buckets of saturating counters. A bucket at zero
-// holds none of the addresses counted; a bucket above zero may (another address shares
-// it, or a counter saturated and no longer goes down), which costs a look, never a
-// wrong answer.
+// addrCounts counts addresses in buckets of saturating counters, at least eight buckets
+// per address counted (the table doubles as the count grows). A bucket at zero holds
+// none of the addresses; one above zero may (another address shares it, or its counter
+// saturated and no longer goes down), which costs a look, never a wrong answer. With
+// eight buckets per address, seven lookups in eight of an address not counted find
+// zero (with as many buckets as addresses, one in three).
 type addrCounts struct {
 	seed    maphash.Seed
-	buckets []uint16
+	buckets []uint8
+	n       int // addresses counted (added minus removed)
 }
 
-func (a *addrCounts) bucket(addr netip.Addr) *uint16 {
+const minAddrBuckets = 1 << 12
+
+func (a *addrCounts) bucket(addr netip.Addr) *uint8 {
 	if a.buckets == nil {
-		a.seed, a.buckets = maphash.MakeSeed(), make([]uint16, 1<<16)
+		a.seed, a.buckets = maphash.MakeSeed(), make([]uint8, minAddrBuckets)
 	}
-	return &a.buckets[maphash.Comparable(a.seed, addr.As16())&(1<<16-1)]
+	return &a.buckets[maphash.Comparable(a.seed, addr.As16())&uint64(len(a.buckets)-1)]
 }
 
 // add counts the endpoints' addresses d (+1 or -1) times.
@@ -289,12 +295,29 @@ func (a *addrCounts) add(eps []model.Endpoint, d int) {
 	for i := range eps {
 		b := a.bucket(eps[i].Addr)
 		switch {
-		case *b == math.MaxUint16: // saturated: stays
+		case *b == math.MaxUint8: // saturated: stays
 		case d > 0:
 			*b++
 		case *b > 0:
 			*b--
 		}
+	}
+	a.n += d * len(eps)
+}
+
+// resize makes the table eight buckets per address again, counting services' endpoints
+// anew, when the count has outgrown it (or shrunk to a quarter of it).
+func (a *addrCounts) resize(services []*model.ServicePort) {
+	want := minAddrBuckets
+	for want < 8*a.n {
+		want *= 2
+	}
+	if len(a.buckets) == want || (len(a.buckets) > want && len(a.buckets) <= 4*want) {
+		return
+	}
+	a.buckets, a.n = make([]uint8, want), 0
+	for _, sp := range services {
+		a.add(sp.Endpoints, +1)
 	}
 }
 
