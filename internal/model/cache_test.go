@@ -150,3 +150,31 @@ func TestBuildFromInputs(t *testing.T) {
 		t.Errorf("NodeOf(nil) = %+v", got)
 	}
 }
+
+// Many Services at once (a first build, or a burst) are ordered by one sort, a few by
+// insertion; both give Build's order, also after some leave and others come.
+func TestCacheOrderManyAndFew(t *testing.T) {
+	mk := func(i int) *v1.Service {
+		return service(fmt.Sprintf("s%03d", (i*37)%200), []string{fmt.Sprintf("10.96.%d.%d", i/250, i%250)})
+	}
+	cache := model.NewCache()
+	var sl []*v1.Service
+	for _, step := range []struct{ from, to int }{{0, 100}, {100, 103}, {103, 160}, {160, 161}} {
+		if len(sl) > 10 {
+			sl = append(sl[:3], sl[13:]...) // ten leave
+		}
+		for i := step.from; i < step.to; i++ {
+			sl = append(sl, mk(i))
+		}
+		want, _ := model.Build(sl, nil, nil)
+		got, _ := cache.Build(sl, nil, nil)
+		if len(want.Services) < len(sl) || len(got.Services) != len(want.Services) {
+			t.Fatalf("adding %d..%d: %d service ports, want %d (of %d Services)", step.from, step.to, len(got.Services), len(want.Services), len(sl))
+		}
+		for i := range want.Services {
+			if got.Services[i].Name != want.Services[i].Name {
+				t.Fatalf("adding %d..%d: service port %d is %v, want %v", step.from, step.to, i, got.Services[i].Name, want.Services[i].Name)
+			}
+		}
+	}
+}
