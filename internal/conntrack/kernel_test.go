@@ -62,46 +62,8 @@ func TestCleanKernel(t *testing.T) {
 		{"udp", pod6, 40010, "fd00:96::10", 53, "fd00:10::3", 5353, true, "IPv6 endpoint removed"},
 		{"udp", pod6, 40011, "fd00:96::10", 53, "fd00:10::2", 5353, false, "IPv6 endpoint still in use"},
 	}
-	for _, e := range entries {
-		ns.MustRun(t, "", e.insertArgs()...)
-	}
-
 	prev, cur := kernelScenario()
-	flows := Stale(prev, cur)
-	t.Logf("stale flows: %s", show(flows))
-
-	h, err := netlink.NewHandleAt(netns.NsHandle(ns.FD), unix.NETLINK_NETFILTER)
-	if err != nil {
-		t.Fatalf("netlink handle in %s: %v", ns.Name, err)
-	}
-	defer h.Close()
-	mustSeeOnlyOurEntries(t, h, entries)
-
-	n, err := (&Cleaner{Deleter: h}).Clean(flows)
-	if err != nil {
-		t.Fatalf("Clean: %v", err)
-	}
-	var want []int
-	wantDeleted := 0
-	for _, e := range entries {
-		if e.wantDeleted {
-			wantDeleted++
-		} else {
-			want = append(want, e.clientPort)
-		}
-	}
-	if n != wantDeleted {
-		t.Errorf("Clean deleted %d entries, want %d", n, wantDeleted)
-	}
-	got := remainingClientPorts(t, ns)
-	if !slices.Equal(got, want) {
-		for _, e := range entries {
-			if slices.Contains(got, e.clientPort) == e.wantDeleted {
-				t.Errorf("entry %d (%s): deleted = %v, want %v", e.clientPort, e.why, !e.wantDeleted, e.wantDeleted)
-			}
-		}
-		t.Fatalf("remaining entries (client ports) %v, want %v", got, want)
-	}
+	cleanAndCheck(t, ns, entries, Stale(prev, cur))
 }
 
 // kernelScenario: the UDP service dns (dual-stack, node port 30053) loses one endpoint
@@ -186,19 +148,25 @@ func TestCleanEscapedKernel(t *testing.T) {
 		{"tcp", pod6, 41008, "fd00:96::10", 80, "fd00:96::10", 80, true, "IPv6 TCP to the cluster IP, not DNATed"},
 		{"tcp", pod6, 41009, "fd00:96::10", 80, "fd00:10::2", 8080, false, "IPv6 TCP DNATed to an endpoint"},
 	}
-	for _, e := range entries {
-		ns.MustRun(t, "", e.insertArgs()...)
-	}
 	svc := func(name string, proto uint8, port uint16, ips ...string) model.ServicePort {
 		return model.ServicePort{Name: model.ServicePortName{Namespace: "default", Name: name, Protocol: proto},
 			ClusterIPs: addrs(ips...), Port: port, ExternalIPs: addrs("192.0.2.10")}
 	}
-	flows := Escaped(snap(
+	cleanAndCheck(t, ns, entries, Escaped(snap(
 		svc("web", model.ProtoTCP, 80, "10.96.0.10", "fd00:96::10"),
 		svc("dns", model.ProtoUDP, 53, "10.96.0.10"),
 		svc("diameter", model.ProtoSCTP, 3868, "10.96.0.20"),
-	))
-	t.Logf("escaped flows: %s", show(flows))
+	)))
+}
+
+// cleanAndCheck inserts entries into ns's conntrack table, deletes flows through
+// netlink with a Cleaner, and checks that exactly the entries marked wantDeleted went.
+func cleanAndCheck(t *testing.T, ns *testnetns.NS, entries []ctEntry, flows []Flow) {
+	t.Helper()
+	for _, e := range entries {
+		ns.MustRun(t, "", e.insertArgs()...)
+	}
+	t.Logf("flows: %s", show(flows))
 	h, err := netlink.NewHandleAt(netns.NsHandle(ns.FD), unix.NETLINK_NETFILTER)
 	if err != nil {
 		t.Fatalf("netlink handle in %s: %v", ns.Name, err)
