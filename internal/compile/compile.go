@@ -208,11 +208,12 @@ func grow[T any](s []T, n int) []T {
 	return s
 }
 
-// trackClusterIPs brings the cluster IP counts up to date with services and returns the
-// addresses that became or stopped being a cluster IP. Service ports whose cluster IPs
-// did not change since the previous call cost a comparison (the model reuses an
-// unchanged service's slices).
-func (cc *Compiler) trackClusterIPs(services []*model.ServicePort) map[netip.Addr]bool {
+// trackAddrs brings the cluster IP counts and the endpoint-address counts up to date
+// with services and returns the addresses that became or stopped being a cluster IP. An
+// unchanged service port (the previous call's pointer) costs a pointer comparison, one
+// whose cluster IPs or endpoints are the same slices (the model reuses an unchanged
+// service's) a slice comparison.
+func (cc *Compiler) trackAddrs(services []*model.ServicePort) map[netip.Addr]bool {
 	if cc.clusterIPs == nil {
 		cc.clusterIPs = make(map[netip.Addr]int, len(services))
 	}
@@ -436,7 +437,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	}
 
 	// endpoints at an address that became or stopped being a cluster IP are compiled again
-	moved := cc.trackClusterIPs(services)
+	moved := cc.trackAddrs(services)
 	if !cc.endpointAddrs.anyOf(moved) {
 		moved = nil // no endpoint is at an address that moved: none to look for
 	}
