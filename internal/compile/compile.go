@@ -846,6 +846,35 @@ func ChainName(kind string, sp model.ServicePortName) string {
 	return kind + "-" + sp.Namespace + "/" + sp.Name + "/" + strings.ToLower(model.ProtoString(sp.Protocol)) + "/" + port
 }
 
+// endpoints returns sp's endpoints of the compiler's family, less those at a cluster IP
+// (reported as problems of cp). That is sp.Endpoints itself when it is all of them, as
+// it usually is: a compiled part keeps its endpoints (the flat path's entries are built
+// from them), and a copy per service port would add their size again.
+func (c *compiler) endpoints(cp *compiledPart, sp *model.ServicePort) []model.Endpoint {
+	keep := func(e *model.Endpoint) bool { return e.Addr.Is6() == c.v6 && c.clusterIPSet[e.Addr] == 0 }
+	n := 0
+	for i := range sp.Endpoints {
+		if keep(&sp.Endpoints[i]) {
+			n++
+		}
+	}
+	if n == len(sp.Endpoints) {
+		return sp.Endpoints
+	}
+	eps := make([]model.Endpoint, 0, n)
+	for _, e := range sp.Endpoints {
+		switch {
+		case e.Addr.Is6() != c.v6:
+		case c.clusterIPSet[e.Addr] > 0:
+			cp.problems = append(cp.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name,
+				Reason: fmt.Sprintf("port %q: endpoint address %s is a service's cluster IP, skipped", sp.Name.Port, e.Addr)})
+		default:
+			eps = append(eps, e)
+		}
+	}
+	return eps
+}
+
 // servicePort compiles one service port, given the frontends and node port it won.
 func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart {
 	cp := &compiledPart{in: sp, claims: won, part: &nft.Part{Owner: ChainName("port", sp.Name)}}
@@ -858,19 +887,7 @@ func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart 
 	}
 	internal, external, nodePort := won.internal, won.external, won.nodePort
 
-	var eps []model.Endpoint
-	for _, e := range sp.Endpoints {
-		if e.Addr.Is6() != c.v6 {
-			continue
-		}
-		if c.clusterIPSet[e.Addr] > 0 {
-			cp.problems = append(cp.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name,
-				Reason: fmt.Sprintf("port %q: endpoint address %s is a service's cluster IP, skipped", sp.Name.Port, e.Addr)})
-			continue
-		}
-		eps = append(eps, e)
-	}
-	cat := model.Categorize(sp, eps, c.node)
+	cat := model.Categorize(sp, c.endpoints(cp, sp), c.node)
 	p := policy{
 		svcChain: ChainName("svc", sp.Name), localChain: ChainName("local", sp.Name), extChain: ChainName("ext", sp.Name),
 		hasInternal: cat.HasAny, hasExternal: cat.HasAny,

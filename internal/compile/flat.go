@@ -109,19 +109,8 @@ func (c *compiler) flatFrontend(cp *compiledPart, frontSet, bitSet, epMap string
 			cp.add(bitSet+strconv.Itoa(b), nft.Element{Key: key, Tag: bitTag})
 		}
 	}
-	// one allocation for all entries' keys and values
-	k := len(key)
-	w := k + 3
-	vals := make([]nft.Value, w*len(eps))
-	elems := make([]nft.Element, len(eps))
-	slotTag := cp.tag(PurposeEndpointSlot)
-	for i, e := range eps {
-		v := vals[w*i : w*(i+1) : w*(i+1)]
-		copy(v, key)
-		v[k], v[k+1], v[k+2] = nft.Num(uint32(i)), nft.Addr(e.Addr), nft.Num(uint32(e.Port))
-		elems[i] = nft.Element{Key: v[: k+1 : k+1], Data: v[k+1:], Tag: slotTag}
-	}
-	cp.add(epMap, elems...)
+	cp.part.Elements = append(cp.part.Elements, nft.SetElements{Set: epMap,
+		Source: &endpointEntries{key: key, eps: eps, tag: cp.tag(PurposeEndpointSlot)}})
 }
 
 // hairpinElements adds eps to the hairpin set: a pod reaching itself through a service
@@ -130,16 +119,51 @@ func (c *compiler) hairpinElements(cp *compiledPart, eps []model.Endpoint) {
 	if len(eps) == 0 {
 		return
 	}
-	// one allocation for the elements and one for their values
-	hairpin := make([]nft.Element, len(eps))
-	hvals := make([]nft.Value, 2*len(eps))
-	tag := cp.tag(PurposeHairpin)
-	for i, e := range eps {
-		v := hvals[2*i : 2*i+2 : 2*i+2]
-		v[0], v[1] = nft.Addr(e.Addr), nft.Addr(e.Addr)
-		hairpin[i] = nft.Element{Key: v, Tag: tag}
+	cp.part.Elements = append(cp.part.Elements, nft.SetElements{Set: setHairpin,
+		Source: &hairpinEntries{eps: eps, tag: cp.tag(PurposeHairpin)}})
+}
+
+// The endpoint entries and hairpin elements of a flat service port are two elements per
+// endpoint: at 30,000 services × 10 endpoints, stored as nft.Elements they took 120 MB,
+// a third of the proxy's heap. They are built on demand instead (nft.ElementSource),
+// from the endpoints the part keeps anyway (the model's, or Categorize's selection of
+// them): the kernel applier builds each when it encodes or compares it.
+
+// endpointEntries are a frontend's endpoint entries "key . i → endpoint i".
+type endpointEntries struct {
+	key []nft.Value // the frontend
+	eps []model.Endpoint
+	tag *Tag
+}
+
+func (s *endpointEntries) Len() int { return len(s.eps) }
+
+func (s *endpointEntries) Element(i int, buf *nft.ElementBuf) *nft.Element {
+	k := len(s.key)
+	v := buf.Vals[:0]
+	if k+3 > len(buf.Vals) {
+		v = make([]nft.Value, 0, k+3)
 	}
-	cp.add(setHairpin, hairpin...)
+	e := &s.eps[i]
+	v = append(v, s.key...)
+	v = append(v, nft.Num(uint32(i)), nft.Addr(e.Addr), nft.Num(uint32(e.Port)))
+	buf.Elem = nft.Element{Key: v[: k+1 : k+1], Data: v[k+1 : k+3 : k+3], Tag: s.tag}
+	return &buf.Elem
+}
+
+// hairpinEntries are the hairpin set's elements "endpoint . endpoint".
+type hairpinEntries struct {
+	eps []model.Endpoint
+	tag *Tag
+}
+
+func (s *hairpinEntries) Len() int { return len(s.eps) }
+
+func (s *hairpinEntries) Element(i int, buf *nft.ElementBuf) *nft.Element {
+	a := nft.Addr(s.eps[i].Addr)
+	buf.Vals[0], buf.Vals[1] = a, a
+	buf.Elem = nft.Element{Key: buf.Vals[0:2:2], Tag: s.tag}
+	return &buf.Elem
 }
 
 // flatSets returns the flat path's shared sets, empty: parts add their elements.

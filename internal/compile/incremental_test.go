@@ -197,7 +197,7 @@ func TestFirewallOnlyForWonAddresses(t *testing.T) {
 			if se.Set != mapFirewallIPs {
 				continue
 			}
-			for _, e := range se.Elements {
+			for _, e := range se.All() {
 				k := valuesString(e.Key)
 				if o, dup := owners[k]; dup {
 					t.Fatalf("firewall-ips key %s added by %s and %s", k, o, p.Owner)

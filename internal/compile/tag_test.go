@@ -36,7 +36,7 @@ func TestTags(t *testing.T) {
 					}
 				}
 				for _, se := range p.Elements {
-					for _, e := range se.Elements {
+					for _, e := range se.All() {
 						if got, ok := ServicePortOf(e.Tag); !ok || got != sp || PurposeOf(e.Tag) == PurposeServicePort {
 							t.Errorf("%s %s: element %v of %s: tag %v", name, fam, e.Key, se.Set, e.Tag)
 						}
@@ -60,7 +60,7 @@ func purposesOf(rs *nft.Ruleset, sp model.ServicePortName) map[Purpose]int {
 			}
 		}
 		for _, se := range p.Elements {
-			for _, e := range se.Elements {
+			for _, e := range se.All() {
 				out[PurposeOf(e.Tag)]++
 			}
 		}
@@ -114,7 +114,7 @@ func TestTagsLongNames(t *testing.T) {
 			if se.Set != SetServiceCounters {
 				continue
 			}
-			for _, e := range se.Elements {
+			for _, e := range se.All() {
 				sp, _ := ServicePortOf(e.Tag)
 				byKey[e.Key[2].Num()] = sp
 				comments[e.Comment] = true

@@ -71,10 +71,10 @@ func checkParts(rs *nft.Ruleset) []string {
 		for _, se := range p.Elements {
 			s := shared[se.Set]
 			if s == nil {
-				bad("part %q adds %d elements to set %q, which is not a shared set", p.Owner, len(se.Elements), se.Set)
+				bad("part %q adds %d elements to set %q, which is not a shared set", p.Owner, se.Len(), se.Set)
 				continue
 			}
-			for _, e := range se.Elements {
+			for _, e := range se.All() {
 				add(s, e, p.Owner)
 			}
 		}

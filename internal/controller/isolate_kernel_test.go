@@ -34,7 +34,7 @@ func poisoned(rulesets []*nft.Ruleset) []*nft.Ruleset {
 		c.Parts = slices.Clone(rs.Parts)
 		for j, p := range c.Parts {
 			for _, se := range p.Elements {
-				if slices.ContainsFunc(se.Elements, func(e nft.Element) bool { return len(e.Data) > 0 && e.Data[0].Addr() == poison }) {
+				if slices.ContainsFunc(se.All(), func(e nft.Element) bool { return len(e.Data) > 0 && e.Data[0].Addr() == poison }) {
 					q := *p
 					q.Chains = append(slices.Clone(p.Chains), &nft.Chain{Name: "poison-" + p.Owner, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: "no-such-chain"}}}}})
 					c.Parts[j] = &q

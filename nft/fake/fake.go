@@ -259,7 +259,7 @@ func build(rs *nft.Ruleset) (*table, []error) {
 			addElems(s.Name, s.Elements)
 		}
 		for _, se := range p.Elements {
-			addElems(se.Set, se.Elements)
+			addElems(se.Set, se.All())
 		}
 	}
 	for _, c := range rs.Chains {

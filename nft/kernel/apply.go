@@ -373,38 +373,48 @@ func note(m setIndex, bm map[string]*refElem, key *elemKey) {
 	}
 }
 
-// add counts one contribution of es to set s.
-func (d *elemDelta) add(s *nft.Set, es []nft.Element) error {
-	if len(es) == 0 {
+// ownElements are the elements of a ruleset's own set s, as the index refers to them.
+func ownElements(s *nft.Set) *nft.SetElements {
+	return &nft.SetElements{Set: s.Name, Elements: s.Elements}
+}
+
+// add counts one contribution of se's elements to set s. se must be the ruleset's or
+// part's own (not a copy): rulesets are never modified once built, and the index
+// refers to elements by their position in it.
+func (d *elemDelta) add(s *nft.Set, se *nft.SetElements) error {
+	n := se.Len()
+	if n == 0 {
 		return nil // an untouched set stays out of the sync's work (emit walks touched sets)
 	}
 	m, bm := d.maps(s)
 	var k elemKey
-	for i := range es {
-		e := &es[i] // rulesets are never modified once built: the index points into them
-		if err := key(&k, m, s, e); err != nil {
+	var buf nft.ElementBuf
+	for i := range n {
+		if err := key(&k, m, s, se.At(i, &buf)); err != nil {
 			return err
 		}
 		note(m, bm, &k)
 		cur, _ := m.get(&k) // zero when absent
 		// parts share a key only with identical elements; should two differ, the last
 		// one counted wins rather than a stale one
-		cur.elem = e
+		cur.se, cur.i = se, int32(i)
 		cur.refs++
 		m.put(&k, cur)
 	}
 	return nil
 }
 
-// remove takes back one contribution of es to set s.
-func (d *elemDelta) remove(s *nft.Set, es []nft.Element) error {
-	if len(es) == 0 {
+// remove takes back one contribution of se's elements to set s.
+func (d *elemDelta) remove(s *nft.Set, se *nft.SetElements) error {
+	n := se.Len()
+	if n == 0 {
 		return nil
 	}
 	m, bm := d.maps(s)
 	var k elemKey
-	for i := range es {
-		if err := key(&k, m, s, &es[i]); err != nil {
+	var buf nft.ElementBuf
+	for i := range n {
+		if err := key(&k, m, s, se.At(i, &buf)); err != nil {
 			return err
 		}
 		note(m, bm, &k)
@@ -499,8 +509,8 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 		counts[s.Name] += len(s.Elements)
 	}
 	for _, p := range cur.rs.Parts {
-		for _, se := range p.Elements {
-			counts[se.Set] += len(se.Elements)
+		for i := range p.Elements {
+			counts[p.Elements[i].Set] += p.Elements[i].Len()
 		}
 	}
 	for name, n := range counts {
@@ -544,16 +554,17 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 // addElements counts the elements of the given sets and part elements.
 func (d *elemDelta) addElements(byName map[string]*nft.Set, sets []*nft.Set, parts []nft.SetElements) error {
 	for _, s := range sets {
-		if err := d.add(s, s.Elements); err != nil {
+		if err := d.add(s, ownElements(s)); err != nil {
 			return err
 		}
 	}
-	for _, se := range parts {
+	for i := range parts {
+		se := &parts[i]
 		s := byName[se.Set]
 		if s == nil {
 			return fmt.Errorf("elements for set %s, which the ruleset does not define", se.Set)
 		}
-		if err := d.add(s, se.Elements); err != nil {
+		if err := d.add(s, se); err != nil {
 			return err
 		}
 	}
@@ -592,12 +603,12 @@ func diffParts(b *wire.Batch, prev *state, rs *nft.Ruleset, st *Stats, u *undo) 
 	}
 	// their own elements: taken back and counted again (few, in a ruleset with parts)
 	for _, s := range oldRS.Sets {
-		if err := d.remove(s, s.Elements); err != nil {
+		if err := d.remove(s, ownElements(s)); err != nil {
 			return err
 		}
 	}
 	for _, s := range rs.Sets {
-		if err := d.add(s, s.Elements); err != nil {
+		if err := d.add(s, ownElements(s)); err != nil {
 			return err
 		}
 	}
@@ -724,7 +735,8 @@ func trustedChanges(prev *state, rs *nft.Ruleset) ([][2]*nft.Part, bool) {
 
 // removeElements takes back the elements a part contributed.
 func (d *elemDelta) removeElements(oldSets, sets map[string]*nft.Set, old *nft.Part) error {
-	for _, se := range old.Elements {
+	for i := range old.Elements {
+		se := &old.Elements[i]
 		s := oldSets[se.Set]
 		if s == nil {
 			s = sets[se.Set] // same definition (checked), set kept or gone
@@ -732,7 +744,7 @@ func (d *elemDelta) removeElements(oldSets, sets map[string]*nft.Set, old *nft.P
 		if s == nil {
 			return fmt.Errorf("part %s: elements for set %s, which the ruleset does not define", old.Owner, se.Set)
 		}
-		if err := d.remove(s, se.Elements); err != nil {
+		if err := d.remove(s, se); err != nil {
 			return err
 		}
 	}
@@ -773,12 +785,13 @@ func (pl *plan) part(d *elemDelta, st *state, sets map[string]*nft.Set, old, p *
 			st.sets[s.Name] = s
 			sets[s.Name] = s
 		}
-		for _, se := range p.Elements {
+		for i := range p.Elements {
+			se := &p.Elements[i]
 			s := sets[se.Set]
 			if s == nil {
 				return fmt.Errorf("part %s: elements for set %s, which the ruleset does not define", p.Owner, se.Set)
 			}
-			if err := d.add(s, se.Elements); err != nil {
+			if err := d.add(s, se); err != nil {
 				return err
 			}
 		}
@@ -826,18 +839,19 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 	for name := range d.before {
 		setNames = append(setNames, name)
 	}
-	del := map[string][]*nft.Element{}
-	add := map[string][]*nft.Element{}
+	del := map[string][]elemRef{}
+	add := map[string][]elemRef{}
 	if d.fresh { // every element is new
 		for name, m := range d.st.elems {
 			setNames = append(setNames, name)
-			es := make([]*nft.Element, 0, m.len())
-			for e := range m.elems() {
+			es := make([]elemRef, 0, m.len())
+			for e := range m.refs() {
 				es = append(es, e)
 			}
 			add[name] = es
 		}
 	}
+	var bufA, bufB nft.ElementBuf
 	slices.Sort(setNames)
 	for _, name := range setNames {
 		if d.fresh {
@@ -849,12 +863,14 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 			is, ok := now.get(&k)
 			// a key that stays: changed when its element differs from the one before
 			// (the same element, unless this sync added it again)
-			changed := func() bool { return !sameValue(s, is.elem, was.elem) }
+			changed := func() bool {
+				return is.ref() != was.ref() && !sameValue(s, is.ref().elem(&bufA), was.ref().elem(&bufB))
+			}
 			if was != nil && !pl.recreated[name] && !gone[name] && (!ok || changed()) {
-				del[name] = append(del[name], was.elem)
+				del[name] = append(del[name], was.ref())
 			}
 			if ok && (was == nil || pl.recreated[name] || changed()) {
-				add[name] = append(add[name], is.elem)
+				add[name] = append(add[name], is.ref())
 			}
 		}
 		if now.len() == 0 || gone[name] && !pl.recreated[name] {
@@ -866,7 +882,7 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 	for _, name := range setNames {
 		if es := del[name]; len(es) > 0 {
 			st.Elements += len(es)
-			try(b.Elems(sets[name], es, true))
+			try(b.ElemsOf(sets[name], len(es), func(i int) *nft.Element { return es[i].elem(&bufA) }, true))
 		}
 	}
 	for _, name := range pl.flushSets {
@@ -901,7 +917,7 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 	for _, name := range setNames {
 		if es := add[name]; len(es) > 0 {
 			st.Elements += len(es)
-			try(b.Elems(sets[name], es, false))
+			try(b.ElemsOf(sets[name], len(es), func(i int) *nft.Element { return es[i].elem(&bufA) }, false))
 		}
 	}
 	// 6. chains that are gone

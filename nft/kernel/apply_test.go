@@ -283,7 +283,7 @@ func TestLargeTransaction(t *testing.T) {
 	}
 	for _, p := range rs.Parts {
 		for _, se := range p.Elements {
-			for _, e := range se.Elements {
+			for _, e := range se.All() {
 				distinct[se.Set+" "+nft.RenderElementKey(byName[se.Set], e)] = true
 			}
 		}

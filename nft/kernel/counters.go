@@ -135,7 +135,7 @@ func (a *Applier) owners(fam nft.Family, table string, sets []string) map[string
 				if m == nil || s == nil {
 					continue
 				}
-				for _, e := range se.Elements {
+				for _, e := range se.All() {
 					if key, err := wire.AppendValues(kb[:0], s.Key, e.Key); err == nil {
 						m[string(key)] = p.Owner
 					}

@@ -13,9 +13,10 @@ import (
 //
 //   - each set's keys are fixed-size arrays (a set's key length is fixed by its
 //     datatypes), not strings: no allocation per key, and no string header;
-//   - an entry holds only the element that added the key last: the few keys that more
-//     than one contribution shares have their count in a side map (a count in every
-//     entry would widen it from 8 to 16 bytes: 49 MB instead of 33 at 30k);
+//   - an entry refers to the element that added the key last by position (elemRef: its
+//     SetElements and index, 12 bytes, so that elements an nft.ElementSource builds
+//     on demand are never stored), and holds the number of contributions in the
+//     padding that is left: 16 bytes;
 //   - whether a key's element changed is decided by comparing the old and new elements
 //     (sameValue), for the keys a sync touches only, rather than by a fingerprint
 //     stored with every key.
@@ -53,12 +54,26 @@ func keyOf(b string) (k elemKey) {
 	return k
 }
 
+// elemRef refers to an element by position: element i of a ruleset's or part's
+// SetElements, which may build it on demand (nft.ElementSource) rather than store it.
+// Rulesets and parts are never modified once built, so the position stays valid.
+type elemRef struct {
+	se *nft.SetElements
+	i  int32
+}
+
+// elem returns the element, built in buf when its SetElements has a source.
+func (r elemRef) elem(buf *nft.ElementBuf) *nft.Element { return r.se.At(int(r.i), buf) }
+
 // refElem is one key of a set: the element that added it last (in the ruleset or part
-// that did) and the number of contributions.
+// that did) and the number of contributions. It is an index entry as is: 16 bytes.
 type refElem struct {
-	elem *nft.Element
+	se   *nft.SetElements
+	i    int32
 	refs int32
 }
+
+func (r refElem) ref() elemRef { return elemRef{r.se, r.i} }
 
 // setIndex is the elements of one set by key. Every key has the length the index was
 // made for (keyLen): callers check, since a shorter key, zero-padded, would be taken
@@ -69,13 +84,13 @@ type setIndex interface {
 	put(k *elemKey, e refElem)
 	del(k *elemKey)
 	len() int
-	elems() iter.Seq[*nft.Element]
+	refs() iter.Seq[elemRef]
 }
 
 // newIndex returns an empty index for keys of klen bytes with room for hint of them.
 // The key sizes fit nftproxy's sets: 8 (IPv4 hairpin), 16 (IPv4 frontends and
 // endpoint keys), 24 (IPv6 frontends), 32 (IPv6 endpoint and hairpin keys); they are
-// multiples of 8 because an entry's element pointer aligns it to 8 bytes anyway.
+// multiples of 8 because an entry's pointer aligns it to 8 bytes anyway.
 func newIndex(klen, hint int) setIndex {
 	switch {
 	case klen <= 8:
@@ -99,14 +114,11 @@ type fixedKey interface {
 // fixedIndex is a setIndex whose keys are K arrays.
 type fixedIndex[K fixedKey] struct {
 	klen int
-	m    map[K]*nft.Element // the element that added the key last
-	// shared counts the contributions of the keys that have more than one (two parts
-	// adding the same hairpin pair, say); a key absent here has one
-	shared map[K]int32
+	m    map[K]refElem
 }
 
 func newFixedIndex[K fixedKey](klen, hint int) *fixedIndex[K] {
-	return &fixedIndex[K]{klen: klen, m: make(map[K]*nft.Element, hint)}
+	return &fixedIndex[K]{klen: klen, m: make(map[K]refElem, hint)}
 }
 
 // key is k as a K: its first len(K) bytes, zero beyond k.n.
@@ -117,44 +129,18 @@ func (x *fixedIndex[K]) keyLen() int { return x.klen }
 func (x *fixedIndex[K]) len() int { return len(x.m) }
 
 func (x *fixedIndex[K]) get(k *elemKey) (refElem, bool) {
-	key := x.key(k)
-	e, ok := x.m[key]
-	if !ok {
-		return refElem{}, false
-	}
-	r := refElem{elem: e, refs: 1}
-	if n, ok := x.shared[key]; ok {
-		r.refs = n
-	}
-	return r, true
+	e, ok := x.m[x.key(k)]
+	return e, ok
 }
 
-func (x *fixedIndex[K]) put(k *elemKey, e refElem) {
-	key := x.key(k)
-	x.m[key] = e.elem
-	switch {
-	case e.refs > 1:
-		if x.shared == nil {
-			x.shared = map[K]int32{}
-		}
-		x.shared[key] = e.refs
-	case x.shared != nil:
-		delete(x.shared, key)
-	}
-}
+func (x *fixedIndex[K]) put(k *elemKey, e refElem) { x.m[x.key(k)] = e }
 
-func (x *fixedIndex[K]) del(k *elemKey) {
-	key := x.key(k)
-	delete(x.m, key)
-	if x.shared != nil {
-		delete(x.shared, key)
-	}
-}
+func (x *fixedIndex[K]) del(k *elemKey) { delete(x.m, x.key(k)) }
 
-func (x *fixedIndex[K]) elems() iter.Seq[*nft.Element] {
-	return func(yield func(*nft.Element) bool) {
+func (x *fixedIndex[K]) refs() iter.Seq[elemRef] {
+	return func(yield func(elemRef) bool) {
 		for _, e := range x.m {
-			if !yield(e) {
+			if !yield(e.ref()) {
 				return
 			}
 		}
@@ -165,7 +151,7 @@ func (x *fixedIndex[K]) elems() iter.Seq[*nft.Element] {
 // kernel, value (verdict or data, as encoded) and comment: replacing one with the other
 // needs no update.
 func sameValue(s *nft.Set, a, b *nft.Element) bool {
-	if a == b {
+	if a == b { // the same stored element
 		return true
 	}
 	if a.Comment != b.Comment || (a.Verdict == nil) != (b.Verdict == nil) {

@@ -43,104 +43,134 @@ func indexElem(s *nft.Set, i int, port uint32) nft.Element {
 	return e
 }
 
+// builtElements is an nft.ElementSource that builds copies of listed elements in the
+// caller's buffer, as the compiler's sources build theirs.
+type builtElements []nft.Element
+
+func (b builtElements) Len() int { return len(b) }
+
+func (b builtElements) Element(i int, buf *nft.ElementBuf) *nft.Element {
+	e := b[i]
+	n := copy(buf.Vals[:], e.Key)
+	m := copy(buf.Vals[n:], e.Data)
+	buf.Elem = e
+	buf.Elem.Key, buf.Elem.Data = buf.Vals[:n:n], buf.Vals[n:n+m:n+m]
+	if e.Data == nil {
+		buf.Elem.Data = nil
+	}
+	return &buf.Elem
+}
+
 // TestElemIndex counts contributions through elemDelta for every key size: keys shared
 // by two contributions, taken back one at a time, a changed value, and the undo after a
-// refusal restoring the index as it was (a set's index dropped included).
+// refusal restoring the index as it was (a set's index dropped included); with
+// elements listed and built on demand by a source.
 func TestElemIndex(t *testing.T) {
-	for _, s := range indexSets() {
-		t.Run(s.Name, func(t *testing.T) {
-			const n = 50
-			a, b := make([]nft.Element, n), make([]nft.Element, n)
-			for i := range n {
-				a[i], b[i] = indexElem(s, i, 80), indexElem(s, i, 80)
-			}
-			st := newState(nil)
-			fresh := &elemDelta{st: st, fresh: true}
-			if err := fresh.add(s, a); err != nil {
-				t.Fatal(err)
-			}
-			if err := fresh.add(s, b[:n/2]); err != nil { // half the keys shared
-				t.Fatal(err)
-			}
-			check := func(what string, want map[int]int32) {
-				t.Helper()
-				m := st.elems[s.Name]
-				if len(want) == 0 {
-					if m != nil {
-						t.Fatalf("%s: %d keys left, want the set's index gone", what, m.len())
-					}
-					return
-				}
-				if m.len() != len(want) {
-					t.Fatalf("%s: %d keys, want %d", what, m.len(), len(want))
-				}
-				for i, refs := range want {
-					var k elemKey
-					if err := k.encode(s, a[i].Key); err != nil {
-						t.Fatal(err)
-					}
-					if r, ok := m.get(&k); !ok || r.refs != refs {
-						t.Fatalf("%s: key %d: %v refs %d, want %d", what, i, ok, r.refs, refs)
-					}
-				}
-			}
-			all := map[int]int32{}
-			for i := range n {
-				all[i] = 1 + int32(1-i*2/n)
-			}
-			check("after adding", all)
-
-			// one sync: the shared half taken back once, and key 0's element changed
-			d := &elemDelta{st: st, before: map[string]map[string]*refElem{}}
-			if err := d.remove(s, b[:n/2]); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.remove(s, a[:1]); err != nil {
-				t.Fatal(err)
-			}
-			c := []nft.Element{indexElem(s, 0, 81)}
-			if err := d.add(s, c); err != nil {
-				t.Fatal(err)
-			}
-			one := map[int]int32{}
-			for i := range n {
-				one[i] = 1
-			}
-			check("after taking back", one)
-			pl := &plan{recreated: map[string]bool{}}
-			var stats Stats
-			if err := pl.emit(wire.NewBatch(nft.IPv4, "t"), d, map[string]*nft.Set{s.Name: s}, &stats); err != nil {
-				t.Fatal(err)
-			}
-			if stats.Elements != 2 { // key 0 deleted and added with its new value
-				t.Errorf("%d element updates, want 2", stats.Elements)
-			}
-			var k0 elemKey
-			if err := k0.encode(s, c[0].Key); err != nil {
-				t.Fatal(err)
-			}
-			if r, _ := st.elems[s.Name].get(&k0); r.elem != &c[0] {
-				t.Fatal("key 0 does not have its new element")
-			}
-			u := &undo{st: st, parts: map[string]*nft.Part{}, d: d}
-			u.apply()
-			check("after the undo", all)
-
-			// another sync takes everything back: the set's index goes, and comes back
-			d = &elemDelta{st: st, before: map[string]map[string]*refElem{}}
-			for _, es := range [][]nft.Element{a, b[:n/2]} {
-				if err := d.remove(s, es); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := pl.emit(wire.NewBatch(nft.IPv4, "t"), d, map[string]*nft.Set{s.Name: s}, &Stats{}); err != nil {
-				t.Fatal(err)
-			}
-			check("after taking all back", nil)
-			(&undo{st: st, parts: map[string]*nft.Part{}, d: d}).apply()
-			check("after the second undo", all)
-		})
+	for _, built := range []bool{false, true} {
+		for _, s := range indexSets() {
+			t.Run(fmt.Sprintf("%s/built=%v", s.Name, built), func(t *testing.T) { testElemIndex(t, s, built) })
+		}
 	}
+}
+
+func testElemIndex(t *testing.T, s *nft.Set, built bool) {
+	els := func(es []nft.Element) *nft.SetElements {
+		if built {
+			return &nft.SetElements{Set: s.Name, Source: builtElements(es)}
+		}
+		return &nft.SetElements{Set: s.Name, Elements: es}
+	}
+	const n = 50
+	a, b := make([]nft.Element, n), make([]nft.Element, n)
+	for i := range n {
+		a[i], b[i] = indexElem(s, i, 80), indexElem(s, i, 80)
+	}
+	st := newState(nil)
+	fresh := &elemDelta{st: st, fresh: true}
+	if err := fresh.add(s, els(a)); err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh.add(s, els(b[:n/2])); err != nil { // half the keys shared
+		t.Fatal(err)
+	}
+	check := func(what string, want map[int]int32) {
+		t.Helper()
+		m := st.elems[s.Name]
+		if len(want) == 0 {
+			if m != nil {
+				t.Fatalf("%s: %d keys left, want the set's index gone", what, m.len())
+			}
+			return
+		}
+		if m.len() != len(want) {
+			t.Fatalf("%s: %d keys, want %d", what, m.len(), len(want))
+		}
+		for i, refs := range want {
+			var k elemKey
+			if err := k.encode(s, a[i].Key); err != nil {
+				t.Fatal(err)
+			}
+			if r, ok := m.get(&k); !ok || r.refs != refs {
+				t.Fatalf("%s: key %d: %v refs %d, want %d", what, i, ok, r.refs, refs)
+			}
+		}
+	}
+	all := map[int]int32{}
+	for i := range n {
+		all[i] = 1 + int32(1-i*2/n)
+	}
+	check("after adding", all)
+
+	// one sync: the shared half taken back once, and key 0's element changed
+	d := &elemDelta{st: st, before: map[string]map[string]*refElem{}}
+	if err := d.remove(s, els(b[:n/2])); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.remove(s, els(a[:1])); err != nil {
+		t.Fatal(err)
+	}
+	c := []nft.Element{indexElem(s, 0, 81)}
+	cs := els(c)
+	if err := d.add(s, cs); err != nil {
+		t.Fatal(err)
+	}
+	one := map[int]int32{}
+	for i := range n {
+		one[i] = 1
+	}
+	check("after taking back", one)
+	pl := &plan{recreated: map[string]bool{}}
+	var stats Stats
+	if err := pl.emit(wire.NewBatch(nft.IPv4, "t"), d, map[string]*nft.Set{s.Name: s}, &stats); err != nil {
+		t.Fatal(err)
+	}
+	if stats.Elements != 2 { // key 0 deleted and added with its new value
+		t.Errorf("%d element updates, want 2", stats.Elements)
+	}
+	var k0 elemKey
+	if err := k0.encode(s, c[0].Key); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := st.elems[s.Name].get(&k0); r.ref() != (elemRef{cs, 0}) {
+		t.Fatal("key 0 does not have its new element")
+	}
+	u := &undo{st: st, parts: map[string]*nft.Part{}, d: d}
+	u.apply()
+	check("after the undo", all)
+
+	// another sync takes everything back: the set's index goes, and comes back
+	d = &elemDelta{st: st, before: map[string]map[string]*refElem{}}
+	for _, es := range [][]nft.Element{a, b[:n/2]} {
+		if err := d.remove(s, els(es)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pl.emit(wire.NewBatch(nft.IPv4, "t"), d, map[string]*nft.Set{s.Name: s}, &Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	check("after taking all back", nil)
+	(&undo{st: st, parts: map[string]*nft.Part{}, d: d}).apply()
+	check("after the second undo", all)
 }
 
 // TestElemIndexKeyLength: a key whose length is not its set index's is an error, not an
@@ -151,7 +181,7 @@ func TestElemIndexKeyLength(t *testing.T) {
 	st := newState(nil)
 	st.elems[long.Name] = newIndex(12, 0)
 	d := &elemDelta{st: st, fresh: true}
-	err := d.add(&nft.Set{Name: long.Name, Key: short.Key}, []nft.Element{indexElem(short, 1, 80)})
+	err := d.add(&nft.Set{Name: long.Name, Key: short.Key}, &nft.SetElements{Set: long.Name, Elements: []nft.Element{indexElem(short, 1, 80)}})
 	if err == nil || !strings.Contains(err.Error(), "key of 8 bytes") {
 		t.Fatalf("got %v, want a key length error", err)
 	}

@@ -302,16 +302,23 @@ func (b *Batch) DelSet(name string) {
 
 // Elems adds (del == false) or deletes elements, in chunks.
 func (b *Batch) Elems(s *nft.Set, es []*nft.Element, del bool) error {
+	return b.ElemsOf(s, len(es), func(i int) *nft.Element { return es[i] }, del)
+}
+
+// ElemsOf adds (del == false) or deletes n elements, in chunks: element(i) is the i-th,
+// which need only stay valid until the next call (it may be built in one buffer).
+func (b *Batch) ElemsOf(s *nft.Set, n int, element func(i int) *nft.Element, del bool) error {
 	typ, flags := uint16(unix.NFT_MSG_NEWSETELEM), uint16(nlmCreate)
 	if del {
 		typ, flags = unix.NFT_MSG_DELSETELEM, 0
 	}
-	for start := 0; start < len(es); start += elemChunk {
+	for start := 0; start < n; start += elemChunk {
 		b.begin(typ, flags)
 		b.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
 		b.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
 		list := b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-		for _, e := range es[start:min(start+elemChunk, len(es))] {
+		for i := start; i < min(start+elemChunk, n); i++ {
+			e := element(i)
 			if err := b.element(s, e, del); err != nil {
 				b.abandon()
 				return fmt.Errorf("set %s: element %s: %w", s.Name, nft.RenderElementKey(s, *e), err)
