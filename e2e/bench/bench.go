@@ -221,6 +221,14 @@ type Churn struct {
 type Memory struct {
 	PeakRSSMiB float64 `json:"peak_rss_mib"` // VmHWM: the high-water mark since the process started
 	RSSMiB     float64 `json:"rss_mib"`      // VmRSS
+	// The Go runtime's view at the same moment (the go_memstats_* metrics both proxies
+	// export), to say where the resident memory is: the live objects, the heap spans
+	// they occupy, the free heap not yet returned to the OS, and the rest (stacks,
+	// runtime metadata, the binary's pages).
+	HeapAllocMiB    float64 `json:"heap_alloc_mib,omitempty"`    // go_memstats_heap_alloc_bytes
+	HeapInuseMiB    float64 `json:"heap_inuse_mib,omitempty"`    // go_memstats_heap_inuse_bytes
+	HeapRetainedMiB float64 `json:"heap_retained_mib,omitempty"` // heap_idle - heap_released
+	NextGCMiB       float64 `json:"next_gc_mib,omitempty"`       // go_memstats_next_gc_bytes
 }
 
 // DataPath compares a ClusterIP with its only endpoint's pod IP.
@@ -532,6 +540,9 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 			errf("memory: %v", err)
 		} else {
 			r.Memory = &Memory{PeakRSSMiB: float64(hwm) / 1024, RSSMiB: float64(rss) / 1024}
+			if m, err := s.scrape(ctx); err == nil {
+				r.Memory.goRuntime(m)
+			}
 		}
 		if s.o.HeapProfiles != "" && p.Mode == "" && proc.Running() {
 			if err := s.saveHeapProfile(ctx, filepath.Join(s.o.HeapProfiles, fmt.Sprintf("heap-%s-%d.pb.gz", p.Name, n))); err != nil {
@@ -613,6 +624,15 @@ func (s *suite) saveProfile(ctx context.Context, what string, timeout time.Durat
 	}
 	s.logf("bench: profile in %s", path)
 	return f.Close()
+}
+
+// goRuntime fills in the Go runtime's memory figures from a scrape.
+func (mem *Memory) goRuntime(m metricSet) {
+	mib := func(name string) float64 { v, _ := m.value(name); return v / (1 << 20) }
+	mem.HeapAllocMiB = mib("go_memstats_heap_alloc_bytes")
+	mem.HeapInuseMiB = mib("go_memstats_heap_inuse_bytes")
+	mem.HeapRetainedMiB = mib("go_memstats_heap_idle_bytes") - mib("go_memstats_heap_released_bytes")
+	mem.NextGCMiB = mib("go_memstats_next_gc_bytes")
 }
 
 // scrape reads the proxy's /metrics, leaving out nftproxy's per-service counters

@@ -296,10 +296,12 @@ func (r *Results) Markdown() string {
 	}
 
 	w("\n## Memory\n\nResident memory of the proxy just before it is stopped (after the cold start, the one-change tests and, at the churn N, the churn): the peak since it started (`VmHWM`) and the current (`VmRSS`).\n\n")
-	w("| proxy | N | peak RSS | RSS |\n|---|---:|---:|---:|\n")
+	w("Go heap, from the proxy's go_memstats metrics at the same moment: live objects (`heap_alloc`), the spans that hold them (`heap_inuse`), free heap still resident (`heap_idle - heap_released`) and the next collection's goal (`next_gc`).\n\n")
+	w("| proxy | N | peak RSS | RSS | live | in use | free, resident | next GC |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, run := range r.Runs {
 		if m := run.Memory; m != nil {
-			w("| %s | %s | %.0f MiB | %.0f MiB |\n", run.Proxy, nLabel(run), m.PeakRSSMiB, m.RSSMiB)
+			w("| %s | %s | %.0f MiB | %.0f MiB | %.0f MiB | %.0f MiB | %.0f MiB | %.0f MiB |\n", run.Proxy, nLabel(run), m.PeakRSSMiB, m.RSSMiB,
+				m.HeapAllocMiB, m.HeapInuseMiB, m.HeapRetainedMiB, m.NextGCMiB)
 		}
 	}
 
