@@ -58,7 +58,7 @@ func heapBenchMeta(name string, i int) metav1.ObjectMeta {
 		CreationTimestamp: created,
 		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "bench", Operation: metav1.ManagedFieldsOperationUpdate,
 			APIVersion: "v1", Time: &created, FieldsType: "FieldsV1",
-			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{".":{},"f:kubernetes.io/service-name":{}}},"f:spec":{"f:ports":{}}}`)}}},
+			FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{".":{},"f:kubernetes.io/service-name":{}}},"f:spec":{"f:ports":{}}}`)}},
 	}
 }
 
