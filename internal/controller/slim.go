@@ -102,8 +102,8 @@ func shareProtocol(p *v1.Protocol) *v1.Protocol {
 	return p
 }
 
-// wellKnown are strings many objects hold (enum values, common port names): the packer
-// returns these static copies instead of copying them. A fixed list, never grown.
+// wellKnown are strings many objects hold (enum values, common port names): packEnum
+// shares these static copies instead of copying them. A fixed list, never grown.
 var wellKnown = func() map[string]string {
 	m := map[string]string{}
 	for _, s := range []string{"TCP", "UDP", "SCTP", "ClusterIP", "NodePort", "LoadBalancer", "ExternalName",
@@ -139,9 +139,6 @@ func (p *packer) str(s string) string {
 	if s == "" {
 		return ""
 	}
-	if c, ok := wellKnown[s]; ok {
-		return c
-	}
 	for _, r := range p.recent {
 		if r == s {
 			return r
@@ -163,6 +160,16 @@ func (p *packer) str(s string) string {
 
 // pack packs a string-typed field in place.
 func pack[S ~string](p *packer, s *S) { *s = S(p.str(string(*s))) }
+
+// packEnum packs a field that usually holds a well-known value: that value is not
+// copied but shared.
+func packEnum[S ~string](p *packer, s *S) {
+	if c, ok := wellKnown[string(*s)]; ok {
+		*s = S(c)
+		return
+	}
+	pack(p, s)
+}
 
 func packAll(p *packer, ss []string) {
 	for i := range ss {
@@ -237,17 +244,17 @@ func slimService(o *v1.Service) {
 	for range 2 {
 		p.meta(&o.ObjectMeta)
 		s := &o.Spec
-		pack(p, &s.Type)
+		packEnum(p, &s.Type)
 		pack(p, &s.ClusterIP)
 		packAll(p, s.ClusterIPs)
 		for i := range s.Ports {
-			pack(p, &s.Ports[i].Name)
-			pack(p, &s.Ports[i].Protocol)
+			packEnum(p, &s.Ports[i].Name)
+			packEnum(p, &s.Ports[i].Protocol)
 		}
 		packAll(p, s.ExternalIPs)
-		pack(p, &s.SessionAffinity)
+		packEnum(p, &s.SessionAffinity)
 		packAll(p, s.LoadBalancerSourceRanges)
-		pack(p, &s.ExternalTrafficPolicy)
+		packEnum(p, &s.ExternalTrafficPolicy)
 		for i := range o.Status.LoadBalancer.Ingress {
 			pack(p, &o.Status.LoadBalancer.Ingress[i].IP)
 		}
@@ -402,7 +409,7 @@ func slimSlice(o *discovery.EndpointSlice, timed bool) {
 	p := newPacker()
 	for range 2 {
 		p.meta(&o.ObjectMeta)
-		pack(p, &o.AddressType)
+		packEnum(p, &o.AddressType)
 		if v, ok := o.Labels[discovery.LabelServiceName]; ok && len(o.Labels) == 1 {
 			o.Labels[discovery.LabelServiceName] = p.str(v)
 		}
