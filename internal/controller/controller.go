@@ -17,7 +17,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -202,9 +201,7 @@ type namedInformer struct {
 // watch sets up an informer before it starts: the transform, the change handlers and the
 // rate-limited logging of API errors.
 func (p *Proxy) watch(inf cache.SharedIndexInformer) {
-	// managed fields (server-side apply bookkeeping), annotations and endpoints'
-	// target references are most of an object's size and nothing here reads them:
-	// drop them before the cache keeps the object
+	// the caches keep only what the proxy reads, compactly (slim.go)
 	_ = inf.SetTransform(p.triggers.transform) // slim, keeping trigger times to observe
 	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -212,30 +209,6 @@ func (p *Proxy) watch(inf cache.SharedIndexInformer) {
 		UpdateFunc: func(_, obj any) { p.triggers.sliceEvent(obj, false); p.changed(obj) },
 		DeleteFunc: func(obj any) { p.triggers.sliceEvent(obj, true); p.changed(obj) },
 	})
-}
-
-// slim is the informers' transform. It clears what the proxy never reads:
-// metadata.managedFields of every object; the annotations of Services and
-// EndpointSlices (kubectl's last-applied-configuration alone can be kilobytes); and per
-// endpoint, targetRef, hostname and deprecatedTopology (a targetRef is four strings per
-// pod: at 300,000 endpoints, tens of MiB). Labels stay: the slice's service name and the
-// node's zone are read from them; so does a slice's trigger time annotation, which
-// network programming latency is measured from (syncmetrics.go).
-func slim(obj any) (any, error) {
-	if a, err := meta.Accessor(obj); err == nil {
-		a.SetManagedFields(nil)
-	}
-	switch o := obj.(type) {
-	case *v1.Service:
-		o.Annotations = nil
-	case *discovery.EndpointSlice:
-		o.Annotations = keepTriggerTime(o.Annotations)
-		for i := range o.Endpoints {
-			e := &o.Endpoints[i]
-			e.TargetRef, e.Hostname, e.DeprecatedTopology = nil, nil, nil
-		}
-	}
-	return obj, nil
 }
 
 // changed notes a change from the API and asks for a sync.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -416,48 +415,4 @@ func TestPeriodicSyncsAreIncremental(t *testing.T) {
 	}
 	p.RequestRepair("test: table tampered with")
 	waitFor(t, "the repair's full rewrite", func() bool { dp.mu.Lock(); defer dp.mu.Unlock(); return dp.resyncs == 1 })
-}
-
-// The informers' transform drops what the proxy never reads, and the model built from
-// slimmed objects is the one built from the originals.
-func TestSlimKeepsWhatTheModelReads(t *testing.T) {
-	svc := service("web", "10.96.0.10")
-	svc.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 4096)}
-	svc.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
-	sl := slice("web", "web-1", "10.244.1.5", "10.244.2.6")
-	sl.Annotations = map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z",
-		"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 4096)}
-	node, zone := "node-1", "z1"
-	for i := range sl.Endpoints {
-		e := &sl.Endpoints[i]
-		e.TargetRef = &v1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "web-abc", UID: "1234"}
-		e.Hostname = &node
-		e.NodeName, e.Zone = &node, &zone
-		e.DeprecatedTopology = map[string]string{"kubernetes.io/hostname": node}
-	}
-	want, _ := model.Build([]*v1.Service{svc.DeepCopy()}, []*discovery.EndpointSlice{sl.DeepCopy()}, nil)
-
-	s, _ := slim(svc)
-	e, _ := slim(sl)
-	ss, es := s.(*v1.Service), e.(*discovery.EndpointSlice)
-	// a slice keeps its trigger time alone: network programming latency starts there
-	if ss.Annotations != nil || ss.ManagedFields != nil || len(es.Annotations) != 1 ||
-		es.Annotations[TriggerTimeAnnotation] != "2026-01-01T00:00:00Z" {
-		t.Errorf("annotations or managed fields kept: %v %v %v", ss.Annotations, ss.ManagedFields, es.Annotations)
-	}
-	for _, ep := range es.Endpoints {
-		if ep.TargetRef != nil || ep.Hostname != nil || ep.DeprecatedTopology != nil {
-			t.Errorf("endpoint kept %+v", ep)
-		}
-		if ep.NodeName == nil || ep.Zone == nil {
-			t.Errorf("endpoint lost its node or zone: %+v", ep)
-		}
-	}
-	if es.Labels[discovery.LabelServiceName] != "web" {
-		t.Errorf("slice lost its service label: %v", es.Labels)
-	}
-	got, _ := model.Build([]*v1.Service{ss}, []*discovery.EndpointSlice{es}, nil)
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("model from slimmed objects:\n%+v\nwant\n%+v", got, want)
-	}
 }

@@ -20,30 +20,18 @@ import (
 // programming latency is measured from it, as kube-proxy does.
 const TriggerTimeAnnotation = v1.EndpointsLastChangeTriggerTime
 
-// keepTriggerTime is what the informers' transform (slim) leaves of an EndpointSlice's
-// annotations: the trigger time alone, or nothing.
-func keepTriggerTime(annotations map[string]string) map[string]string {
-	v, ok := annotations[TriggerTimeAnnotation]
-	if !ok {
-		return nil
-	}
-	return map[string]string{TriggerTimeAnnotation: v}
-}
-
 // transform is the informers' transform: slim, and an EndpointSlice keeps its trigger
 // time only when it can be timed (a valid time after the proxy started). A trigger time
 // costs a one-entry map (344 bytes) per slice; the list at start, whose times are all
 // older, keeps none.
 func (t *triggers) transform(obj any) (any, error) {
-	obj, err := slim(obj)
-	s, ok := obj.(*discovery.EndpointSlice)
-	if !ok || s.Annotations == nil {
-		return obj, err
-	}
-	if _, ok := t.parse(s); !ok {
-		s.Annotations = nil
-	}
-	return obj, err
+	return slim(obj, t.timed), nil
+}
+
+// timed tells whether a slice's trigger time can be timed (see parse).
+func (t *triggers) timed(s *discovery.EndpointSlice) bool {
+	_, ok := t.parse(s)
+	return ok
 }
 
 // parse reads a slice's trigger time; ok is false when there is none, it is not valid
