@@ -59,7 +59,7 @@ nftproxy_service_packets_total{namespace="` + ns + `",port="metrics-port-two",se
 	}
 }
 
-// 16 concurrent scrapes of /metrics cause one read of the kernel, and so do further
+// 16 concurrent scrapes of /metrics/services cause one read of the kernel, and so do further
 // scrapes within the interval; the next one after it reads again.
 func TestServiceCountersOneReadPerInterval(t *testing.T) {
 	var reads atomic.Int32
@@ -78,7 +78,7 @@ func TestServiceCountersOneReadPerInterval(t *testing.T) {
 	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	get := func() string {
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics/services", nil))
 		return rec.Body.String()
 	}
 
@@ -139,25 +139,73 @@ nftproxy_counter_read_errors 1
 	}
 }
 
-// The operator's switch: no per-service series, and the kernel is never read.
+// /metrics has no per-service series and never reads the kernel, however often it is
+// scraped; ServicesHandler (/metrics/services) has them, and only it reads. Fails if
+// the counters are registered on /metrics again.
+func TestServiceCountersOnlyOnServicesHandler(t *testing.T) {
+	reads := 0
+	source := func() ([]ServicePortCount, uint64, error) {
+		reads++
+		return []ServicePortCount{{Port: port("default", "web", "http", model.ProtoTCP), Packets: 3, Bytes: 30}}, 2, nil
+	}
+	p := New(Options{ServiceCounters: source, NoRuntimeMetrics: true})
+	p.ServicePorts(1)
+	for range 3 {
+		body := scrape(t, p.Handler())
+		for _, name := range []string{"nftproxy_service_packets_total", "nftproxy_service_bytes_total", "nftproxy_no_endpoint_rejects_total", "nftproxy_counter_read_errors"} {
+			if strings.Contains(body, name) {
+				t.Fatalf("/metrics has %s:\n%s", name, body)
+			}
+		}
+		expect(t, body, "nftproxy_service_ports 1") // nftproxy's own small ones stay
+	}
+	if reads != 0 {
+		t.Fatalf("3 scrapes of /metrics read the kernel's counters %d times, want 0", reads)
+	}
+	if p.ServicesHandler() == nil {
+		t.Fatal("no ServicesHandler with the counters on")
+	}
+	body := scrape(t, p.ServicesHandler())
+	expect(t, body,
+		`nftproxy_service_packets_total{namespace="default",port="http",service="web"} 3`,
+		`nftproxy_service_bytes_total{namespace="default",port="http",service="web"} 30`,
+		`nftproxy_no_endpoint_rejects_total 2`,
+		`nftproxy_counter_read_errors 0`)
+	if reads != 1 {
+		t.Fatalf("a scrape of /metrics/services: %d reads, want 1", reads)
+	}
+	if strings.Contains(body, "kubeproxy_") || strings.Contains(body, "nftproxy_service_ports") {
+		t.Errorf("/metrics/services has more than the per-service counters:\n%s", body)
+	}
+}
+
+// The operator's switch: no per-service series anywhere, no ServicesHandler, and the
+// kernel is never read.
 func TestServiceCountersSwitchedOff(t *testing.T) {
 	reads := 0
 	source := func() ([]ServicePortCount, uint64, error) {
 		reads++
 		return []ServicePortCount{{Port: port("default", "web", "http", model.ProtoTCP), Packets: 1}}, 1, nil
 	}
-	on := scrape(t, New(Options{ServiceCounters: source, NoRuntimeMetrics: true}).Handler())
-	if !strings.Contains(on, "nftproxy_service_packets_total") || reads != 1 {
-		t.Fatalf("counters on: %d reads, body:\n%s", reads, on)
+	on := New(Options{ServiceCounters: source, NoRuntimeMetrics: true})
+	if body := scrape(t, on.ServicesHandler()); !strings.Contains(body, "nftproxy_service_packets_total") || reads != 1 {
+		t.Fatalf("counters on: %d reads, body:\n%s", reads, body)
 	}
-	off := scrape(t, New(Options{ServiceCounters: source, NoServiceCounters: true, NoRuntimeMetrics: true}).Handler())
-	if strings.Contains(off, "nftproxy_service_packets_total") || strings.Contains(off, "nftproxy_service_bytes_total") || strings.Contains(off, "nftproxy_no_endpoint_rejects_total") || reads != 1 {
-		t.Fatalf("counters off: %d reads, body:\n%s", reads, off)
+	off := New(Options{ServiceCounters: source, NoServiceCounters: true, NoRuntimeMetrics: true})
+	if h := off.ServicesHandler(); h != nil {
+		t.Fatalf("counters off, yet a ServicesHandler: %v", h)
+	}
+	body := scrape(t, off.Handler())
+	if strings.Contains(body, "nftproxy_service_packets_total") || strings.Contains(body, "nftproxy_service_bytes_total") || strings.Contains(body, "nftproxy_no_endpoint_rejects_total") || reads != 1 {
+		t.Fatalf("counters off: %d reads, body:\n%s", reads, body)
+	}
+	if New(Options{NoRuntimeMetrics: true}).ServicesHandler() != nil {
+		t.Fatal("a ServicesHandler without a counter source")
 	}
 }
 
 // Without a configured interval, a read serves scrapes for 20 times as long as it
-// took: a scraper hammering /metrics gets the kernel read at most 1/21 of the time.
+// took: a scraper hammering /metrics/services gets the kernel read at most 1/21 of the time.
 func TestServiceCountersCostBound(t *testing.T) {
 	now := time.Unix(1000, 0)
 	reads := 0
