@@ -262,9 +262,7 @@ func (p *Prometheus) ServicesHandler() http.Handler {
 	if p.services == nil {
 		return nil
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(p.services)
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: p.reg})
+	return promhttp.HandlerFor(p.services, promhttp.HandlerOpts{Registry: p.reg})
 }
 
 // merged gathers own's families, then those of also that own has not: two collectors
