@@ -47,7 +47,8 @@ const readCostFactor = 20
 // service ports, for series whose labels only change when a service port comes or
 // goes. Here each service port's label pairs are made once, when a read first finds
 // it, and shared by every scrape until a read no longer finds it; a scrape only makes
-// the samples' values, in the order the registry would sort them in.
+// the samples' values, in the order the registry would sort them in. At 30,000 service
+// ports the pairs hold about 2 MB more between scrapes than the sums alone.
 type ServiceCounters struct {
 	read     CounterSource
 	interval time.Duration
@@ -58,9 +59,9 @@ type ServiceCounters struct {
 	last     *counterSample
 	inflight chan struct{} // closed when the read in progress ends; nil if none
 
-	// labels are the label pairs of the service ports of the last read, kept for the
-	// next: only the goroutine that reads the kernel (one at a time) uses it.
-	labels map[portKey][]*dto.LabelPair
+	// prev are the ports of the last successful read, whose label pairs the next read
+	// takes over: only the goroutine that reads the kernel (one at a time) uses it.
+	prev []portSum
 }
 
 // counterSample is one read of the kernel. It keeps the sums and each port's label
@@ -79,8 +80,15 @@ type counterSample struct {
 // registry sorts them). The pairs are shared with other samples and scrapes: never
 // modified.
 type portSum struct {
-	labels         []*dto.LabelPair
+	labels         [3]*dto.LabelPair
 	packets, bytes uint64
+}
+
+// compare orders p by k as the registry orders series: by namespace, port, service.
+func (p *portSum) compare(k portKey) int {
+	return cmp.Or(strings.Compare(p.labels[0].GetValue(), k.ns),
+		strings.Compare(p.labels[1].GetValue(), k.port),
+		strings.Compare(p.labels[2].GetValue(), k.name))
 }
 
 type portKey struct{ ns, name, port string }
@@ -143,7 +151,7 @@ func (c *ServiceCounters) Gather() ([]*dto.MetricFamily, error) {
 			k := j*n + i
 			values[k] = float64(v)
 			counters[k].Value = &values[k]
-			metrics[k].Label = p.labels
+			metrics[k].Label = p.labels[:] // in the sample, which outlives the scrape
 			metrics[k].Counter = &counters[k]
 			ptrs[k] = &metrics[k]
 		}
@@ -197,10 +205,32 @@ func (c *ServiceCounters) readKernel() *counterSample {
 		s.failed = true
 		return s // the labels stay for the next read
 	}
-	// the label pairs of this read's ports: the last read's where it had the port,
-	// new ones (sharing the namespace's and port name's pair) for ports it did not
-	// have; ports gone since are dropped with the old map
-	labels := make(map[portKey][]*dto.LabelPair, len(ports))
+	type sum struct {
+		portKey
+		packets, bytes uint64
+	}
+	at := make(map[portKey]int, len(ports)) // index in sums
+	sums := make([]sum, 0, len(ports))
+	for _, p := range ports {
+		k := portKey{p.Port.Namespace, p.Port.Name, p.Port.Port}
+		i, seen := at[k]
+		if !seen {
+			i = len(sums)
+			at[k] = i
+			sums = append(sums, sum{portKey: k})
+		}
+		sums[i].packets += p.Packets
+		sums[i].bytes += p.Bytes
+	}
+	// in the order the registry sorts a family's series in (by label value, labels by
+	// name: namespace, port, service), as the exposition formats expect them; the last
+	// read's ports are in it too
+	slices.SortFunc(sums, func(a, b sum) int {
+		return cmp.Or(strings.Compare(a.ns, b.ns), strings.Compare(a.port, b.port), strings.Compare(a.name, b.name))
+	})
+	// the label pairs: the last read's where it had the port (found walking both in
+	// order), new ones (sharing the namespace's and port name's pair) for ports it did
+	// not have; those of ports gone go with the last read
 	shared := map[[2]string]*dto.LabelPair{} // by {name, value}: one namespace or port pair each
 	pair := func(name *string, value string) *dto.LabelPair {
 		k := [2]string{*name, value}
@@ -211,37 +241,25 @@ func (c *ServiceCounters) readKernel() *counterSample {
 		}
 		return lp
 	}
-	at := make(map[portKey]int, len(ports)) // index in s.ports
-	s.ports = make([]portSum, 0, len(ports))
-	for _, p := range ports {
-		k := portKey{p.Port.Namespace, p.Port.Name, p.Port.Port}
-		i, seen := at[k]
-		if !seen {
-			i = len(s.ports)
-			at[k] = i
-			lps, had := c.labels[k]
-			if had {
-				// new ports share these namespace and port pairs too
-				shared[[2]string{labelNamespace, k.ns}] = lps[0]
-				shared[[2]string{labelPort, k.port}] = lps[1]
-			} else {
-				service := k.name
-				lps = []*dto.LabelPair{pair(&labelNamespace, k.ns), pair(&labelPort, k.port), {Name: &labelService, Value: &service}}
-			}
-			labels[k] = lps
-			s.ports = append(s.ports, portSum{labels: lps})
+	s.ports = make([]portSum, len(sums))
+	prev := c.prev
+	for i, sm := range sums {
+		for len(prev) > 0 && prev[0].compare(sm.portKey) < 0 {
+			prev = prev[1:]
 		}
-		s.ports[i].packets += p.Packets
-		s.ports[i].bytes += p.Bytes
+		ps := &s.ports[i]
+		ps.packets, ps.bytes = sm.packets, sm.bytes
+		if len(prev) > 0 && prev[0].compare(sm.portKey) == 0 {
+			ps.labels = prev[0].labels
+			// new ports share these namespace and port pairs too
+			shared[[2]string{labelNamespace, sm.ns}] = ps.labels[0]
+			shared[[2]string{labelPort, sm.port}] = ps.labels[1]
+		} else {
+			service := sm.name
+			ps.labels = [3]*dto.LabelPair{pair(&labelNamespace, sm.ns), pair(&labelPort, sm.port), {Name: &labelService, Value: &service}}
+		}
 	}
-	c.labels = labels
-	// in the order the registry sorts a family's series in (by label value, labels by
-	// name: namespace, port, service), as the exposition formats expect them
-	slices.SortFunc(s.ports, func(a, b portSum) int {
-		return cmp.Or(strings.Compare(a.labels[0].GetValue(), b.labels[0].GetValue()),
-			strings.Compare(a.labels[1].GetValue(), b.labels[1].GetValue()),
-			strings.Compare(a.labels[2].GetValue(), b.labels[2].GetValue()))
-	})
+	c.prev = s.ports
 	s.rejected = rejected
 	return s
 }
