@@ -16,8 +16,9 @@ import (
 // against the live API.
 
 // testMetrics sends a known number of connections to a new service and reads the
-// running nftproxy's metrics: the kernel's per-service packet counter and kube-proxy's
-// sync metrics.
+// running nftproxy's metrics: the kernel's per-service packet counter on
+// /metrics/services, and kube-proxy's sync metrics on /metrics, which has no
+// per-service series.
 func (e *env) testMetrics(t *testing.T) {
 	svc := e.createService(t, "counted", corev1.ServiceTypeClusterIP, nil, tcpPort("http", 80, 8080))
 	e.putSlice(t, svc, endpoint(e.web[0], ready))
@@ -41,6 +42,9 @@ func (e *env) testMetrics(t *testing.T) {
 		t.Errorf("nftproxy_service_packets_total for default/counted grew by %v within 10 s of %d connections, want >= %d", got, conns, 3*conns)
 	}
 	m := e.scrape(t)
+	if strings.Contains(m, "nftproxy_service_packets_total") || strings.Contains(m, "nftproxy_service_bytes_total") {
+		t.Error("/metrics has per-service counters; they belong on /metrics/services only")
+	}
 	for _, name := range []string{
 		"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 		`kubeproxy_sync_proxy_rules_service_changes_total`,
@@ -52,17 +56,24 @@ func (e *env) testMetrics(t *testing.T) {
 	}
 }
 
-// servicePackets returns nftproxy_service_packets_total of one service's "http" port.
+// servicePackets returns nftproxy_service_packets_total of one service's "http" port,
+// from /metrics/services.
 func (e *env) servicePackets(t *testing.T, name string) float64 {
 	t.Helper()
-	return metricValue(e.scrape(t), `nftproxy_service_packets_total{namespace="default",port="http",service="`+name+`"}`)
+	return metricValue(e.scrapePath(t, "/metrics/services"), `nftproxy_service_packets_total{namespace="default",port="http",service="`+name+`"}`)
 }
 
+// scrape reads the running nftproxy's /metrics.
 func (e *env) scrape(t *testing.T) string {
 	t.Helper()
-	out, err := e.c.Exec(t.Context(), e.c.NodeNS, "curl", "-sf", "http://127.0.0.1:10249/metrics")
+	return e.scrapePath(t, "/metrics")
+}
+
+func (e *env) scrapePath(t *testing.T, path string) string {
+	t.Helper()
+	out, err := e.c.Exec(t.Context(), e.c.NodeNS, "curl", "-sf", "http://127.0.0.1:10249"+path)
 	if err != nil {
-		t.Fatalf("scraping metrics: %v: %s", err, out)
+		t.Fatalf("scraping %s: %v: %s", path, err, out)
 	}
 	return string(out)
 }

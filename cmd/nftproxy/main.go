@@ -235,8 +235,8 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 	applied := &metrics.AppliedParts{} // the parts last applied, for the counters
 	cfg.Applied = applied.Publish
 	rec := metrics.New(metrics.Options{
-		// per-service counters, attributed by element key, read at most once per
-		// interval however often scraped
+		// per-service counters, attributed by element key, served on /metrics/services
+		// only and read at most once per interval however often scraped
 		ServiceCounters:         metrics.KernelCounters(applier, controller.Families, applied),
 		NoServiceCounters:       !o.ServiceCounters,
 		ServiceCountersInterval: o.ServiceCountersMinInterval,
@@ -291,7 +291,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 	}
 	configz := o.EffectiveConfig()
 	configz.EnableProfiling = o.Profiling
-	pages := serve.MetricsPages{Metrics: rec.Handler(), Config: configz, Flags: func() map[string]string { return flagValues(fs) },
+	pages := serve.MetricsPages{Metrics: rec.Handler(), Services: rec.ServicesHandler(), Config: configz, Flags: func() map[string]string { return flagValues(fs) },
 		Started: started, Version: version.Get().GitVersion, Profiling: o.Profiling}
 	if err := serve.Start(ctx, log, "metrics", o.MetricsBindAddress, pages.Handler(), httplimit.Metrics); err != nil {
 		return err

@@ -3,7 +3,9 @@
 //
 // The proxy reports events through the Recorder interface; Prometheus implements it on
 // its own registry (never the global default one) and serves it with Handler.
-// ServiceCounters adds the kernel's per-service packet and byte counters.
+// ServiceCounters, the kernel's per-service packet and byte counters, are served apart,
+// by ServicesHandler (/metrics/services): a scrape of /metrics never reads the kernel's
+// counter sets.
 package metrics
 
 import (
@@ -93,10 +95,11 @@ type Options struct {
 	NoRuntimeMetrics bool
 	// ServiceCounters is where the per-service packet and byte counters
 	// (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total)
-	// are read from; nil: they are not exported.
+	// are read from, for ServicesHandler only; nil: they are not exported.
 	ServiceCounters CounterSource
 	// NoServiceCounters is the operator's switch (--service-counters=false): no
-	// per-service counters are exported, and the kernel's counters are never read.
+	// per-service counters are exported (ServicesHandler is nil), and the kernel's
+	// counters are never read.
 	NoServiceCounters bool
 	// ServiceCountersInterval is the least time one read of the kernel's counters
 	// serves scrapes for (--service-counters-min-interval). Whatever it is, a read
@@ -139,6 +142,9 @@ type Prometheus struct {
 	conntrackDeleted    *prometheus.CounterVec
 	also                prometheus.Gatherer
 	log                 logr.Logger
+	// services are the per-service counters, served by ServicesHandler only; nil
+	// when off.
+	services *ServiceCounters
 }
 
 var _ Recorder = (*Prometheus)(nil)
@@ -224,7 +230,7 @@ func New(o Options) *Prometheus {
 		p.foreignChanges.WithLabelValues(cause)
 	}
 	if o.ServiceCounters != nil && !o.NoServiceCounters {
-		p.reg.MustRegister(NewServiceCounters(o.ServiceCounters, o.ServiceCountersInterval, o.Log))
+		p.services = NewServiceCounters(o.ServiceCounters, o.ServiceCountersInterval, o.Log)
 	}
 	if !o.NoRuntimeMetrics {
 		p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -236,13 +242,27 @@ func New(o Options) *Prometheus {
 func (p *Prometheus) Registry() *prometheus.Registry { return p.reg }
 
 // Handler serves the registry, and Options.Also, in Prometheus text format (and
-// OpenMetrics if asked).
+// OpenMetrics if asked): /metrics. It has no per-service counter and never reads the
+// kernel's counter sets.
 func (p *Prometheus) Handler() http.Handler {
 	var g prometheus.Gatherer = p.reg
 	if p.also != nil {
 		g = merged{p.reg, p.also, p.log}
 	}
 	return promhttp.HandlerFor(g, promhttp.HandlerOpts{Registry: p.reg})
+}
+
+// ServicesHandler serves the per-service counters (Options.ServiceCounters) alone, in
+// the formats Handler serves: /metrics/services. Their series grow with the cluster
+// (two per service port on every node: 60,000 at 30k service ports) and a scrape may
+// read the kernel, so they are only there for whoever asks for them. A failed encoding
+// counts in Handler's promhttp_metric_handler_errors_total. Nil when the counters are
+// off (Options.NoServiceCounters, or no source).
+func (p *Prometheus) ServicesHandler() http.Handler {
+	if p.services == nil {
+		return nil
+	}
+	return promhttp.HandlerFor(p.services, promhttp.HandlerOpts{Registry: p.reg})
 }
 
 // merged gathers own's families, then those of also that own has not: two collectors

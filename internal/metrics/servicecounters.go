@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/nftproxy/nftproxy/internal/model"
 )
@@ -39,23 +40,34 @@ const readCostFactor = 20
 // times as long as the last read took, whichever is longer — and scrapes within it get
 // the values of the last read; concurrent scrapes wait for the one read in progress
 // instead of starting their own.
+//
+// It is a prometheus.Gatherer of its own, not a Collector on a registry: a registry
+// makes every series a const metric, rebuilds its label pairs, hashes them to check
+// for duplicates and sorts the family, on every scrape — 60,000 series at 30,000
+// service ports, for series whose labels only change when a service port comes or
+// goes. Here each service port's label pairs are made once, when a read first finds
+// it, and shared by every scrape until a read no longer finds it; a scrape only makes
+// the samples' values, in the order the registry would sort them in. At 30,000 service
+// ports the pairs hold about 2 MB more between scrapes than the sums alone.
 type ServiceCounters struct {
 	read     CounterSource
 	interval time.Duration
 	now      func() time.Time
 	log      logr.Logger
 
-	packets, bytes   *prometheus.Desc
-	rejects, readErr *prometheus.Desc
-
 	mu       sync.Mutex
 	last     *counterSample
 	inflight chan struct{} // closed when the read in progress ends; nil if none
+
+	// prev are the ports of the last successful read, whose label pairs the next read
+	// takes over: only the goroutine that reads the kernel (one at a time) uses it.
+	prev []portSum
 }
 
-// counterSample is one read of the kernel. It keeps the sums, not the metrics: a
-// sample lives until the next read, and 60,000 const metrics (two per service port at
-// 30k) held 40 MB of label pairs between scrapes; Collect makes them per scrape.
+// counterSample is one read of the kernel. It keeps the sums and each port's label
+// pairs, not metrics: a sample lives until the next read, and 60,000 const metrics
+// (two per service port at 30k) held 40 MB between scrapes; Gather makes the metrics
+// per scrape.
 type counterSample struct {
 	until    time.Time // it serves scrapes until then
 	failed   bool      // the read failed: only the error gauge
@@ -64,47 +76,90 @@ type counterSample struct {
 }
 
 // portSum is one service port's counts (summed over the ports the labels cannot tell
-// apart).
+// apart) and its label pairs: namespace, port, service (sorted by name, as the
+// registry sorts them). The pairs are shared with other samples and scrapes: never
+// modified.
 type portSum struct {
-	ns, name, port string
+	labels         [3]*dto.LabelPair
 	packets, bytes uint64
 }
 
-// NewServiceCounters returns a collector over read that reads the kernel at most once
+// compare orders p by k as the registry orders series: by namespace, port, service.
+func (p *portSum) compare(k portKey) int {
+	return cmp.Or(strings.Compare(p.labels[0].GetValue(), k.ns),
+		strings.Compare(p.labels[1].GetValue(), k.port),
+		strings.Compare(p.labels[2].GetValue(), k.name))
+}
+
+type portKey struct{ ns, name, port string }
+
+// The families, in the order of their names.
+var (
+	nameReadErrors = "nftproxy_counter_read_errors"
+	nameRejects    = "nftproxy_no_endpoint_rejects_total"
+	nameBytes      = "nftproxy_service_bytes_total"
+	namePackets    = "nftproxy_service_packets_total"
+	helpReadErrors = "1 when the last read of the kernel counters failed."
+	helpRejects    = "Packets rejected because their service had no endpoints."
+	helpBytes      = "Bytes sent to the service's addresses and node ports, counted by the kernel."
+	helpPackets    = "Packets sent to the service's addresses and node ports, counted by the kernel."
+	typeCounter    = dto.MetricType_COUNTER
+	typeGauge      = dto.MetricType_GAUGE
+	labelNamespace = "namespace"
+	labelPort      = "port"
+	labelService   = "service"
+)
+
+var _ prometheus.Gatherer = (*ServiceCounters)(nil)
+
+// NewServiceCounters returns a gatherer over read that reads the kernel at most once
 // per interval (see ServiceCounters; 0: only the bound by the read's own cost).
 func NewServiceCounters(read CounterSource, interval time.Duration, log logr.Logger) *ServiceCounters {
-	labels := []string{"namespace", "service", "port"}
-	return &ServiceCounters{
-		read: read, interval: interval, now: time.Now, log: log,
-		packets: prometheus.NewDesc("nftproxy_service_packets_total", "Packets sent to the service's addresses and node ports, counted by the kernel.", labels, nil),
-		bytes:   prometheus.NewDesc("nftproxy_service_bytes_total", "Bytes sent to the service's addresses and node ports, counted by the kernel.", labels, nil),
-		rejects: prometheus.NewDesc("nftproxy_no_endpoint_rejects_total", "Packets rejected because their service had no endpoints.", nil, nil),
-		readErr: prometheus.NewDesc("nftproxy_counter_read_errors", "1 when the last read of the kernel counters failed.", nil, nil),
-	}
+	return &ServiceCounters{read: read, interval: interval, now: time.Now, log: log}
 }
 
-// Describe implements prometheus.Collector.
-func (c *ServiceCounters) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.packets
-	ch <- c.bytes
-	ch <- c.rejects
-	ch <- c.readErr
-}
-
-// Collect implements prometheus.Collector.
-func (c *ServiceCounters) Collect(ch chan<- prometheus.Metric) {
+// Gather implements prometheus.Gatherer: the families of the last read (reading the
+// kernel if it is too old), sorted by name, their series by label values.
+func (c *ServiceCounters) Gather() ([]*dto.MetricFamily, error) {
 	s := c.sample()
+	readErr := 0.0
 	if s.failed {
-		ch <- prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 1)
-		return
+		readErr = 1
 	}
-	ch <- prometheus.MustNewConstMetric(c.readErr, prometheus.GaugeValue, 0)
+	errFam := &dto.MetricFamily{Name: &nameReadErrors, Help: &helpReadErrors, Type: &typeGauge,
+		Metric: []*dto.Metric{{Gauge: &dto.Gauge{Value: &readErr}}}}
+	if s.failed {
+		return []*dto.MetricFamily{errFam}, nil
+	}
+	rejected := float64(s.rejected)
+	fams := []*dto.MetricFamily{
+		errFam,
+		{Name: &nameRejects, Help: &helpRejects, Type: &typeCounter, Metric: []*dto.Metric{{Counter: &dto.Counter{Value: &rejected}}}},
+	}
+	n := len(s.ports)
+	if n == 0 {
+		return fams, nil // as a registry: no family without series
+	}
+	// one allocation of each kind for all 2n series (not four per series)
+	metrics := make([]dto.Metric, 2*n)
+	counters := make([]dto.Counter, 2*n)
+	values := make([]float64, 2*n)
+	ptrs := make([]*dto.Metric, 2*n)
 	for i := range s.ports {
 		p := &s.ports[i]
-		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(p.packets), p.ns, p.name, p.port)
-		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(p.bytes), p.ns, p.name, p.port)
+		for j, v := range [2]uint64{p.bytes, p.packets} {
+			k := j*n + i
+			values[k] = float64(v)
+			counters[k].Value = &values[k]
+			metrics[k].Label = p.labels[:] // in the sample, which outlives the scrape
+			metrics[k].Counter = &counters[k]
+			ptrs[k] = &metrics[k]
+		}
 	}
-	ch <- prometheus.MustNewConstMetric(c.rejects, prometheus.CounterValue, float64(s.rejected))
+	return append(fams,
+		&dto.MetricFamily{Name: &nameBytes, Help: &helpBytes, Type: &typeCounter, Metric: ptrs[:n:n]},
+		&dto.MetricFamily{Name: &namePackets, Help: &helpPackets, Type: &typeCounter, Metric: ptrs[n:]},
+	), nil
 }
 
 // sample returns the last read if it is recent enough, else waits for the read in
@@ -136,7 +191,7 @@ func (c *ServiceCounters) sample() *counterSample {
 
 // readKernel reads the counters once and sums them: one series per
 // service port (the labels cannot tell two ports apart only if the API let a Service
-// have two ports of one name, when they are summed).
+// have two ports of one name, when they are summed). Only one runs at a time.
 func (c *ServiceCounters) readKernel() *counterSample {
 	s := &counterSample{}
 	start := c.now()
@@ -148,28 +203,63 @@ func (c *ServiceCounters) readKernel() *counterSample {
 	if err != nil {
 		c.log.V(2).Info("Reading kernel counters failed", "err", err.Error())
 		s.failed = true
-		return s
+		return s // the labels stay for the next read
 	}
-	type key struct{ ns, name, port string }
-	at := make(map[key]int, len(ports)) // index in s.ports
-	s.ports = make([]portSum, 0, len(ports))
+	type sum struct {
+		portKey
+		packets, bytes uint64
+	}
+	at := make(map[portKey]int, len(ports)) // index in sums
+	sums := make([]sum, 0, len(ports))
 	for _, p := range ports {
-		k := key{p.Port.Namespace, p.Port.Name, p.Port.Port}
+		k := portKey{p.Port.Namespace, p.Port.Name, p.Port.Port}
 		i, seen := at[k]
 		if !seen {
-			i = len(s.ports)
+			i = len(sums)
 			at[k] = i
-			s.ports = append(s.ports, portSum{ns: k.ns, name: k.name, port: k.port})
+			sums = append(sums, sum{portKey: k})
 		}
-		s.ports[i].packets += p.Packets
-		s.ports[i].bytes += p.Bytes
+		sums[i].packets += p.Packets
+		sums[i].bytes += p.Bytes
 	}
 	// in the order the registry sorts a family's series in (by label value, labels by
-	// name: namespace, port, service), so that its sort of every scrape finds them
-	// sorted: on 60,000 series in random order it took 100 ms of each scrape at 30k
-	slices.SortFunc(s.ports, func(a, b portSum) int {
+	// name: namespace, port, service), as the exposition formats expect them; the last
+	// read's ports are in it too
+	slices.SortFunc(sums, func(a, b sum) int {
 		return cmp.Or(strings.Compare(a.ns, b.ns), strings.Compare(a.port, b.port), strings.Compare(a.name, b.name))
 	})
+	// the label pairs: the last read's where it had the port (found walking both in
+	// order), new ones (sharing the namespace's and port name's pair) for ports it did
+	// not have; those of ports gone go with the last read
+	shared := map[[2]string]*dto.LabelPair{} // by {name, value}: one namespace or port pair each
+	pair := func(name *string, value string) *dto.LabelPair {
+		k := [2]string{*name, value}
+		lp := shared[k]
+		if lp == nil {
+			lp = &dto.LabelPair{Name: name, Value: &value}
+			shared[k] = lp
+		}
+		return lp
+	}
+	s.ports = make([]portSum, len(sums))
+	prev := c.prev
+	for i, sm := range sums {
+		for len(prev) > 0 && prev[0].compare(sm.portKey) < 0 {
+			prev = prev[1:]
+		}
+		ps := &s.ports[i]
+		ps.packets, ps.bytes = sm.packets, sm.bytes
+		if len(prev) > 0 && prev[0].compare(sm.portKey) == 0 {
+			ps.labels = prev[0].labels
+			// new ports share these namespace and port pairs too
+			shared[[2]string{labelNamespace, sm.ns}] = ps.labels[0]
+			shared[[2]string{labelPort, sm.port}] = ps.labels[1]
+		} else {
+			service := sm.name
+			ps.labels = [3]*dto.LabelPair{pair(&labelNamespace, sm.ns), pair(&labelPort, sm.port), {Name: &labelService, Value: &service}}
+		}
+	}
+	c.prev = s.ports
 	s.rejected = rejected
 	return s
 }

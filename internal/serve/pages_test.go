@@ -27,8 +27,9 @@ func get(t *testing.T, h http.Handler, path string) (int, string, http.Header) {
 func pages(profiling bool) MetricsPages {
 	started := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
 	return MetricsPages{
-		Metrics: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "metric 1\n") }),
-		Config:  map[string]any{"clusterCIDR": "10.244.0.0/16", "mode": "nftables"},
+		Metrics:  http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "metric 1\n") }),
+		Services: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "per-service 2\n") }),
+		Config:   map[string]any{"clusterCIDR": "10.244.0.0/16", "mode": "nftables"},
 		Flags: func() map[string]string {
 			return map[string]string{"v": "2", "cluster-cidr": "10.244.0.0/16", "profiling": "false"}
 		},
@@ -44,6 +45,9 @@ func TestMetricsPages(t *testing.T) {
 	h := pages(false).Handler()
 	if code, body, _ := get(t, h, "/metrics"); code != 200 || body != "metric 1\n" {
 		t.Errorf("/metrics: %d %q", code, body)
+	}
+	if code, body, _ := get(t, h, "/metrics/services"); code != 200 || body != "per-service 2\n" {
+		t.Errorf("/metrics/services: %d %q", code, body)
 	}
 	if code, body, _ := get(t, h, "/proxyMode"); code != 200 || body != "nftables" {
 		t.Errorf("/proxyMode: %d %q", code, body)
@@ -67,9 +71,20 @@ func TestMetricsPages(t *testing.T) {
 	code, body, _ = get(t, h, "/statusz")
 	want = "\nnftproxy statusz\n" + zpageWarning + "\n\n" +
 		"Started: Tue Nov 24 12:00:00 UTC 2026\nUp: 1 hr 01 min 01 sec\nGo version: " + runtime.Version() + "\n" +
-		"Binary version: v1.2.3\nPaths: /configz /flagz /healthz /metrics /proxyMode /statusz\n"
+		"Binary version: v1.2.3\nPaths: /configz /flagz /healthz /metrics /metrics/services /proxyMode /statusz\n"
 	if code != 200 || body != want {
 		t.Errorf("/statusz: %d\n%s\nwant\n%s", code, body, want)
+	}
+
+	// the per-service counters off: 404, saying why, and not listed
+	off := pages(false)
+	off.Services = nil
+	code, body, _ = get(t, off.Handler(), "/metrics/services")
+	if code != http.StatusNotFound || !strings.Contains(body, "--service-counters=false") {
+		t.Errorf("/metrics/services with the counters off: %d %q", code, body)
+	}
+	if _, body, _ := get(t, off.Handler(), "/statusz"); strings.Contains(body, "/metrics/services") {
+		t.Errorf("/statusz lists /metrics/services with the counters off:\n%s", body)
 	}
 
 	// profiling is off by default, and no /flagz without flags

@@ -239,6 +239,8 @@ const ConfigzKey = "kubeproxy.config.k8s.io"
 // kube-proxy's:
 //
 //   - /metrics: Metrics;
+//   - /metrics/services: Services, nftproxy's per-service counters (not kube-proxy's);
+//     without it (--service-counters=false) 404, with a body that says why;
 //   - /proxyMode: "nftables";
 //   - /healthz: "ok" (the server is up);
 //   - /configz: Config as JSON, under ConfigzKey;
@@ -252,7 +254,10 @@ const ConfigzKey = "kubeproxy.config.k8s.io"
 // people: they carry no compatibility promise, /configz is the machine-readable one.
 type MetricsPages struct {
 	Metrics http.Handler
-	Config  any
+	// Services serves the per-service counters (metrics.Prometheus.ServicesHandler);
+	// nil: they are off, and /metrics/services answers 404.
+	Services http.Handler
+	Config   any
 	// Flags returns the command line's flags and their values; nil: no /flagz.
 	Flags func() map[string]string
 	// Started is when the process started, Version its binary version (/statusz).
@@ -263,6 +268,10 @@ type MetricsPages struct {
 	// Now is the clock of /statusz's uptime; default time.Now.
 	Now func() time.Time
 }
+
+// ServicesPath is where the metrics server serves the per-service counters
+// (MetricsPages.Services), apart from /metrics.
+const ServicesPath = "/metrics/services"
 
 // component is the name in the /flagz and /statusz headers.
 const component = "nftproxy"
@@ -278,6 +287,14 @@ func (m MetricsPages) Handler() http.Handler {
 		paths = append(paths, strings.TrimSuffix(path, "/"))
 	}
 	handle("/metrics", m.Metrics)
+	if m.Services != nil {
+		handle(ServicesPath, m.Services)
+	} else {
+		// not listed in /statusz: nothing is served there
+		mux.HandleFunc(ServicesPath, func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "per-service counters are off (--service-counters=false)", http.StatusNotFound)
+		})
+	}
 	text := func(body func() string) http.HandlerFunc {
 		return func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
