@@ -201,7 +201,9 @@ const (
 // grow returns s[:n], cleared, reusing its array when large enough.
 func grow[T any](s []T, n int) []T {
 	if cap(s) < n {
-		return make([]T, n)
+		// room for more: services come one by one, and an exact size would make every
+		// sync that adds one allocate again (a megabyte or two at 30k)
+		return make([]T, n, n+n/8+16)
 	}
 	s = s[:n]
 	clear(s)
@@ -534,35 +536,44 @@ func (c *compiler) setAside(services []*model.ServicePort, state []uint8) {
 		from, to int // services[from:to] are the Service's ports
 		cost     int
 	}
+	// each Service: its ports services[from:to] and their cost; over a limit of its
+	// own, it is set aside here. The groups are kept only when the budget is exceeded
+	// (keep): a list of every Service per sync was most of what a sync allocated.
 	var groups []group
-	total := 0
-	for from := 0; from < len(services); {
-		first := services[from]
-		to, fronts, cost, reason := from, 0, 0, ""
-		for ; to < len(services) && services[to].Name.Namespace == first.Name.Namespace && services[to].Name.Name == first.Name.Name; to++ {
-			sp := services[to]
-			fronts += frontends(sp)
-			cost += ElementCost(sp)
-			if n := len(sp.Endpoints); lim.MaxEndpointsPerServicePort > 0 && n > lim.MaxEndpointsPerServicePort && reason == "" {
-				reason = fmt.Sprintf("port %q has %d endpoints, more than --max-endpoints-per-service-port=%d: the Service is not programmed",
-					sp.Name.Port, n, lim.MaxEndpointsPerServicePort)
+	walk := func(keep bool) (total int) {
+		for from := 0; from < len(services); {
+			first := services[from]
+			to, fronts, cost, reason := from, 0, 0, ""
+			for ; to < len(services) && services[to].Name.Namespace == first.Name.Namespace && services[to].Name.Name == first.Name.Name; to++ {
+				sp := services[to]
+				fronts += frontends(sp)
+				cost += ElementCost(sp)
+				if n := len(sp.Endpoints); lim.MaxEndpointsPerServicePort > 0 && n > lim.MaxEndpointsPerServicePort && reason == "" {
+					reason = fmt.Sprintf("port %q has %d endpoints, more than --max-endpoints-per-service-port=%d: the Service is not programmed",
+						sp.Name.Port, n, lim.MaxEndpointsPerServicePort)
+				}
 			}
+			if lim.MaxFrontendsPerService > 0 && fronts > lim.MaxFrontendsPerService {
+				reason = fmt.Sprintf("%d frontends (ports × cluster, external and load-balancer IPs), more than --max-frontends-per-service=%d: the Service is not programmed",
+					fronts, lim.MaxFrontendsPerService)
+			}
+			switch {
+			case reason != "" && !keep:
+				c.setAsideGroup(services, from, to, state, reason)
+			case reason == "":
+				total += cost
+				if keep {
+					groups = append(groups, group{from, to, cost})
+				}
+			}
+			from = to
 		}
-		if lim.MaxFrontendsPerService > 0 && fronts > lim.MaxFrontendsPerService {
-			reason = fmt.Sprintf("%d frontends (ports × cluster, external and load-balancer IPs), more than --max-frontends-per-service=%d: the Service is not programmed",
-				fronts, lim.MaxFrontendsPerService)
-		}
-		if reason != "" {
-			c.setAsideGroup(services, from, to, state, reason)
-		} else {
-			groups = append(groups, group{from, to, cost})
-			total += cost
-		}
-		from = to
+		return total
 	}
-	if lim.MaxElements <= 0 || total <= lim.MaxElements {
+	if total := walk(false); lim.MaxElements <= 0 || total <= lim.MaxElements {
 		return
 	}
+	walk(true)
 	// over budget: admit the oldest Services first (then by name), the same choice on
 	// every node and after every restart
 	slices.SortStableFunc(groups, func(a, b group) int { return services[a.from].Created.Compare(services[b.from].Created) })

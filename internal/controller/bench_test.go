@@ -43,7 +43,7 @@ func BenchmarkSyncOneChange(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			svcs, slices := benchObjects(n)
-			cfg := Config{NodeName: "node-1", MasqueradeBit: 14}
+			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits()} // the defaults the proxy runs with
 			pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
 			prev, _, _, err := pl.compile(cfg, svcs, slices, nil)
 			if err != nil {
@@ -67,6 +67,32 @@ func BenchmarkSyncOneChange(b *testing.B) {
 	}
 }
 
+// BenchmarkSyncAddService is BenchmarkSyncOneChange for a Service added with its
+// EndpointSlice per iteration (the bench's expose scenario): arrays sized by the number
+// of services grow every time.
+func BenchmarkSyncAddService(b *testing.B) {
+	for _, n := range []int{1000, 10000, 30000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			svcs, slices := benchObjects(n)
+			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits()}
+			pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
+			if _, _, _, err := pl.compile(cfg, svcs, slices, nil); err != nil {
+				b.Fatal(err)
+			}
+			i := 0
+			for b.Loop() {
+				i++
+				name := fmt.Sprintf("new%06d", i)
+				svcs = append(svcs, service(name, fmt.Sprintf("10.200.%d.%d", (i/256)%256, i%256)))
+				slices = append(slices, slice(name, name+"-1", fmt.Sprintf("10.250.%d.%d", (i/256)%256, i%256)))
+				if _, _, _, err := pl.compile(cfg, svcs, slices, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkColdSync is the dataplane part of a cold start, in process: from the
 // informers' API objects (n Services with a 10-endpoint EndpointSlice each) to both
 // families' tables programmed in a throwaway network namespace: model, compile, encode
@@ -75,7 +101,7 @@ func BenchmarkColdSync(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			svcs, slices := benchObjects(n)
-			cfg := Config{NodeName: "node-1", MasqueradeBit: 14}
+			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits()} // the defaults the proxy runs with
 			var kernelTime time.Duration
 			for b.Loop() {
 				b.StopTimer()
@@ -107,7 +133,7 @@ func BenchmarkColdSyncHeap(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			svcs, slices := benchObjects(n)
-			cfg := Config{NodeName: "node-1", MasqueradeBit: 14}
+			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits()} // the defaults the proxy runs with
 			var kept uint64
 			for b.Loop() {
 				b.StopTimer()

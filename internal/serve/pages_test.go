@@ -1,18 +1,14 @@
 package serve
 
 import (
-	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/go-logr/logr"
 
 	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
 )
@@ -110,17 +106,7 @@ func TestProfilingPages(t *testing.T) {
 		t.Errorf("/statusz does not list /debug/pprof:\n%s", body)
 	}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := Start(ctx, logr.Discard(), "metrics", addr, h, httplimit.Metrics); err != nil {
-		t.Fatal(err)
-	}
+	addr := startMetrics(t, h, httplimit.Metrics)
 	for _, path := range []string{"/debug/pprof/goroutine?debug=1", "/debug/pprof/heap", "/debug/pprof/profile?seconds=1", "/debug/pprof/cmdline"} {
 		resp, err := http.Get("http://" + addr + path)
 		if err != nil {

@@ -18,9 +18,9 @@ import (
 	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
 )
 
-// startMetrics serves pages on a loopback port with limits, as main does, and returns
-// the address.
-func startMetrics(t *testing.T, pages MetricsPages, limits httplimit.Limits) string {
+// startMetrics serves the metrics server's handler h on a loopback port with limits, as
+// main does, and returns the address.
+func startMetrics(t *testing.T, h http.Handler, limits httplimit.Limits) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -30,7 +30,7 @@ func startMetrics(t *testing.T, pages MetricsPages, limits httplimit.Limits) str
 	_ = ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	if err := Start(ctx, logr.Discard(), "metrics", addr, pages.Handler(), limits); err != nil {
+	if err := Start(ctx, logr.Discard(), "metrics", addr, h, limits); err != nil {
 		t.Fatal(err)
 	}
 	return addr
@@ -67,7 +67,7 @@ func TestServicesPathAlone(t *testing.T) {
 		return []metrics.ServicePortCount{{Port: model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: model.ProtoTCP}, Packets: 7, Bytes: 70}}, 1, nil
 	}
 	rec := metrics.New(metrics.Options{ServiceCounters: source, ServiceCountersInterval: time.Hour, NoRuntimeMetrics: true})
-	addr := startMetrics(t, MetricsPages{Metrics: rec.Handler(), Services: rec.ServicesHandler()}, httplimit.Metrics)
+	addr := startMetrics(t, MetricsPages{Metrics: rec.Handler(), Services: rec.ServicesHandler()}.Handler(), httplimit.Metrics)
 	client := &http.Client{Timeout: 10 * time.Second}
 	const perService = `nftproxy_service_packets_total{namespace="default",port="http",service="web"} 7`
 
@@ -124,7 +124,7 @@ func TestServicesPathSharesLimits(t *testing.T) {
 		ServiceCounters: func() ([]metrics.ServicePortCount, uint64, error) { return nil, 0, nil }})
 	limits := httplimit.Metrics
 	limits.MaxConns = 2
-	addr := startMetrics(t, MetricsPages{Metrics: rec.Handler(), Services: rec.ServicesHandler()}, limits)
+	addr := startMetrics(t, MetricsPages{Metrics: rec.Handler(), Services: rec.ServicesHandler()}.Handler(), limits)
 	var held []net.Conn
 	for range limits.MaxConns {
 		c, err := net.Dial("tcp", addr)
