@@ -873,14 +873,13 @@ func (c *compiler) endpoints(cp *compiledPart, sp *model.ServicePort) []model.En
 		return sp.Endpoints
 	}
 	eps := make([]model.Endpoint, 0, n)
-	for _, e := range sp.Endpoints {
-		switch {
-		case e.Addr.Is6() != c.v6:
-		case c.clusterIPSet[e.Addr] > 0:
+	for i := range sp.Endpoints {
+		switch e := &sp.Endpoints[i]; {
+		case keep(e):
+			eps = append(eps, *e)
+		case e.Addr.Is6() == c.v6: // of this family, so at a cluster IP
 			cp.problems = append(cp.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name,
 				Reason: fmt.Sprintf("port %q: endpoint address %s is a service's cluster IP, skipped", sp.Name.Port, e.Addr)})
-		default:
-			eps = append(eps, e)
 		}
 	}
 	return eps
