@@ -177,20 +177,32 @@ type Compiler struct {
 	// at the 300,000 endpoints of 30,000 services (see Compile; 4 MB of buckets there)
 	endpointAddrs addrCounts
 	services      []*model.ServicePort
-	scratch       scratch // per-call buffers, reused
+	state         []uint8 // services' states
+	budget        budget
+	// who holds each frontend and node port (claims.go); made anew when the node,
+	// its addresses, the service CIDRs or the Services set aside change
+	claims       *claimTable
+	serviceCIDRs []netip.Prefix
+	aside        []serviceName // the previous call's, sorted
+	scratch      scratch       // per-call buffers, reused
+}
+
+// portChange is a service port that came, went or was replaced since the previous
+// call: old is the previous call's (nil: it came) with its state then, new this call's
+// (nil: it went) at services[at].
+type portChange struct {
+	old, new *model.ServicePort
+	oldState uint8
+	at       int
 }
 
 // scratch holds the per-call buffers of Compile. Nothing in them outlives a call: a
 // part that is compiled again copies its claims (claims.clone).
 type scratch struct {
 	matched            []*compiledPart
-	won                []claims
 	state              []uint8 // stateHas, stateAside
-	order              []int
-	internal, external []netip.Addr
-	// the frontends claimed (see compiler.frontends): cleared, not made, on every
-	// call, since a map of every service port's cluster IPs is megabytes at 30k
-	frontends map[frontendKey]int32
+	changes            []portChange
+	internal, external []netip.Addr // claimed addresses (see claimTable.claimsOf)
 }
 
 const (
@@ -210,12 +222,47 @@ func grow[T any](s []T, n int) []T {
 	return s
 }
 
+// diff walks the previous call's service ports and services in step (both in name
+// order) and returns the ports that came, went or were replaced, in name order; a
+// replaced port (same name, another pointer) is one change. It sets each port's
+// stateHas (a cluster IP in the family) in state: an unchanged port (the previous
+// call's pointer) keeps its previous one, for the cost of a pointer comparison.
+func (cc *Compiler) diff(services []*model.ServicePort, state []uint8) []portChange {
+	v6 := cc.cfg.Family == nft.IPv6
+	old, oldState := cc.services, cc.state
+	changes := cc.scratch.changes[:0]
+	j := 0
+	for i, sp := range services {
+		for ; j < len(old) && old[j] != sp && old[j].Name.Less(sp.Name); j++ {
+			changes = append(changes, portChange{old: old[j], oldState: oldState[j], at: -1})
+		}
+		if j < len(old) && old[j] == sp { // unchanged: no name to compare
+			state[i] = oldState[j] & stateHas
+			j++
+			continue
+		}
+		ch := portChange{new: sp, at: i}
+		if j < len(old) && old[j].Name == sp.Name {
+			ch.old, ch.oldState = old[j], oldState[j]
+			j++
+		}
+		if slices.ContainsFunc(sp.ClusterIPs, func(ip netip.Addr) bool { return ip.Is6() == v6 }) {
+			state[i] = stateHas
+		}
+		changes = append(changes, ch)
+	}
+	for ; j < len(old); j++ {
+		changes = append(changes, portChange{old: old[j], oldState: oldState[j], at: -1})
+	}
+	cc.scratch.changes = changes
+	return changes
+}
+
 // trackAddrs brings the cluster IP counts and the endpoint-address counts up to date
-// with services and returns the addresses that became or stopped being a cluster IP. An
-// unchanged service port (the previous call's pointer) costs a pointer comparison, one
-// whose cluster IPs or endpoints are the same slices (the model reuses an unchanged
-// service's) a slice comparison.
-func (cc *Compiler) trackAddrs(services []*model.ServicePort) map[netip.Addr]bool {
+// with the changes since the previous call and returns the addresses that became or
+// stopped being a cluster IP. A replaced port whose cluster IPs or endpoints are the
+// same slices (the model reuses an unchanged service's) costs a slice comparison.
+func (cc *Compiler) trackAddrs(changes []portChange, services []*model.ServicePort) map[netip.Addr]bool {
 	if cc.clusterIPs == nil {
 		cc.clusterIPs = make(map[netip.Addr]int, len(services))
 	}
@@ -237,38 +284,26 @@ func (cc *Compiler) trackAddrs(services []*model.ServicePort) map[netip.Addr]boo
 		}
 	}
 	eps := &cc.endpointAddrs
-	old := cc.services
-	j := 0
-	for _, sp := range services {
-		if j < len(old) && old[j] == sp { // unchanged: no name to compare
-			j++
-			continue
-		}
-		for ; j < len(old) && old[j].Name.Less(sp.Name); j++ {
-			change(old[j].ClusterIPs, -1)
-			eps.add(old[j].Endpoints, -1)
-		}
-		if j < len(old) && old[j].Name == sp.Name {
-			if !same(old[j].ClusterIPs, sp.ClusterIPs) && !slices.Equal(old[j].ClusterIPs, sp.ClusterIPs) {
-				change(old[j].ClusterIPs, -1)
-				change(sp.ClusterIPs, +1)
+	for _, ch := range changes {
+		switch {
+		case ch.old != nil && ch.new != nil:
+			if !same(ch.old.ClusterIPs, ch.new.ClusterIPs) && !slices.Equal(ch.old.ClusterIPs, ch.new.ClusterIPs) {
+				change(ch.old.ClusterIPs, -1)
+				change(ch.new.ClusterIPs, +1)
 			}
-			if !same(old[j].Endpoints, sp.Endpoints) {
-				eps.add(old[j].Endpoints, -1)
-				eps.add(sp.Endpoints, +1)
+			if !same(ch.old.Endpoints, ch.new.Endpoints) {
+				eps.add(ch.old.Endpoints, -1)
+				eps.add(ch.new.Endpoints, +1)
 			}
-			j++
-			continue
+		case ch.old != nil:
+			change(ch.old.ClusterIPs, -1)
+			eps.add(ch.old.Endpoints, -1)
+		default:
+			change(ch.new.ClusterIPs, +1)
+			eps.add(ch.new.Endpoints, +1)
 		}
-		change(sp.ClusterIPs, +1)
-		eps.add(sp.Endpoints, +1)
-	}
-	for ; j < len(old); j++ {
-		change(old[j].ClusterIPs, -1)
-		eps.add(old[j].Endpoints, -1)
 	}
 	eps.resize(services)
-	cc.services = services
 	return moved
 }
 
@@ -391,7 +426,6 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		cfg: cc.cfg, slots: cc.slots, v6: cc.cfg.Family == nft.IPv6, node: snap.Node, serviceCIDRs: snap.ServiceCIDRs,
 		local:         cc.cfg.DetectLocal.resolve(cc.cfg.Family == nft.IPv6, snap.Node),
 		nodePortAddrs: cc.cfg.NodePortAddrs,
-		nodePorts:     map[nodePortKey]model.ServicePortName{},
 	}
 	for _, a := range snap.NodePortAddrs {
 		if !slices.Contains(c.nodePortAddrs, a) {
@@ -401,11 +435,6 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	c.init()
 	services := snap.Services
 	sc := &cc.scratch
-	if sc.frontends == nil {
-		sc.frontends = make(map[frontendKey]int32, len(services))
-	}
-	clear(sc.frontends)
-	c.frontends, c.claimants = sc.frontends, services
 	var dropped []model.ServicePortName // slot owners no longer used
 	// the parts that are not the previous call's (nft.PartChanges): owner → part, nil
 	// when gone; kept only when prev holds every previous part
@@ -438,16 +467,30 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		changed[prev[j].part.Owner] = nil
 	}
 
+	sc.state = grow(sc.state, len(services))
+	state := sc.state
+	changes := cc.diff(services, state)
+	moved := cc.trackAddrs(changes, services)
+	c.clusterIPSet = cc.clusterIPs
+	aside := cc.setAside(c, services, changes, state)
+
+	// the claims: the table follows the changes, unless what decides them all changed
+	table := cc.claims
+	renew := prev == nil || table == nil || !slices.Equal(cc.serviceCIDRs, snap.ServiceCIDRs) || !slices.Equal(cc.aside, aside)
+	if renew {
+		table = newClaimTable()
+		table.fill(c, services, state)
+		cc.claims, cc.serviceCIDRs, cc.aside = table, snap.ServiceCIDRs, aside
+	} else {
+		table.update(c, changes, state, moved)
+	}
+	c.problems = append(c.problems, table.problems(c)...)
+	sc.internal, sc.external = sc.internal[:0], sc.external[:0]
+
 	// endpoints at an address that became or stopped being a cluster IP are compiled again
-	moved := cc.trackAddrs(services)
 	if !cc.endpointAddrs.anyOf(moved) {
 		moved = nil // no endpoint is at an address that moved: none to look for
 	}
-	c.clusterIPSet = cc.clusterIPs
-
-	sc.state = grow(sc.state, len(services))
-	c.setAside(services, sc.state)
-	won := c.claimAll(services, sc)
 
 	pages := map[uint32]bool{}
 	flatMax := 0
@@ -456,15 +499,17 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	for i := range services {
 		sp := services[i]
 		cp := matched[i]
-		if sc.state[i] != stateHas {
+		if state[i] != stateHas {
 			if cp != nil {
 				dropped = append(dropped, cp.owners...)
 				changed[cp.part.Owner] = nil
 			}
 			continue // set aside, or no address in this family
 		}
-		w := won[i]
-		if cp != nil && cp.claims.equal(w) {
+		var w claims
+		if cp != nil && cp.in == sp && !renew && !table.affected[sp] {
+			w = cp.claims // nothing it claims changed hands
+		} else if w = table.claimsOf(c, sp, sc); cp != nil && cp.claims.equal(w) {
 			w = cp.claims
 		}
 		sameInput := cp != nil && (cp.in == sp || (trusted && !snap.Changes.MayDiffer(sp.Name)) || cp.in.Equal(sp))
@@ -492,6 +537,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		parts = append(parts, cp.part)
 	}
 	cc.parts = next
+	cc.services, cc.state, sc.state = services, state, cc.state
 	clear(matched) // keep no dropped part alive
 	cc.slots.drop(dropped)
 	if prev == nil {
@@ -525,192 +571,9 @@ func endpointsAt(eps []model.Endpoint, addrs map[netip.Addr]bool) bool {
 	return false
 }
 
-// setAside marks the service ports of Services over a limit. Each Service is reported
-// once, by the compiler of its first cluster IP's family.
-func (c *compiler) setAside(services []*model.ServicePort, state []uint8) {
-	lim := c.cfg.Limits
-	if lim == (Limits{}) {
-		return
-	}
-	type group struct {
-		from, to int // services[from:to] are the Service's ports
-		cost     int
-	}
-	// each Service: its ports services[from:to] and their cost; over a limit of its
-	// own, it is set aside here. The groups are kept only when the budget is exceeded
-	// (keep): a list of every Service per sync was most of what a sync allocated.
-	var groups []group
-	walk := func(keep bool) (total int) {
-		for from := 0; from < len(services); {
-			first := services[from]
-			to, fronts, cost, reason := from, 0, 0, ""
-			for ; to < len(services) && services[to].Name.Namespace == first.Name.Namespace && services[to].Name.Name == first.Name.Name; to++ {
-				sp := services[to]
-				fronts += frontends(sp)
-				cost += ElementCost(sp)
-				if n := len(sp.Endpoints); lim.MaxEndpointsPerServicePort > 0 && n > lim.MaxEndpointsPerServicePort && reason == "" {
-					reason = fmt.Sprintf("port %q has %d endpoints, more than --max-endpoints-per-service-port=%d: the Service is not programmed",
-						sp.Name.Port, n, lim.MaxEndpointsPerServicePort)
-				}
-			}
-			if lim.MaxFrontendsPerService > 0 && fronts > lim.MaxFrontendsPerService {
-				reason = fmt.Sprintf("%d frontends (ports × cluster, external and load-balancer IPs), more than --max-frontends-per-service=%d: the Service is not programmed",
-					fronts, lim.MaxFrontendsPerService)
-			}
-			switch {
-			case reason != "" && !keep:
-				c.setAsideGroup(services, from, to, state, reason)
-			case reason == "":
-				total += cost
-				if keep {
-					groups = append(groups, group{from, to, cost})
-				}
-			}
-			from = to
-		}
-		return total
-	}
-	if total := walk(false); lim.MaxElements <= 0 || total <= lim.MaxElements {
-		return
-	}
-	walk(true)
-	// over budget: admit the oldest Services first (then by name), the same choice on
-	// every node and after every restart
-	slices.SortStableFunc(groups, func(a, b group) int { return services[a.from].Created.Compare(services[b.from].Created) })
-	used := 0
-	for _, g := range groups {
-		if used+g.cost <= lim.MaxElements {
-			used += g.cost
-			continue
-		}
-		c.setAsideGroup(services, g.from, g.to, state, fmt.Sprintf(
-			"the table's element budget (--max-table-elements=%d) is taken by older Services; this one needs about %d more: the Service is not programmed",
-			lim.MaxElements, g.cost))
-	}
-}
-
-func (c *compiler) setAsideGroup(services []*model.ServicePort, from, to int, state []uint8, reason string) {
-	for k := from; k < to; k++ {
-		state[k] |= stateAside
-	}
-	sp := services[from]
-	if len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0].Is6() == c.v6 {
-		c.problems = append(c.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
-	}
-}
-
-// claimAll decides which frontends and node port each service port gets. Cluster IPs
-// are claimed first, by every service, and always win. External and load-balancer IPs
-// and node ports come next, oldest Service first (then by name): a conflict between
-// them goes to the older Service, the same answer on every node. An external or
-// load-balancer IP that is any service's cluster IP, lies in the service CIDRs, is a
-// special address (loopback, link-local, …), or is the node's own address on a port
-// nftproxy serves, is refused for that service alone. It marks sc.state[i] stateHas when
-// services[i] has a cluster IP in this family (without, it is not programmed at all).
-func (c *compiler) claimAll(services []*model.ServicePort, sc *scratch) []claims {
-	sc.won = grow(sc.won, len(services))
-	won, state := sc.won, sc.state
-	// the claimed addresses of all service ports share two buffers (a part that is
-	// compiled again keeps a copy: see claims.clone)
-	n := 0
-	for i := range services {
-		n += len(services[i].ClusterIPs)
-	}
-	internal := grow(sc.internal, n)[:0]
-	external := sc.external[:0]
-	order := sc.order[:0] // service ports with external frontends or a node port
-	for i := range services {
-		sp := services[i]
-		if state[i]&stateAside != 0 {
-			continue
-		}
-		start := len(internal)
-		for _, ip := range sp.ClusterIPs {
-			if ip.Is6() != c.v6 {
-				continue
-			}
-			state[i] |= stateHas
-			if c.claimFrontend(i, ip) {
-				internal = append(internal, ip)
-			}
-		}
-		if len(internal) > start {
-			won[i].internal = internal[start:len(internal):len(internal)]
-		}
-		if state[i]&stateHas != 0 && (sp.NodePort != 0 || len(sp.LoadBalancerIPs) > 0 || (len(sp.ExternalIPs) > 0 && !c.cfg.NoExternalIPs)) {
-			order = append(order, i)
-		}
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return services[a].Created.Compare(services[b].Created) })
-	for _, i := range order {
-		sp := services[i]
-		start := len(external)
-		for k, ips := range [2][]netip.Addr{sp.ExternalIPs, sp.LoadBalancerIPs} {
-			if k == 0 && c.cfg.NoExternalIPs {
-				continue
-			}
-			what := [2]string{"externalIP", "load-balancer IP"}[k]
-			for _, ip := range ips {
-				if ip.Is6() != c.v6 || c.refused(sp, what, ip) {
-					continue
-				}
-				if c.claimFrontend(i, ip) {
-					external = append(external, ip)
-				}
-			}
-		}
-		if len(external) > start {
-			won[i].external = external[start:len(external):len(external)]
-		}
-		if sp.NodePort != 0 && c.claimNodePort(sp.Name, sp.NodePort) {
-			won[i].nodePort = sp.NodePort
-		}
-	}
-	sc.internal, sc.external, sc.order = internal, external, order
-	return won
-}
-
-// refused reports (and records a problem) when ip may not be an external frontend of sp.
-func (c *compiler) refused(sp *model.ServicePort, what string, ip netip.Addr) bool {
-	reason := ""
-	switch {
-	case model.SpecialAddr(ip) != "":
-		reason = fmt.Sprintf("%s %s is %s, refused", what, ip, model.SpecialAddr(ip))
-	case c.clusterIPSet[ip] > 0:
-		reason = fmt.Sprintf("%s %s is a cluster IP, refused", what, ip)
-	default:
-		for _, cidr := range c.serviceCIDRs {
-			if cidr.Contains(ip) {
-				reason = fmt.Sprintf("%s %s is inside the service CIDR %s, refused", what, ip, cidr)
-				break
-			}
-		}
-	}
-	if reason == "" && sp.Name.Protocol == model.ProtoTCP && slices.Contains(c.cfg.ServedPorts, sp.Port) && c.ownAddr(ip) {
-		reason = fmt.Sprintf("port %q: %s %s is this node's address and TCP port %d is served by nftproxy itself, refused", sp.Name.Port, what, ip, sp.Port)
-	}
-	if reason == "" {
-		return false
-	}
-	c.problem(model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
-	return true
-}
-
 // ownAddr reports whether ip is one of this node's addresses that nftproxy knows.
 func (c *compiler) ownAddr(ip netip.Addr) bool {
 	return slices.Contains(c.node.IPs, ip) || slices.Contains(c.nodePortAddrs, ip) || slices.Contains(c.cfg.OwnAddrs, ip)
-}
-
-// problem records p once per call (one Service's ports share their addresses).
-func (c *compiler) problem(p model.Problem) {
-	if c.seen[p] {
-		return
-	}
-	if c.seen == nil {
-		c.seen = map[model.Problem]bool{}
-	}
-	c.seen[p] = true
-	c.problems = append(c.problems, p)
 }
 
 func sameNode(a, b model.Node) bool {
@@ -748,14 +611,7 @@ type compiler struct {
 	local                                                 localCheck   // DetectLocal for this family and node
 	nodePortAddrs                                         []netip.Addr // the configuration's and the snapshot's
 
-	// keys already used, so that conflicting input never produces a duplicate element:
-	// frontends maps a claimed frontend to its owner's index in claimants (the
-	// snapshot's service ports)
-	frontends map[frontendKey]int32
-	claimants []*model.ServicePort
-	nodePorts map[nodePortKey]model.ServicePortName
-	problems  []model.Problem
-	seen      map[model.Problem]bool
+	problems []model.Problem
 	// every service's cluster IPs, all families (the Compiler's counts)
 	clusterIPSet map[netip.Addr]int
 }
@@ -768,36 +624,6 @@ func (cp *compiledPart) add(set string, es ...nft.Element) {
 		return
 	}
 	p.Elements = append(p.Elements, nft.SetElements{Set: set, Elements: es})
-}
-
-// claimFrontend reserves addr and the port and protocol of claimants[i]; false (and a problem) if another service
-// port has it.
-func (c *compiler) claimFrontend(i int, addr netip.Addr) bool {
-	sp := c.claimants[i]
-	k := frontendKey{addr.As16(), sp.Name.Protocol, sp.Port}
-	if owner, taken := c.frontends[k]; taken {
-		if c.claimants[owner].Name != sp.Name { // a service listing one address twice is not a conflict
-			c.conflict(sp.Name, "%s %s:%d is in use by another Service", model.ProtoString(sp.Name.Protocol), addr, sp.Port)
-		}
-		return false
-	}
-	c.frontends[k] = int32(i)
-	return true
-}
-
-func (c *compiler) claimNodePort(sp model.ServicePortName, port uint16) bool {
-	k := nodePortKey{sp.Protocol, port}
-	if _, taken := c.nodePorts[k]; taken {
-		c.conflict(sp, "node port %s %d is in use by another Service", model.ProtoString(sp.Protocol), port)
-		return false
-	}
-	c.nodePorts[k] = sp
-	return true
-}
-
-func (c *compiler) conflict(sp model.ServicePortName, format string, args ...any) {
-	c.problems = append(c.problems, model.Problem{Kind: "Service", Namespace: sp.Namespace, Name: sp.Name,
-		Reason: fmt.Sprintf("port %q: ", sp.Port) + fmt.Sprintf(format, args...) + ", ignored"})
 }
 
 func (c *compiler) addrType() nft.Datatype {

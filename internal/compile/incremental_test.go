@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
@@ -38,7 +39,7 @@ func pool() []model.ServicePort {
 // an address or a policy changed.
 func mutate(r *rand.Rand, sp model.ServicePort) model.ServicePort {
 	sp.Endpoints = slices.Clone(sp.Endpoints)
-	switch r.IntN(7) {
+	switch r.IntN(9) {
 	case 0:
 		if n := len(sp.Endpoints); n > 0 {
 			i := r.IntN(n)
@@ -60,6 +61,10 @@ func mutate(r *rand.Rand, sp model.ServicePort) model.ServicePort {
 		sp.ExternalPolicyLocal = !sp.ExternalPolicyLocal
 	case 6:
 		sp.AffinityTimeout = uint32(r.IntN(2) * 100)
+	case 7: // who is older decides external and node port conflicts
+		sp.Created = time.Unix(int64(r.IntN(3)), 0)
+	case 8: // a cluster IP that is another port's external IP: refused there, then not
+		sp.ClusterIPs = []netip.Addr{ip(fmt.Sprintf("203.0.113.%d", r.IntN(3)))}
 	}
 	return sp
 }
@@ -67,76 +72,98 @@ func mutate(r *rand.Rand, sp model.ServicePort) model.ServicePort {
 // TestCompilerIncremental walks random snapshot sequences and checks that the
 // incremental Compiler, fed each one, produces exactly what a fresh Compile produces
 // with the same slot history, that unchanged service ports keep their Part, and that
-// changed ones get a new one.
+// changed ones get a new one. Unchanged service ports keep their pointer from one
+// snapshot to the next, as the model cache's do: the claims and the limits follow the
+// changes only (claims.go, budget.go), and must agree with a fresh compile's. With
+// limits, the Services set aside change along the walk.
 func TestCompilerIncremental(t *testing.T) {
-	for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
-		t.Run(fam.String(), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(1, uint64(fam)))
-			all := pool()
-			node := model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10")}}
-			incr := NewCompiler(configFor(fam), NewSlots())
-			freshSlots := NewSlots()
-			cur := map[model.ServicePortName]model.ServicePort{}
-			prevParts := map[string]*nft.Part{}
-			prevInput := map[model.ServicePortName]model.ServicePort{}
-			for step := range 300 {
-				changed := map[model.ServicePortName]bool{}
-				for range 1 + r.IntN(4) {
-					sp := all[r.IntN(len(all))]
-					switch old, ok := cur[sp.Name]; {
-					case !ok:
-						cur[sp.Name] = sp
-					case r.IntN(3) == 0:
-						delete(cur, sp.Name)
-					default:
-						cur[sp.Name] = mutate(r, old)
-					}
-					changed[sp.Name] = true
+	for _, limited := range []bool{false, true} {
+		for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
+			t.Run(fmt.Sprintf("%s/limits=%v", fam, limited), func(t *testing.T) {
+				cfg := configFor(fam)
+				if limited {
+					cfg.Limits = Limits{MaxFrontendsPerService: 4, MaxEndpointsPerServicePort: 6, MaxElements: 150}
 				}
-				if step%50 == 49 { // the node moves to another zone: everything recompiles
-					node.Zone = fmt.Sprintf("zone-%d", step)
-				}
-				snap := &model.Snapshot{Node: node}
-				for _, sp := range cur {
-					snap.Services = append(snap.Services, &sp)
-				}
-				sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
+				walkIncremental(t, fam, cfg)
+			})
+		}
+	}
+}
 
-				got, gotProblems := incr.Compile(snap)
-				want, wantProblems := Compile(snap, configFor(fam), freshSlots)
-				if flat := got.Flatten(); !reflect.DeepEqual(flat, want) {
-					t.Fatalf("step %d: incremental ruleset differs from a fresh compile:\n%s\nwant:\n%s", step, nft.Render(flat), nft.Render(want))
-				}
-				if !reflect.DeepEqual(gotProblems, wantProblems) {
-					t.Fatalf("step %d: problems %v, want %v", step, gotProblems, wantProblems)
-				}
-				checkReferences(t, got.Flatten())
-				parts := map[string]*nft.Part{}
-				for _, p := range got.Parts {
-					parts[p.Owner] = p
-				}
-				reused := 0
-				for _, sp := range snap.Services {
-					owner := ChainName("port", sp.Name)
-					p, prev := parts[owner], prevParts[owner]
-					if p == nil || prev == nil {
-						continue
-					}
-					old := prevInput[sp.Name]
-					if p == prev {
-						reused++
-						if !old.Equal(sp) {
-							t.Fatalf("step %d: %s changed but kept its part", step, sp.Name)
-						}
-					}
-				}
-				if len(snap.Services) > 8 && reused == 0 && step%50 != 49 {
-					t.Fatalf("step %d: no part of %d service ports was reused", step, len(snap.Services))
-				}
-				prevParts, prevInput = parts, cur
-				cur = maps.Clone(cur)
+func walkIncremental(t *testing.T, fam nft.Family, cfg Config) {
+	r := rand.New(rand.NewPCG(1, uint64(fam)))
+	all := pool()
+	node := model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10")}}
+	incr := NewCompiler(cfg, NewSlots())
+	freshSlots := NewSlots()
+	cur := map[model.ServicePortName]model.ServicePort{}
+	ptrs := map[model.ServicePortName]*model.ServicePort{} // kept while unchanged
+	prevParts := map[string]*nft.Part{}
+	prevInput := map[model.ServicePortName]model.ServicePort{}
+	for step := range 300 {
+		changed := map[model.ServicePortName]bool{}
+		for range 1 + r.IntN(4) {
+			sp := all[r.IntN(len(all))]
+			switch old, ok := cur[sp.Name]; {
+			case !ok:
+				cur[sp.Name] = sp
+			case r.IntN(3) == 0:
+				delete(cur, sp.Name)
+			default:
+				cur[sp.Name] = mutate(r, old)
 			}
-		})
+			changed[sp.Name] = true
+		}
+		if step%50 == 49 { // the node moves to another zone: everything recompiles
+			node.Zone = fmt.Sprintf("zone-%d", step)
+		}
+		snap := &model.Snapshot{Node: node}
+		for name, sp := range cur {
+			if p := ptrs[name]; p == nil || changed[name] {
+				ptrs[name] = &sp
+			}
+			snap.Services = append(snap.Services, ptrs[name])
+		}
+		for name := range ptrs {
+			if _, ok := cur[name]; !ok {
+				delete(ptrs, name)
+			}
+		}
+		sort.Slice(snap.Services, func(i, j int) bool { return snap.Services[i].Name.Less(snap.Services[j].Name) })
+
+		got, gotProblems := incr.Compile(snap)
+		want, wantProblems := Compile(snap, cfg, freshSlots)
+		if flat := got.Flatten(); !reflect.DeepEqual(flat, want) {
+			t.Fatalf("step %d: incremental ruleset differs from a fresh compile:\n%s\nwant:\n%s", step, nft.Render(flat), nft.Render(want))
+		}
+		if !reflect.DeepEqual(gotProblems, wantProblems) {
+			t.Fatalf("step %d: problems %v, want %v", step, gotProblems, wantProblems)
+		}
+		checkReferences(t, got.Flatten())
+		parts := map[string]*nft.Part{}
+		for _, p := range got.Parts {
+			parts[p.Owner] = p
+		}
+		reused := 0
+		for _, sp := range snap.Services {
+			owner := ChainName("port", sp.Name)
+			p, prev := parts[owner], prevParts[owner]
+			if p == nil || prev == nil {
+				continue
+			}
+			old := prevInput[sp.Name]
+			if p == prev {
+				reused++
+				if !old.Equal(sp) {
+					t.Fatalf("step %d: %s changed but kept its part", step, sp.Name)
+				}
+			}
+		}
+		if len(snap.Services) > 8 && reused == 0 && step%50 != 49 {
+			t.Fatalf("step %d: no part of %d service ports was reused", step, len(snap.Services))
+		}
+		prevParts, prevInput = parts, cur
+		cur = maps.Clone(cur)
 	}
 }
 
