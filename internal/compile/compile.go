@@ -142,7 +142,7 @@ func (c Config) masqMark() uint32 { return 1 << c.MasqueradeBit }
 
 // Compile returns the complete ruleset for cfg.Family, and the problems it found:
 // conflicts it resolved (two services claiming the same address, protocol and port:
-// cluster IPs win, then the older Service; see claimAll), refused addresses, and
+// cluster IPs win, then the older Service; see claims.go), refused addresses, and
 // Services set aside by cfg.Limits. slots keeps endpoint slot ranges stable between calls; pass the same allocator
 // every time for one family. The ruleset has no parts (see nft.Part): it is what a fresh
 // Compiler produces, flattened.
