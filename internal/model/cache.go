@@ -77,19 +77,25 @@ func (c *Cache) Build(services []*v1.Service, epSlices []*discovery.EndpointSlic
 // then builds as BuildChanges does.
 func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 	listing := c.gen + 1 // the build this is
+	if len(c.services) == 0 && len(c.slices) == 0 {
+		// the first build (a cold start): maps of the right size at once, instead of
+		// growing them step by step through 30,000 insertions
+		c.services = make(map[nsName]*cachedService, len(in.Services))
+		c.slices = make(map[nsName]*cachedSlice, len(in.Slices))
+		c.changed = make(map[nsName]struct{}, len(in.Services))
+	}
 	for _, s := range in.Slices {
 		k := nsName{s.Namespace, s.Name}
 		e := c.slices[k]
 		if e == nil || e.obj != s {
-			c.setSlice(k, s)
-			e = c.slices[k]
+			e = c.setSlice(k, e, s)
 		}
 		e.listed = listing
 	}
 	if len(c.slices) > len(in.Slices) {
 		for k, e := range c.slices {
 			if e.listed != listing {
-				c.setSlice(k, nil) // deleting while ranging is allowed
+				c.setSlice(k, e, nil) // deleting while ranging is allowed
 			}
 		}
 	}
@@ -98,8 +104,7 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 		k := nsName{svc.Namespace, svc.Name}
 		cs := c.services[k]
 		if cs == nil || cs.svc != svc {
-			c.setService(k, svc)
-			cs = c.services[k]
+			cs = c.setService(k, cs, svc)
 		}
 		cs.listed = listing
 		listed++
@@ -107,7 +112,7 @@ func (c *Cache) BuildFrom(in Inputs) (*Snapshot, []Problem) {
 	if len(c.services) > listed {
 		for k, cs := range c.services {
 			if cs.svc != nil && cs.listed != listing {
-				c.setService(k, nil)
+				c.setService(k, cs, nil)
 			}
 		}
 	}
@@ -121,20 +126,22 @@ func (c *Cache) BuildChanges(d Delta, in Inputs) (*Snapshot, []Problem) {
 	// The final state does not depend on the order in which the changes are applied: a
 	// service's slices are kept in no order and sorted when its ports are built.
 	for k, s := range d.Slices {
-		c.setSlice(nsName{k.Namespace, k.Name}, s)
+		k := nsName{k.Namespace, k.Name}
+		c.setSlice(k, c.slices[k], s)
 	}
 	for k, svc := range d.Services {
-		c.setService(nsName{k.Namespace, k.Name}, svc)
+		k := nsName{k.Namespace, k.Name}
+		c.setService(k, c.services[k], svc)
 	}
 	return c.build(in)
 }
 
-// setSlice makes s (nil: none) the slice named k: it leaves the service it belonged to
-// and joins the one it names, if it is proxied.
-func (c *Cache) setSlice(k nsName, s *discovery.EndpointSlice) {
-	e := c.slices[k]
+// setSlice makes s (nil: none) the slice named k, whose entry is e (nil: none): it
+// leaves the service it belonged to and joins the one it names, if it is proxied. It
+// returns k's entry.
+func (c *Cache) setSlice(k nsName, e *cachedSlice, s *discovery.EndpointSlice) *cachedSlice {
 	if (e == nil && s == nil) || (e != nil && e.obj == s) {
-		return
+		return e
 	}
 	if e != nil && e.proxied {
 		if cs := c.services[e.svc]; cs != nil {
@@ -147,7 +154,7 @@ func (c *Cache) setSlice(k nsName, s *discovery.EndpointSlice) {
 	}
 	if s == nil {
 		delete(c.slices, k)
-		return
+		return nil
 	}
 	if e == nil {
 		e = &cachedSlice{}
@@ -160,19 +167,21 @@ func (c *Cache) setSlice(k nsName, s *discovery.EndpointSlice) {
 		cs.slices = append(cs.slices, s)
 		c.changed[cs.key] = struct{}{}
 	}
+	return e
 }
 
-// setService makes svc (nil: none) the Service named k.
-func (c *Cache) setService(k nsName, svc *v1.Service) {
-	cs := c.services[k]
+// setService makes svc (nil: none) the Service named k, whose entry is cs (nil: none).
+// It returns k's entry.
+func (c *Cache) setService(k nsName, cs *cachedService, svc *v1.Service) *cachedService {
 	if cs == nil {
 		if svc == nil {
-			return
+			return nil
 		}
-		cs = c.entry(k)
+		cs = &cachedService{key: k}
+		c.services[k] = cs
 	}
 	if cs.svc == svc {
-		return
+		return cs
 	}
 	cs.svc = svc
 	c.changed[k] = struct{}{}
@@ -180,6 +189,7 @@ func (c *Cache) setService(k nsName, svc *v1.Service) {
 		cs.ports, cs.problems = nil, nil
 		c.forgetIfUnused(cs)
 	}
+	return cs
 }
 
 // build builds the changed services' ports again and assembles the snapshot.
@@ -193,14 +203,28 @@ func (c *Cache) build(in Inputs) (*Snapshot, []Problem) {
 	for k := range c.changed {
 		keys = append(keys, k)
 	}
-	clear(c.changed)
 	slices.SortFunc(keys, compareNames)
+	// each key's entry: nil when the service is gone (no Service object)
+	entries := make([]*cachedService, len(keys))
+	for i, k := range keys {
+		if cs := c.services[k]; cs != nil && cs.svc != nil {
+			entries[i] = cs
+		}
+	}
+	if len(keys) > 1024 {
+		c.changed = map[nsName]struct{}{} // a cleared map keeps its size: don't hold a first build's
+	} else {
+		clear(c.changed)
+	}
 	var rebuilt []nsName // handed on as snap.Changes
 	newPorts, problemsChanged := 0, false
-	for _, k := range keys {
-		_, had := c.withProblems[k]
-		cs := c.services[k]
-		if cs == nil || cs.svc == nil { // gone: its ports and problems leave the snapshot
+	for i, k := range keys {
+		had := false
+		if len(c.withProblems) > 0 {
+			_, had = c.withProblems[k]
+		}
+		cs := entries[i]
+		if cs == nil { // gone: its ports and problems leave the snapshot
 			if had {
 				delete(c.withProblems, k)
 				problemsChanged = true
@@ -231,7 +255,7 @@ func (c *Cache) build(in Inputs) (*Snapshot, []Problem) {
 		old := c.flat
 		out := make([]*ServicePort, 0, len(old)+newPorts)
 		j := 0
-		for _, k := range keys {
+		for x, k := range keys {
 			i := j + sort.Search(len(old)-j, func(x int) bool {
 				n := old[j+x].Name
 				return compareNames(nsName{n.Namespace, n.Name}, k) >= 0
@@ -241,8 +265,8 @@ func (c *Cache) build(in Inputs) (*Snapshot, []Problem) {
 				i++
 			}
 			j = i
-			if cs := c.services[k]; cs != nil && cs.svc != nil {
-				out = appendPointers(out, cs.ports)
+			if entries[x] != nil {
+				out = appendPointers(out, entries[x].ports)
 			}
 		}
 		out = append(out, old[j:]...)
