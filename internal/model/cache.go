@@ -255,7 +255,7 @@ func (c *Cache) build(in Inputs) (*Snapshot, []Problem) {
 		old := c.flat
 		out := make([]*ServicePort, 0, len(old)+newPorts)
 		j := 0
-		for x, k := range keys {
+		for ki, k := range keys {
 			i := j + sort.Search(len(old)-j, func(x int) bool {
 				n := old[j+x].Name
 				return compareNames(nsName{n.Namespace, n.Name}, k) >= 0
@@ -265,8 +265,8 @@ func (c *Cache) build(in Inputs) (*Snapshot, []Problem) {
 				i++
 			}
 			j = i
-			if entries[x] != nil {
-				out = appendPointers(out, entries[x].ports)
+			if entries[ki] != nil {
+				out = appendPointers(out, entries[ki].ports)
 			}
 		}
 		out = append(out, old[j:]...)
@@ -288,7 +288,7 @@ func (c *Cache) build(in Inputs) (*Snapshot, []Problem) {
 			c.problems = append(c.problems, cs.problems...)
 		}
 	}
-	// a new array: callers append to what they get
+	// never c.problems' array: callers append to what they get
 	problems := append(nb.problems, c.problems...)
 	snap.Changes = Changes{cache: c, gen: c.gen, rebuilt: rebuilt}
 	return snap, problems
