@@ -6,12 +6,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
+	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
@@ -35,35 +41,108 @@ func benchObjects(n int) ([]*v1.Service, []*discovery.EndpointSlice) {
 	return svcs, slices
 }
 
+// benchProxy is the part of a Proxy that a sync's userspace work goes through: listers
+// over informer-like stores, the pending names the event handlers note, the pipeline.
+type benchProxy struct {
+	p                    *Proxy
+	svcStore, sliceStore cache.Indexer
+	// lists: each sync lists the stores and builds from the full lists, as the proxy
+	// did before it noted names (the comparison for the changes path)
+	lists bool
+}
+
+func newBenchProxy(b *testing.B, svcs []*v1.Service, slices []*discovery.EndpointSlice, lists bool) *benchProxy {
+	newStore := func() cache.Indexer {
+		return cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	}
+	bp := &benchProxy{svcStore: newStore(), sliceStore: newStore(), lists: lists}
+	for _, s := range svcs {
+		_ = bp.svcStore.Add(s)
+	}
+	for _, s := range slices {
+		_ = bp.sliceStore.Add(s)
+	}
+	cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits(), Metrics: metrics.Nop{}} // the defaults the proxy runs with
+	bp.p = &Proxy{cfg: cfg, log: logr.Discard(), reported: map[model.Problem]bool{}, pending: newPending(),
+		pipeline: &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
+		services: corelisters.NewServiceLister(bp.svcStore), slices: discoverylisters.NewEndpointSliceLister(bp.sliceStore),
+		nodes: corelisters.NewNodeLister(newStore())}
+	if _, err := bp.sync(); err != nil { // the first sync: full lists
+		b.Fatal(err)
+	}
+	return bp
+}
+
+// update puts obj in its store and notes its name, as an informer and the event
+// handler do.
+func (bp *benchProxy) update(obj any) {
+	switch obj.(type) {
+	case *v1.Service:
+		_ = bp.svcStore.Update(obj)
+		bp.p.pending.add(serviceKind, obj)
+	case *discovery.EndpointSlice:
+		_ = bp.sliceStore.Update(obj)
+		bp.p.pending.add(sliceKind, obj)
+	}
+}
+
+// sync builds and compiles the snapshot, as Proxy.sync before it writes to the kernel.
+func (bp *benchProxy) sync() (*model.Snapshot, error) {
+	if !bp.lists {
+		snap, _, err := bp.p.compile()
+		return snap, err
+	}
+	bp.p.pending.take()
+	svcs, err := bp.p.services.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	slices, err := bp.p.slices.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	snap, _, problems, err := bp.p.pipeline.compile(bp.p.cfg, svcs, slices, nil)
+	bp.p.report(problems)
+	return snap, err
+}
+
+// syncPaths are the two ways a sync gets its objects: the names changed since the last
+// one (the proxy's), and the full lists (the proxy's before).
+var syncPaths = []struct {
+	name  string
+	lists bool
+}{{"changes", false}, {"lists", true}}
+
 // BenchmarkSyncOneChange is the userspace side of a steady-state sync, from API objects:
 // n Services with a 10-endpoint EndpointSlice each, one slice replaced (as an informer
-// replaces it) per iteration; model, compile (both families), conntrack and health
-// check bookkeeping. The kernel write is BenchmarkOneChange in nft/kernel.
+// replaces it) per iteration; the objects from the informer-like stores, model, compile
+// (both families), conntrack and health check bookkeeping. The kernel write is
+// BenchmarkOneChange in nft/kernel.
 func BenchmarkSyncOneChange(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
-		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			svcs, slices := benchObjects(n)
-			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits()} // the defaults the proxy runs with
-			pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
-			prev, _, _, err := pl.compile(cfg, svcs, slices, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			i := 0
-			for b.Loop() {
-				i++
-				k := n / 2
-				s := slice(svcs[k].Name, svcs[k].Name+"-1", fmt.Sprintf("10.250.%d.%d", (i/256)%256, i%256))
-				slices[k] = s
-				snap, _, _, err := pl.compile(cfg, svcs, slices, nil)
+		for _, path := range syncPaths {
+			b.Run(fmt.Sprintf("services=%d/%s", n, path.name), func(b *testing.B) {
+				svcs, slices := benchObjects(n)
+				bp := newBenchProxy(b, svcs, slices, path.lists)
+				prev, err := bp.sync()
 				if err != nil {
 					b.Fatal(err)
 				}
-				conntrack.StaleWith(prev, snap, conntrack.Serving)
-				healthcheck.FromSnapshot(snap)
-				prev = snap
-			}
-		})
+				i := 0
+				for b.Loop() {
+					i++
+					k := n / 2
+					bp.update(slice(svcs[k].Name, svcs[k].Name+"-1", fmt.Sprintf("10.250.%d.%d", (i/256)%256, i%256)))
+					snap, err := bp.sync()
+					if err != nil {
+						b.Fatal(err)
+					}
+					conntrack.StaleWith(prev, snap, conntrack.Serving)
+					healthcheck.FromSnapshot(snap)
+					prev = snap
+				}
+			})
+		}
 	}
 }
 
@@ -72,24 +151,22 @@ func BenchmarkSyncOneChange(b *testing.B) {
 // of services grow every time.
 func BenchmarkSyncAddService(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
-		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			svcs, slices := benchObjects(n)
-			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits()}
-			pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
-			if _, _, _, err := pl.compile(cfg, svcs, slices, nil); err != nil {
-				b.Fatal(err)
-			}
-			i := 0
-			for b.Loop() {
-				i++
-				name := fmt.Sprintf("new%06d", i)
-				svcs = append(svcs, service(name, fmt.Sprintf("10.200.%d.%d", (i/256)%256, i%256)))
-				slices = append(slices, slice(name, name+"-1", fmt.Sprintf("10.250.%d.%d", (i/256)%256, i%256)))
-				if _, _, _, err := pl.compile(cfg, svcs, slices, nil); err != nil {
-					b.Fatal(err)
+		for _, path := range syncPaths {
+			b.Run(fmt.Sprintf("services=%d/%s", n, path.name), func(b *testing.B) {
+				svcs, slices := benchObjects(n)
+				bp := newBenchProxy(b, svcs, slices, path.lists)
+				i := 0
+				for b.Loop() {
+					i++
+					name := fmt.Sprintf("new%06d", i)
+					bp.update(service(name, fmt.Sprintf("10.200.%d.%d", (i/256)%256, i%256)))
+					bp.update(slice(name, name+"-1", fmt.Sprintf("10.250.%d.%d", (i/256)%256, i%256)))
+					if _, err := bp.sync(); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 

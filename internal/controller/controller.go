@@ -120,6 +120,7 @@ type Proxy struct {
 	discoveryBackoff time.Duration
 
 	pipeline  *pipeline
+	pending   *pending               // names of Services and EndpointSlices changed since the last sync (pending.go)
 	triggers  *triggers              // EndpointSlice trigger times not yet programmed
 	prevSnap  *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
 	healthErr string                 // last health-check server error, logged once
@@ -161,6 +162,7 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	p := &Proxy{
 		cfg: cfg, log: log, client: client, dataplane: dp,
 		pipeline:   &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
+		pending:    newPending(),
 		reported:   map[model.Problem]bool{},
 		quarantine: map[quarantineKey]*nft.Part{},
 		synced:     make(chan struct{}),
@@ -186,9 +188,9 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	sliceInf := p.sliceFactory.Discovery().V1().EndpointSlices()
 	nodeInf := p.nodeFactory.Core().V1().Nodes()
 	p.services, p.slices, p.nodes = svcInf.Lister(), sliceInf.Lister(), nodeInf.Lister()
-	p.watch(svcInf.Informer())
-	p.watch(sliceInf.Informer())
-	p.watch(nodeInf.Informer())
+	p.watch(svcInf.Informer(), serviceKind)
+	p.watch(sliceInf.Informer(), sliceKind)
+	p.watch(nodeInf.Informer(), otherKind)
 	p.informers = []namedInformer{{"Services", svcInf.Informer()}, {"EndpointSlices", sliceInf.Informer()}, {"Node " + cfg.NodeName, nodeInf.Informer()}}
 	return p
 }
@@ -199,29 +201,27 @@ type namedInformer struct {
 }
 
 // watch sets up an informer before it starts: the transform, the change handlers and the
-// rate-limited logging of API errors.
-func (p *Proxy) watch(inf cache.SharedIndexInformer) {
+// rate-limited logging of API errors. k says what it watches.
+func (p *Proxy) watch(inf cache.SharedIndexInformer, k kind) {
 	// the caches keep only what the proxy reads, compactly (slim.go)
 	_ = inf.SetTransform(p.triggers.transform) // slim, keeping trigger times to observe
 	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.triggers.sliceEvent(obj, false); p.changed(obj) },
-		UpdateFunc: func(_, obj any) { p.triggers.sliceEvent(obj, false); p.changed(obj) },
-		DeleteFunc: func(obj any) { p.triggers.sliceEvent(obj, true); p.changed(obj) },
+		AddFunc:    func(obj any) { p.triggers.sliceEvent(obj, false); p.changed(k, obj) },
+		UpdateFunc: func(_, obj any) { p.triggers.sliceEvent(obj, false); p.changed(k, obj) },
+		DeleteFunc: func(obj any) { p.triggers.sliceEvent(obj, true); p.changed(k, obj) },
 	})
 }
 
-// changed notes a change from the API and asks for a sync.
-func (p *Proxy) changed(obj any) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	switch obj.(type) {
-	case *v1.Service:
+// changed notes a change from the API (of an object of kind k) and asks for a sync.
+func (p *Proxy) changed(k kind, obj any) {
+	switch k {
+	case serviceKind:
 		p.cfg.Metrics.Changes(0, 1)
-	case *discovery.EndpointSlice:
+	case sliceKind:
 		p.cfg.Metrics.Changes(1, 0)
 	}
+	p.pending.add(k, obj)
 	p.mu.Lock()
 	if p.status.OldestPending.IsZero() {
 		p.status.OldestPending = time.Now()
@@ -515,15 +515,10 @@ func (p *Proxy) syncHealthChecks(snap *model.Snapshot) {
 }
 
 // compile builds the snapshot and the rulesets of every family, reporting bad input.
+// The model cache is handed the Services and EndpointSlices changed since the last sync
+// (pending.go); the first sync, and one after a sync that may have left the cache half
+// updated, build it anew from the full lists.
 func (p *Proxy) compile() (*model.Snapshot, []*nft.Ruleset, error) {
-	svcs, err := p.services.List(labels.Everything())
-	if err != nil {
-		return nil, nil, err
-	}
-	slices, err := p.slices.List(labels.Everything())
-	if err != nil {
-		return nil, nil, err
-	}
 	node, _ := p.nodes.Get(p.cfg.NodeName) // nil until the Node is known
 	cfg := p.cfg
 	if p.cidrs != nil {
@@ -533,9 +528,39 @@ func (p *Proxy) compile() (*model.Snapshot, []*nft.Ruleset, error) {
 		}
 		cfg.ServiceCIDRs = serviceCIDRs(objs)
 	}
-	snap, rulesets, problems, err := p.pipeline.compile(cfg, svcs, slices, node)
+	taken := p.pending.take()
+	snap, rulesets, problems, err := p.compileTaken(cfg, taken, node)
+	if err != nil {
+		p.pending.giveBack(taken)
+	} else {
+		p.pending.done()
+	}
 	p.report(problems)
 	return snap, rulesets, err
+}
+
+// compileTaken runs the pipeline on the changes taken from p.pending.
+func (p *Proxy) compileTaken(cfg Config, taken takenChanges, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	if !taken.full {
+		d, err := p.delta(taken)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return p.pipeline.compileChanges(cfg, d, node)
+	}
+	// The names taken are of objects in the lists (or noted again if they change after).
+	svcs, err := p.services.List(labels.Everything())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	slices, err := p.slices.List(labels.Everything())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// a new cache: the one there is may be half updated by a sync that panicked (its
+	// first snapshot follows none, so the compilers compare every service port)
+	p.pipeline.models = model.NewCache()
+	return p.pipeline.compile(cfg, svcs, slices, node)
 }
 
 // Families are the address families nftproxy programs, one table each.
@@ -568,21 +593,35 @@ type compiler struct {
 	c   *compile.Compiler
 }
 
+// compile compiles the full lists of Services and EndpointSlices.
 func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	return pl.run(cfg, node, func(in model.Inputs) (*model.Snapshot, []model.Problem) {
+		in.Services, in.Slices = svcs, slices
+		if pl.models != nil {
+			return pl.models.BuildFrom(in)
+		}
+		return model.BuildFrom(in)
+	})
+}
+
+// compileChanges compiles the model cache's objects with the changes d (see
+// model.Cache.BuildChanges); the pipeline must have a model cache.
+func (pl *pipeline) compileChanges(cfg Config, d model.Delta, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	return pl.run(cfg, node, func(in model.Inputs) (*model.Snapshot, []model.Problem) {
+		return pl.models.BuildChanges(d, in)
+	})
+}
+
+// run builds the snapshot with build, given the inputs other than Services and
+// EndpointSlices, and compiles it. It fails only before it builds.
+func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*model.Snapshot, []model.Problem)) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
 	// What the model cannot know (the machine's addresses) is resolved first, so that
 	// the snapshot is complete when built; from there on, all is pure.
 	npAddrs, allLocal, err := nodePortAddrs(cfg, model.NodeOf(node))
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	in := model.Inputs{Services: svcs, Slices: slices, Node: node, ServiceCIDRs: cfg.ServiceCIDRs, NodePortAddrs: npAddrs}
-	var snap *model.Snapshot
-	var problems []model.Problem
-	if pl.models != nil {
-		snap, problems = pl.models.BuildFrom(in)
-	} else {
-		snap, problems = model.BuildFrom(in)
-	}
+	snap, problems := build(model.Inputs{Node: node, ServiceCIDRs: cfg.ServiceCIDRs, NodePortAddrs: npAddrs})
 	if pl.compilers == nil {
 		pl.compilers = map[nft.Family]*compiler{}
 	}

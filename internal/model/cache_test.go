@@ -6,10 +6,12 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"k8s.io/utils/ptr"
 
@@ -176,5 +178,202 @@ func TestCacheOrderManyAndFew(t *testing.T) {
 				t.Fatalf("adding %d..%d: service port %d is %v, want %v", step.from, step.to, i, got.Services[i].Name, want.Services[i].Name)
 			}
 		}
+	}
+}
+
+// TestCacheChangesEqualBuild walks random changes of Services and EndpointSlices in two
+// namespaces, handed to the Cache as informer events are: by namespace and name, each
+// with the object as it is now or nil. Slices move between services (their service
+// label changes), change address type, arrive before their Service; Services are
+// deleted and created again, sometimes within one delta. Now and then a build takes the
+// full lists instead (BuildFrom), as the controller does after a failure. After every
+// step the snapshot must be Build's of the full lists, the problems the same set, the
+// change set must name every service whose ports are not the previous snapshot's, and
+// no service whose objects stayed the same may be built again.
+func TestCacheChangesEqualBuild(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	namespaces := []string{"default", "other"}
+	type key = types.NamespacedName
+	svcs := map[key]*v1.Service{}
+	slcs := map[key]*discovery.EndpointSlice{}
+	newService := func(k key) *v1.Service {
+		ip := fmt.Sprintf("10.96.0.%d", r.IntN(30))
+		if r.IntN(12) == 0 {
+			ip = "not-an-ip"
+		}
+		opts := []svcOpt{withPorts(svcPort("http", v1.ProtocolTCP, 80, int32(30000+r.IntN(5))), svcPort("dns", v1.ProtocolUDP, 53, 0))}
+		switch r.IntN(6) {
+		case 0:
+			opts = append(opts, withType(v1.ServiceTypeNodePort))
+		case 1:
+			opts = append(opts, withType(v1.ServiceTypeExternalName))
+		case 2:
+			opts = append(opts, withPorts(svcPort("http", v1.ProtocolTCP, 80, 0)))
+		}
+		s := service(k.Name, []string{ip}, opts...)
+		s.Namespace = k.Namespace
+		return s
+	}
+	addressTypes := []discovery.AddressType{discovery.AddressTypeIPv4, discovery.AddressTypeIPv4, discovery.AddressTypeIPv6, discovery.AddressTypeFQDN}
+	newSlice := func(k key, svc string, at discovery.AddressType, eps []discovery.Endpoint) *discovery.EndpointSlice {
+		s := slice(k.Name, svc, at, ports(tcp("http", 8080), udp("dns", 5353)), eps...)
+		s.Namespace = k.Namespace
+		if svc == "" {
+			s.Labels = nil
+		}
+		return s
+	}
+	randomEndpoints := func() []discovery.Endpoint {
+		var eps []discovery.Endpoint
+		for range r.IntN(4) {
+			a := fmt.Sprintf("10.0.0.%d", r.IntN(10))
+			switch r.IntN(12) {
+			case 0:
+				a = "10.0.0.999"
+			case 1:
+				a = fmt.Sprintf("2001:db8::%d", r.IntN(10))
+			}
+			eps = append(eps, endpoint(a))
+		}
+		return eps
+	}
+	randomService := func() string { return fmt.Sprintf("s%d", r.IntN(6)) }
+	randomKey := func(prefix string, n int) key {
+		return key{Namespace: namespaces[r.IntN(len(namespaces))], Name: fmt.Sprintf("%s%d", prefix, r.IntN(n))}
+	}
+	// members is the oracle's view of which slices a service proxies: labelled with it
+	// and of an IP address type
+	members := func(k key) []*discovery.EndpointSlice {
+		var out []*discovery.EndpointSlice
+		for _, s := range slcs {
+			if s.Namespace == k.Namespace && s.Labels[discovery.LabelServiceName] == k.Name &&
+				(s.AddressType == discovery.AddressTypeIPv4 || s.AddressType == discovery.AddressTypeIPv6) {
+				out = append(out, s)
+			}
+		}
+		slices.SortFunc(out, func(a, b *discovery.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
+		return out
+	}
+	allServiceKeys := func() []key {
+		var out []key
+		for _, ns := range namespaces {
+			for i := range 6 {
+				out = append(out, key{Namespace: ns, Name: fmt.Sprintf("s%d", i)})
+			}
+		}
+		return out
+	}
+
+	cache := model.NewCache()
+	var prev *model.Snapshot
+	fullBuilds := 0
+	for step := range 1500 {
+		before := map[key][]*discovery.EndpointSlice{}
+		beforeSvc := map[key]*v1.Service{}
+		for _, k := range allServiceKeys() {
+			before[k], beforeSvc[k] = members(k), svcs[k]
+		}
+		d := model.Delta{Services: map[key]*v1.Service{}, Slices: map[key]*discovery.EndpointSlice{}}
+		for range r.IntN(5) {
+			switch r.IntN(9) {
+			case 0, 1: // a slice created or replaced, anything about it may change
+				k := randomKey("e", 10)
+				slcs[k] = newSlice(k, randomService(), addressTypes[r.IntN(len(addressTypes))], randomEndpoints())
+				d.Slices[k] = slcs[k]
+			case 2: // a slice moves to another service, or loses its label
+				k := randomKey("e", 10)
+				if s := slcs[k]; s != nil {
+					svc := randomService()
+					if r.IntN(5) == 0 {
+						svc = ""
+					}
+					slcs[k] = newSlice(k, svc, s.AddressType, s.Endpoints)
+					d.Slices[k] = slcs[k]
+				}
+			case 3: // a slice's address type changes
+				k := randomKey("e", 10)
+				if s := slcs[k]; s != nil {
+					slcs[k] = newSlice(k, s.Labels[discovery.LabelServiceName], addressTypes[r.IntN(len(addressTypes))], s.Endpoints)
+					d.Slices[k] = slcs[k]
+				}
+			case 4: // a slice deleted (or an event for one that never was)
+				k := randomKey("e", 10)
+				delete(slcs, k)
+				d.Slices[k] = nil
+			case 5, 6: // a Service created or replaced
+				k := randomKey("s", 6)
+				svcs[k] = newService(k)
+				d.Services[k] = svcs[k]
+			case 7: // a Service deleted, in some steps created again at once
+				k := randomKey("s", 6)
+				delete(svcs, k)
+				d.Services[k] = nil
+				if r.IntN(3) == 0 {
+					svcs[k] = newService(k)
+					d.Services[k] = svcs[k]
+				}
+			case 8: // an event whose object is the one the cache has
+				k := randomKey("s", 6)
+				d.Services[k] = svcs[k]
+			}
+		}
+		var sl []*v1.Service
+		for _, s := range svcs {
+			sl = append(sl, s)
+		}
+		var es []*discovery.EndpointSlice
+		for _, s := range slcs {
+			es = append(es, s)
+		}
+		want, wantProblems := model.Build(sl, es, nil)
+		var got *model.Snapshot
+		var gotProblems []model.Problem
+		if r.IntN(10) == 0 {
+			fullBuilds++
+			got, gotProblems = cache.BuildFrom(model.Inputs{Services: sl, Slices: es})
+		} else {
+			got, gotProblems = cache.BuildChanges(d, model.Inputs{})
+		}
+
+		withoutChanges := *got
+		withoutChanges.Changes = model.Changes{}
+		if !reflect.DeepEqual(&withoutChanges, want) {
+			t.Fatalf("step %d: cache snapshot differs from Build:\n got  %v\n want %v", step, dumpSnapshot(got), dumpSnapshot(want))
+		}
+		if !reflect.DeepEqual(problemSet(gotProblems), problemSet(wantProblems)) || len(gotProblems) != len(wantProblems) {
+			t.Fatalf("step %d: cache problems %v, Build's %v", step, gotProblems, wantProblems)
+		}
+		if prev != nil && !got.Changes.Follows(prev.Changes) {
+			t.Fatalf("step %d: the snapshot does not follow the one before", step)
+		}
+		if prev == nil {
+			prev = got
+			continue
+		}
+		changed := map[key]bool{}
+		for _, k := range allServiceKeys() {
+			changed[k] = beforeSvc[k] != svcs[k] || !slices.Equal(before[k], members(k))
+		}
+		for _, sp := range got.Services {
+			k := key{Namespace: sp.Name.Namespace, Name: sp.Name.Name}
+			i := slices.IndexFunc(prev.Services, func(p *model.ServicePort) bool { return p.Name == sp.Name })
+			if !got.Changes.MayDiffer(sp.Name) {
+				// the change set's contract: a port it does not name is the previous one
+				if i < 0 || !prev.Services[i].Equal(sp) {
+					t.Fatalf("step %d: %s is not in the change set but differs from the previous snapshot", step, sp.Name)
+				}
+			}
+			if changed[k] {
+				continue
+			}
+			// nothing of the service changed: not built again, the very same port
+			if got.Changes.MayDiffer(sp.Name) || i < 0 || prev.Services[i] != sp {
+				t.Fatalf("step %d: %s did not change but was built again", step, sp.Name)
+			}
+		}
+		prev = got
+	}
+	if fullBuilds < 50 {
+		t.Fatalf("only %d builds from full lists: the walk did not mix them in", fullBuilds)
 	}
 }
