@@ -495,7 +495,9 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 
 	pages := map[uint32]bool{}
 	flatMax := 0
-	parts := make([]*nft.Part, 0, len(services))
+	// room for the previous parts and every change (an IPv6 table of an IPv4 cluster has
+	// none: 30,000 entries per sync for nothing)
+	parts := make([]*nft.Part, 0, min(len(services), len(prev)+len(changes)+16))
 	// the array of the call before the previous one: nothing refers to it any more (a
 	// new one per call was a fifth of what a sync allocated at 30k)
 	next := grow(cc.spare, len(services))[:0]
