@@ -69,22 +69,15 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 	if b.over == nil {
 		b.over = map[serviceName]string{}
 	}
-	var touched []serviceName // in name order, as changes are
-	note := func(sp *model.ServicePort, sign int) {
-		b.total += sign * ElementCost(sp)
-		if n := nameOf(sp); len(touched) == 0 || touched[len(touched)-1] != n {
-			touched = append(touched, n)
-		}
-	}
 	for _, ch := range changes {
 		if ch.old != nil {
-			note(ch.old, -1)
+			b.total -= ElementCost(ch.old)
 		}
 		if ch.new != nil {
-			note(ch.new, +1)
+			b.total += ElementCost(ch.new)
 		}
 	}
-	if len(touched) > len(services)/32 { // many (the first call): one walk
+	if len(changes) > len(services)/32 { // many (the first call): one walk
 		clear(b.over)
 		for from := 0; from < len(services); {
 			to, _, reason := lim.group(services, from)
@@ -94,11 +87,20 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 			from = to
 		}
 	} else {
-		for _, n := range touched {
-			delete(b.over, n)
-			if from := groupStart(services, n); from < len(services) && nameOf(services[from]) == n {
-				if _, _, reason := lim.group(services, from); reason != "" {
-					b.over[n] = reason
+		// the Services of the changes (in name order, as the changes are), each once
+		var last serviceName
+		for _, ch := range changes {
+			for _, sp := range [2]*model.ServicePort{ch.old, ch.new} {
+				if sp == nil || (nameOf(sp) == last && last != serviceName{}) {
+					continue
+				}
+				n := nameOf(sp)
+				last = n
+				delete(b.over, n)
+				if from := groupStart(services, n); from < len(services) && nameOf(services[from]) == n {
+					if _, _, reason := lim.group(services, from); reason != "" {
+						b.over[n] = reason
+					}
 				}
 			}
 		}

@@ -27,15 +27,7 @@ func TestCompilerChangeSet(t *testing.T) {
 	var named, reused int
 	for step := range 200 {
 		for range 1 + r.IntN(4) {
-			sp := all[r.IntN(len(all))]
-			switch old, ok := cur[sp.Name]; {
-			case !ok:
-				cur[sp.Name] = sp
-			case r.IntN(3) == 0:
-				delete(cur, sp.Name)
-			default:
-				cur[sp.Name] = mutate(r, old)
-			}
+			randomChange(r, all, cur)
 		}
 		moved := step%40 == 39
 		if moved {

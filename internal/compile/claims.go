@@ -40,9 +40,10 @@ type claimTable struct {
 	affected map[*model.ServicePort]bool
 }
 
-func newClaimTable() *claimTable {
+// newClaimTable returns an empty table for about n service ports.
+func newClaimTable(n int) *claimTable {
 	return &claimTable{
-		cluster:      newClaimMap[frontendKey](byName),
+		cluster:      claimMap[frontendKey]{held: make(map[frontendKey]holders, n), contested: map[frontendKey]struct{}{}, order: byName},
 		external:     newClaimMap[frontendKey](byAge),
 		nodePort:     newClaimMap[nodePortKey](byAge),
 		withExternal: map[*model.ServicePort]struct{}{},

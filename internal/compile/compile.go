@@ -232,6 +232,9 @@ func (cc *Compiler) diff(services []*model.ServicePort, state []uint8) []portCha
 	v6 := cc.cfg.Family == nft.IPv6
 	old, oldState := cc.services, cc.state
 	changes := cc.scratch.changes[:0]
+	if len(old) == 0 {
+		changes = make([]portChange, 0, len(services)) // the first call: all of them
+	}
 	j := 0
 	for i, sp := range services {
 		for ; j < len(old) && old[j] != sp && old[j].Name.Less(sp.Name); j++ {
@@ -479,7 +482,8 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	table := cc.claims
 	renew := prev == nil || table == nil || !slices.Equal(cc.serviceCIDRs, snap.ServiceCIDRs) || !slices.Equal(cc.aside, aside)
 	if renew {
-		table = newClaimTable()
+		table = newClaimTable(len(services))
+		sc.internal, sc.external = make([]netip.Addr, 0, len(services)), nil
 		table.fill(c, services, state)
 		cc.claims, cc.serviceCIDRs, cc.aside = table, snap.ServiceCIDRs, aside
 	} else {
@@ -544,6 +548,15 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	cc.parts, cc.spare = next, prev[:cap(prev)]
 	clear(cc.spare) // keep no dropped part alive
 	cc.services, cc.state, sc.state = services, state, cc.state
+	if renew {
+		// the claimed addresses of every service port: not worth keeping their room for
+		// the few a later call claims again (parts hold copies)
+		sc.internal, sc.external = nil, nil
+	}
+	clear(changes) // no old port kept alive
+	if cap(changes) > 1024 {
+		sc.changes = nil // the first call's, or a large change's: a megabyte at 30k
+	}
 	clear(matched) // keep no dropped part alive
 	cc.slots.drop(dropped)
 	if prev == nil {

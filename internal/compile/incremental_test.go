@@ -69,6 +69,21 @@ func mutate(r *rand.Rand, sp model.ServicePort) model.ServicePort {
 	return sp
 }
 
+// randomChange adds a service port of all to cur, deletes it from cur or mutates it, and
+// returns its name.
+func randomChange(r *rand.Rand, all []model.ServicePort, cur map[model.ServicePortName]model.ServicePort) model.ServicePortName {
+	sp := all[r.IntN(len(all))]
+	switch old, ok := cur[sp.Name]; {
+	case !ok:
+		cur[sp.Name] = sp
+	case r.IntN(3) == 0:
+		delete(cur, sp.Name)
+	default:
+		cur[sp.Name] = mutate(r, old)
+	}
+	return sp.Name
+}
+
 // TestCompilerIncremental walks random snapshot sequences and checks that the
 // incremental Compiler, fed each one, produces exactly what a fresh Compile produces
 // with the same slot history, that unchanged service ports keep their Part, and that
@@ -103,16 +118,7 @@ func walkIncremental(t *testing.T, fam nft.Family, cfg Config) {
 	for step := range 300 {
 		changed := map[model.ServicePortName]bool{}
 		for range 1 + r.IntN(4) {
-			sp := all[r.IntN(len(all))]
-			switch old, ok := cur[sp.Name]; {
-			case !ok:
-				cur[sp.Name] = sp
-			case r.IntN(3) == 0:
-				delete(cur, sp.Name)
-			default:
-				cur[sp.Name] = mutate(r, old)
-			}
-			changed[sp.Name] = true
+			changed[randomChange(r, all, cur)] = true
 		}
 		if step%50 == 49 { // the node moves to another zone: everything recompiles
 			node.Zone = fmt.Sprintf("zone-%d", step)

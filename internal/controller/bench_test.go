@@ -51,7 +51,7 @@ type benchProxy struct {
 	lists bool
 }
 
-func newBenchProxy(b *testing.B, svcs []*v1.Service, slices []*discovery.EndpointSlice, lists bool) *benchProxy {
+func newBenchProxy(b testing.TB, svcs []*v1.Service, slices []*discovery.EndpointSlice, lists bool) *benchProxy {
 	newStore := func() cache.Indexer {
 		return cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	}

@@ -179,6 +179,17 @@ func startProxyFull(t *testing.T, dp Dataplane, syncPeriod time.Duration, objs .
 	t.Helper()
 	client := fake.NewClientset()
 	ctx, cancel := context.WithCancel(context.Background())
+	create(t, ctx, client, objs...)
+	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: syncPeriod}, logr.Discard())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return client, p
+}
+
+// create creates the Services and EndpointSlices among objs in client.
+func create(t *testing.T, ctx context.Context, client *fake.Clientset, objs ...any) {
+	t.Helper()
 	for _, o := range objs {
 		var err error
 		switch o := o.(type) {
@@ -191,11 +202,6 @@ func startProxyFull(t *testing.T, dp Dataplane, syncPeriod time.Duration, objs .
 			t.Fatal(err)
 		}
 	}
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: syncPeriod}, logr.Discard())
-	done := make(chan struct{})
-	go func() { _ = p.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return client, p
 }
 
 func TestSyncsOnStartAndOnChange(t *testing.T) {

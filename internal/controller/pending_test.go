@@ -52,18 +52,7 @@ func TestChangesSyncWithoutLists(t *testing.T) {
 	dp := &fakeDataplane{}
 	client := fake.NewClientset()
 	ctx, cancel := context.WithCancel(context.Background())
-	for _, o := range []any{service("a", "10.96.0.1"), slice("a", "a-1", "10.244.1.2")} {
-		var err error
-		switch o := o.(type) {
-		case *v1.Service:
-			_, err = client.CoreV1().Services(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *discovery.EndpointSlice:
-			_, err = client.DiscoveryV1().EndpointSlices(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	create(t, ctx, client, service("a", "10.96.0.1"), slice("a", "a-1", "10.244.1.2"))
 	// node port addresses in a CIDR make every sync list the machine's addresses: the
 	// way to make a sync fail after it took the names
 	var failLocal atomic.Bool
