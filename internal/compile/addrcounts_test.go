@@ -45,4 +45,12 @@ func TestAddrCounts(t *testing.T) {
 	if len(a.buckets) != minAddrBuckets {
 		t.Errorf("%d buckets for no address, want %d", len(a.buckets), minAddrBuckets)
 	}
+
+	// an IPv6 table counts only IPv6 endpoints: an IPv4 cluster's 300,000 cost it nothing
+	v6 := addrCounts{v6: true}
+	v6.add(eps, +1)
+	v6.resize([]*model.ServicePort{sp})
+	if v6.n != 0 || len(v6.buckets) != minAddrBuckets {
+		t.Errorf("IPv6 counts of IPv4 endpoints: %d counted, %d buckets", v6.n, len(v6.buckets))
+	}
 }

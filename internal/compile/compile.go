@@ -4,6 +4,7 @@
 package compile
 
 import (
+	"bytes"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -320,7 +321,8 @@ func (cc *Compiler) trackAddrs(changes []portChange, services []*model.ServicePo
 type addrCounts struct {
 	seed    maphash.Seed
 	buckets []uint8
-	n       int // addresses counted (added minus removed)
+	n       int  // addresses counted (added minus removed)
+	v6      bool // the family counted: a table's parts hold only its family's endpoints
 }
 
 const minAddrBuckets = 1 << 12
@@ -332,9 +334,14 @@ func (a *addrCounts) bucket(addr netip.Addr) *uint8 {
 	return &a.buckets[maphash.Comparable(a.seed, addr.As16())&uint64(len(a.buckets)-1)]
 }
 
-// add counts the endpoints' addresses d (+1 or -1) times.
+// add counts the addresses of the endpoints of the family d (+1 or -1) times.
 func (a *addrCounts) add(eps []model.Endpoint, d int) {
+	n := 0
 	for i := range eps {
+		if eps[i].Addr.Is6() != a.v6 {
+			continue
+		}
+		n++
 		b := a.bucket(eps[i].Addr)
 		switch {
 		case *b == math.MaxUint8: // saturated: stays
@@ -344,7 +351,7 @@ func (a *addrCounts) add(eps []model.Endpoint, d int) {
 			*b--
 		}
 	}
-	a.n += d * len(eps)
+	a.n += d * n
 }
 
 // resize makes the table eight buckets per address again, counting services' endpoints
@@ -409,7 +416,7 @@ func (a claims) equal(b claims) bool {
 
 // NewCompiler returns a Compiler for cfg.Family; slots is its endpoint slot allocator.
 func NewCompiler(cfg Config, slots *Slots) *Compiler {
-	return &Compiler{cfg: cfg, slots: slots}
+	return &Compiler{cfg: cfg, slots: slots, endpointAddrs: addrCounts{v6: cfg.Family == nft.IPv6}}
 }
 
 // Compile returns the ruleset of snap, with one Part per service port, and the conflicts
@@ -482,7 +489,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	table := cc.claims
 	renew := prev == nil || table == nil || !slices.Equal(cc.serviceCIDRs, snap.ServiceCIDRs) || !slices.Equal(cc.aside, aside)
 	if renew {
-		table = newClaimTable(len(services))
+		table = newClaimTable(bytes.Count(state, []byte{stateHas})) // its claimants
 		sc.internal, sc.external = make([]netip.Addr, 0, len(services)), nil
 		table.fill(c, services, state)
 		cc.claims, cc.serviceCIDRs, cc.aside = table, snap.ServiceCIDRs, aside
