@@ -63,6 +63,10 @@ type claimMap[K comparable] struct {
 	held      map[K]holders
 	contested map[K]struct{} // keys with more than one claimant
 	order     func(a, b *model.ServicePort) int
+	// filling: add appends without ordering (see claimTable.fill): a tenant's thousands
+	// of Services claiming one address would otherwise cost an insertion each into an
+	// ever longer list
+	filling bool
 }
 
 // holders are a key's claimants: first holds it, more (nearly always empty) lose it,
@@ -76,26 +80,57 @@ func newClaimMap[K comparable](order func(a, b *model.ServicePort) int) claimMap
 	return claimMap[K]{held: map[K]holders{}, contested: map[K]struct{}{}, order: order}
 }
 
+// find returns where sp is, or would go, in more (ordered), and whether it is there.
+func (m *claimMap[K]) find(more []*model.ServicePort, sp *model.ServicePort) (int, bool) {
+	// ports of equal precedence have one name: in one snapshot, one port
+	i, found := slices.BinarySearchFunc(more, sp, m.order)
+	return i, found && more[i] == sp
+}
+
 // add makes sp a claimant of k (once: a service port listing an address twice does not
 // compete with itself) and marks the holder it displaces as affected.
 func (m *claimMap[K]) add(k K, sp *model.ServicePort, affected map[*model.ServicePort]bool) {
 	h, ok := m.held[k]
-	switch {
-	case !ok:
+	if !ok {
 		m.held[k] = holders{first: sp}
 		return
-	case h.first == sp || slices.Contains(h.more, sp):
+	}
+	if h.first == sp {
 		return
-	case m.order(sp, h.first) < 0:
-		affected[h.first] = true
-		h.more = slices.Insert(h.more, 0, h.first)
-		h.first = sp
-	default:
-		i, _ := slices.BinarySearchFunc(h.more, sp, m.order)
-		h.more = slices.Insert(h.more, i, sp)
+	}
+	if m.filling {
+		h.more = append(h.more, sp)
+	} else {
+		switch i, found := m.find(h.more, sp); {
+		case found:
+			return
+		case m.order(sp, h.first) < 0:
+			affected[h.first] = true
+			h.more = slices.Insert(h.more, 0, h.first)
+			h.first = sp
+		default:
+			h.more = slices.Insert(h.more, i, sp)
+		}
 	}
 	m.held[k] = h
 	m.contested[k] = struct{}{}
+}
+
+// settle orders the claimants the adds of a fill appended, each once.
+func (m *claimMap[K]) settle() {
+	m.filling = false
+	for k := range m.contested {
+		h := m.held[k]
+		all := append(h.more, h.first)
+		slices.SortFunc(all, m.order)
+		all = slices.Compact(all) // a port listing an address twice
+		h.first, h.more = all[0], slices.Clip(all[1:])
+		if len(h.more) == 0 {
+			h.more = nil
+			delete(m.contested, k)
+		}
+		m.held[k] = h
+	}
 }
 
 // remove takes sp off k's claimants (if it is one) and marks the claimant that then
@@ -105,7 +140,7 @@ func (m *claimMap[K]) remove(k K, sp *model.ServicePort, affected map[*model.Ser
 	if !ok {
 		return
 	}
-	switch i := slices.Index(h.more, sp); {
+	switch i, found := m.find(h.more, sp); {
 	case h.first == sp && len(h.more) == 0:
 		delete(m.held, k)
 		return
@@ -113,7 +148,7 @@ func (m *claimMap[K]) remove(k K, sp *model.ServicePort, affected map[*model.Ser
 		h.first = h.more[0]
 		h.more = slices.Delete(h.more, 0, 1)
 		affected[h.first] = true
-	case i >= 0:
+	case found:
 		h.more = slices.Delete(h.more, i, i+1)
 	default:
 		return
@@ -204,13 +239,18 @@ func (t *claimTable) remove(c *compiler, sp *model.ServicePort) {
 	}
 }
 
-// fill enters the claims of every service port that claims (state is stateHas).
+// fill enters the claims of every service port that claims (state is stateHas) into an
+// empty table, ordering each contested key's claimants once at the end.
 func (t *claimTable) fill(c *compiler, services []*model.ServicePort, state []uint8) {
+	t.cluster.filling, t.external.filling, t.nodePort.filling = true, true, true
 	for i, sp := range services {
 		if state[i] == stateHas {
 			t.add(c, sp)
 		}
 	}
+	t.cluster.settle()
+	t.external.settle()
+	t.nodePort.settle()
 }
 
 // update brings the table from the previous call's service ports to this call's:
