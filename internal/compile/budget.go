@@ -69,29 +69,30 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 	if b.over == nil {
 		b.over = map[serviceName]string{}
 	}
-	for _, ch := range changes {
-		if ch.old != nil {
-			b.total -= ElementCost(ch.old)
-		}
-		if ch.new != nil {
-			b.total += ElementCost(ch.new)
-		}
-	}
-	if len(changes) > len(services)/32 { // many (the first call): one walk
+	if len(changes) > len(services)/32 { // many (the first call): one walk, counting anew
 		clear(b.over)
+		b.total = 0
 		for from := 0; from < len(services); {
-			to, _, reason := lim.group(services, from)
+			to, cost, reason := lim.group(services, from)
 			if reason != "" {
 				b.over[nameOf(services[from])] = reason
 			}
+			b.total += cost
 			from = to
 		}
 	} else {
-		// the Services of the changes (in name order, as the changes are), each once
+		// the costs of the changes, and their Services (in name order, as the changes
+		// are) looked at again, each once
 		var last serviceName
 		for _, ch := range changes {
+			if ch.old != nil {
+				b.total -= ElementCost(ch.old)
+			}
+			if ch.new != nil {
+				b.total += ElementCost(ch.new)
+			}
 			for _, sp := range [2]*model.ServicePort{ch.old, ch.new} {
-				if sp == nil || (nameOf(sp) == last && last != serviceName{}) {
+				if sp == nil || nameOf(sp) == last { // a Service's name is never empty
 					continue
 				}
 				n := nameOf(sp)
