@@ -43,9 +43,9 @@ type claimTable struct {
 // newClaimTable returns an empty table for about n service ports.
 func newClaimTable(n int) *claimTable {
 	return &claimTable{
-		cluster:      claimMap[frontendKey]{held: make(map[frontendKey]holders, n), contested: map[frontendKey]struct{}{}, order: byName},
-		external:     newClaimMap[frontendKey](byAge),
-		nodePort:     newClaimMap[nodePortKey](byAge),
+		cluster:      newClaimMap[frontendKey](byName, n), // nearly every port has a cluster IP
+		external:     newClaimMap[frontendKey](byAge, 0),
+		nodePort:     newClaimMap[nodePortKey](byAge, 0),
 		withExternal: map[*model.ServicePort]struct{}{},
 		refused:      map[*model.ServicePort][]model.Problem{},
 		affected:     map[*model.ServicePort]bool{},
@@ -76,8 +76,9 @@ type holders struct {
 	more  []*model.ServicePort
 }
 
-func newClaimMap[K comparable](order func(a, b *model.ServicePort) int) claimMap[K] {
-	return claimMap[K]{held: map[K]holders{}, contested: map[K]struct{}{}, order: order}
+// newClaimMap returns an empty claimMap ordered by order, with room for n keys.
+func newClaimMap[K comparable](order func(a, b *model.ServicePort) int, n int) claimMap[K] {
+	return claimMap[K]{held: make(map[K]holders, n), contested: map[K]struct{}{}, order: order}
 }
 
 // find returns where sp is, or would go, in more (ordered), and whether it is there.
