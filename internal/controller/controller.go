@@ -438,6 +438,10 @@ func (p *Proxy) sync(periodic bool) error {
 			if st.Full {
 				p.lastFull = time.Now()
 			}
+			if len(st.Overfilled) > 0 {
+				p.log.Info("Sets outgrew the capacity the last full write gave them; the table was written anew with them resizable until the next full write",
+					"sets", st.Overfilled)
+			}
 			p.cleanConntrack(snap, p.repairing)
 			p.repairing = ""
 			p.syncHealthChecks(snap)

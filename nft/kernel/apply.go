@@ -61,6 +61,11 @@ type state struct {
 	chains map[string]*nft.Chain // the ruleset's own chains (parts keep theirs)
 	parts  map[string]*nft.Part
 	elems  map[string]setIndex // set → key → element (index.go)
+	// caps: the capacity each set was created with (capacity.go); absent: unsized.
+	// unsized: sets a sync would have overfilled, left unsized by full writes until
+	// a full write from the kernel's names (a resync).
+	caps    map[string]uint32
+	unsized map[string]bool
 	// known is false for a state read from the kernel: only names, content unknown
 	known bool
 	// distrust is set when a refused transaction's undo restored the state: the next
@@ -76,6 +81,7 @@ type undo struct {
 	sets   map[string]*nft.Set
 	chains map[string]*nft.Chain
 	parts  map[string]*nft.Part // owner → part before (nil: none)
+	caps   map[string]uint32
 	d      *elemDelta
 }
 
@@ -87,7 +93,7 @@ func (u *undo) part(owner string) {
 
 func (u *undo) apply() {
 	st := u.st
-	st.rs, st.sets, st.chains = u.rs, u.sets, u.chains
+	st.rs, st.sets, st.chains, st.caps = u.rs, u.sets, u.chains, u.caps
 	st.distrust = true
 	for owner, p := range u.parts {
 		if p == nil {
@@ -150,6 +156,9 @@ type Stats struct {
 	// process descheduled, or held back by its own garbage collector, shows those waits
 	// in Kernel only.
 	KernelCPU time.Duration
+	// Overfilled names the sets this sync would have taken past their capacity: the
+	// table was written anew with them resizable (capacity.go).
+	Overfilled []string
 }
 
 // Resync makes the next Apply rewrite the whole table from scratch, correcting any drift
@@ -296,7 +305,7 @@ func (a *Applier) kernelState(fam nft.Family, table string) (*state, error) {
 
 func newState(rs *nft.Ruleset) *state {
 	return &state{rs: rs, sets: map[string]*nft.Set{}, chains: map[string]*nft.Chain{}, parts: map[string]*nft.Part{},
-		elems: map[string]setIndex{}}
+		elems: map[string]setIndex{}, caps: map[string]uint32{}}
 }
 
 // names returns a state with st's set and chain names and unknown content: diffing
@@ -448,21 +457,37 @@ type plan struct {
 // The undo it returns, when not nil, restores prev after the kernel refused the
 // transaction.
 func diff(b *wire.Batch, prev *state, rs *nft.Ruleset, st *Stats) (cur *state, full bool, u *undo, err error) {
-	if !prev.known || !sameSetDefs(prev, rs) {
-		if prev.known { // a known state whose shared sets changed: rewrite it all
-			prev = prev.names()
+	var unsized map[string]bool
+	if prev.known && sameSetDefs(prev, rs) {
+		u = &undo{st: prev, rs: prev.rs, sets: maps.Clone(prev.sets), chains: prev.chains, parts: map[string]*nft.Part{},
+			caps: maps.Clone(prev.caps)}
+		err = diffParts(b, prev, rs, st, u)
+		var over *overCapacity
+		if err == nil {
+			return prev, false, u, nil
 		}
-		cur = newState(rs)
-		cur.known = true
-		return cur, true, nil, diffFull(b, prev, cur, st)
-	}
-	u = &undo{st: prev, rs: prev.rs, sets: maps.Clone(prev.sets), chains: prev.chains, parts: map[string]*nft.Part{}}
-	err = diffParts(b, prev, rs, st, u)
-	if err != nil {
 		u.apply()
-		return prev, false, nil, err
+		if !errors.As(err, &over) {
+			return prev, false, nil, err
+		}
+		// written anew, with that set resizable (capacity.go)
+		unsized = maps.Clone(prev.unsized)
+		if unsized == nil {
+			unsized = map[string]bool{}
+		}
+		unsized[over.set] = true
+		st.Overfilled = append(st.Overfilled, over.set)
 	}
-	return prev, false, u, nil
+	if prev.known { // a known state whose shared sets changed (or one overfilled): rewrite it all
+		if unsized == nil {
+			unsized = prev.unsized
+		}
+		prev = prev.names()
+	}
+	cur = newState(rs)
+	cur.known = true
+	cur.unsized = unsized
+	return cur, true, nil, diffFull(b, prev, cur, st)
 }
 
 // sameSetDefs reports whether every set of rs that prev has is defined as in prev.
@@ -516,6 +541,11 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 	for name, n := range counts {
 		if s := byName[name]; s != nil && n > 0 {
 			cur.elems[name] = newIndex(wire.KeyLen(s.Key), n)
+		}
+	}
+	for _, s := range cur.rs.Sets {
+		if n := counts[s.Name]; n >= presizeMin && !s.Dynamic && s.Size == 0 && !cur.unsized[s.Name] {
+			cur.caps[s.Name] = capacityFor(n)
 		}
 	}
 	if err := d.addElements(byName, cur.rs.Sets, nil); err != nil {
@@ -662,6 +692,17 @@ func diffParts(b *wire.Batch, prev *state, rs *nft.Ruleset, st *Stats, u *undo) 
 		if err := pl.part(d, prev, byName, ch[0], ch[1]); err != nil {
 			return err
 		}
+	}
+	for _, s := range pl.newSets { // created by this sync: unsized (a part's replaced set too)
+		delete(prev.caps, s.Name)
+	}
+	for _, name := range pl.goneSets {
+		if !pl.recreated[name] {
+			delete(prev.caps, name)
+		}
+	}
+	if over := checkCapacity(prev, d.before); over != nil {
+		return over
 	}
 	prev.rs = rs
 	prev.distrust = false
@@ -898,7 +939,7 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 	}
 	// 4. new sets, new chains
 	for _, s := range pl.newSets {
-		b.AddSet(s)
+		b.AddSet(withCapacity(s, d.st.caps[s.Name]))
 	}
 	for _, c := range pl.newChains {
 		b.AddChain(c)

@@ -287,7 +287,9 @@ func setDefDiff(got, want *wire.SetState) []string {
 		cmp("data length", got.DataLen, want.DataLen)
 	}
 	cmp("timeout (ms)", got.Timeout, want.Timeout)
-	cmp("size", got.Size, want.Size)
+	if want.Size != 0 { // else the applier's capacity (nft/kernel/capacity.go), if any
+		cmp("size", got.Size, want.Size)
+	}
 	cmp("expressions", strings.Join(got.Exprs, ","), strings.Join(want.Exprs, ","))
 	if !bytes.Equal(got.UserData, want.UserData) {
 		out = append(out, fmt.Sprintf("userdata (type, comment) differs: kernel %q, expected %q", got.UserData, want.UserData))
