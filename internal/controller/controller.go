@@ -399,6 +399,7 @@ func (p *Proxy) sync(periodic bool) error {
 	triggers := p.triggers.take()
 
 	snap, rulesets, err := p.compile()
+	compiled := time.Since(start)
 	if err == nil {
 		repair := p.takeRepair()
 		if repair != "" {
@@ -429,7 +430,8 @@ func (p *Proxy) sync(periodic bool) error {
 				p.cfg.Applied(rulesets)
 			}
 			kv := []any{"services", len(snap.Services), "full", st.Full, "messages", st.Messages,
-				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains, "kernel", st.Kernel, "took", time.Since(start)}
+				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains,
+				"compile", compiled, "encode", st.Encode, "kernel", st.Kernel, "took", time.Since(start)}
 			if first {
 				p.log.Info("First sync done", kv...)
 			} else {

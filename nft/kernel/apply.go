@@ -149,6 +149,7 @@ type Stats struct {
 	Bytes    int           // their size
 	Elements int           // set elements added or deleted
 	Chains   int           // chains created, refilled or deleted
+	Encode   time.Duration // diffing against the previous state and encoding, before the send
 	Kernel   time.Duration // time from send to the kernel's last answer
 	// KernelCPU is the sending thread's CPU time over the same span: nf_tables processes
 	// a batch, commit included, in the sender's sendmsg, so this is the kernel's work on
@@ -168,6 +169,7 @@ func (a *Applier) Resync() { a.prev = map[tableKey]*state{} }
 // Apply makes the kernel's tables equal to the given rulesets in one transaction.
 func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	var st Stats
+	encodeStart := time.Now()
 	conn, err := a.writer()
 	if err != nil {
 		return st, err
@@ -204,6 +206,7 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	}
 	all := wire.Merge(batches...)
 	st.Messages, st.Bytes = all.Msgs(), all.Bytes()
+	st.Encode = time.Since(encodeStart)
 	runtime.LockOSThread() // the thread's CPU clock must be the one that sends
 	start, cpu := time.Now(), threadCPU()
 	err = all.Send(conn)
@@ -331,25 +334,19 @@ func (st *state) names() *state {
 type elemDelta struct {
 	st     *state
 	before map[string]map[string]*refElem // set → key bytes → a copy of the entry before (nil: absent)
-	// fresh: st starts empty and every set is created anew, so nothing is tracked in
-	// before: the elements are in st.elems, each once
-	fresh bool
 	// scratch for add and remove: declared in them, both escaped to the heap (through
 	// the interfaces they are passed to) on every call, 20 MB in a 10k cold sync
 	k   elemKey
 	buf nft.ElementBuf
 }
 
-// maps returns the element index of set s and, unless the delta is fresh, the map of
-// its keys' states before this sync.
+// maps returns the element index of set s and the map of its keys' states before this
+// sync.
 func (d *elemDelta) maps(s *nft.Set) (m setIndex, bm map[string]*refElem) {
 	m = d.st.elems[s.Name]
 	if m == nil {
 		m = newIndex(wire.KeyLen(s.Key), 0)
 		d.st.elems[s.Name] = m
-	}
-	if d.fresh {
-		return m, nil
 	}
 	bm = d.before[s.Name]
 	if bm == nil {
@@ -450,6 +447,9 @@ type plan struct {
 	refill      []*nft.Chain
 	goneChains  []string
 	recreated   map[string]bool // sets deleted and created anew: their elements are all added
+	// a full write's element messages, made by fillFresh, and how many elements they add
+	fresh         []*wire.Batch
+	freshElements int
 }
 
 // diff appends to b the messages that turn prev into rs and returns the new state (prev,
@@ -505,7 +505,7 @@ func sameSetDefs(prev *state, rs *nft.Ruleset) bool {
 // diffFull rewrites every object of cur that prev does not know the content of: prev
 // holds only names (from the kernel, or from a state that had to be given up).
 func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
-	d := &elemDelta{st: cur, fresh: true}
+	d := &elemDelta{st: cur} // for emit: a full write's elements are in pl.fresh
 	pl := &plan{recreated: map[string]bool{}}
 	setsOf := func(rs *nft.Ruleset) []*nft.Set {
 		out := append([]*nft.Set(nil), rs.Sets...)
@@ -550,7 +550,8 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 			cur.caps[s.Name] = capacityFor(n)
 		}
 	}
-	if err := d.addElements(byName, cur.rs.Sets, nil); err != nil {
+	var err error
+	if pl.fresh, pl.freshElements, err = fillFresh(cur, byName); err != nil {
 		return err
 	}
 	all := append([]*nft.Chain(nil), cur.rs.Chains...)
@@ -560,9 +561,6 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 	for _, p := range cur.rs.Parts {
 		cur.parts[p.Owner] = p
 		all = append(all, p.Chains...)
-		if err := d.addElements(byName, nil, p.Elements); err != nil {
-			return err
-		}
 	}
 	seen := map[string]bool{}
 	for _, c := range all {
@@ -581,26 +579,6 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 		}
 	}
 	return pl.emit(b, d, byName, st)
-}
-
-// addElements counts the elements of the given sets and part elements.
-func (d *elemDelta) addElements(byName map[string]*nft.Set, sets []*nft.Set, parts []nft.SetElements) error {
-	for _, s := range sets {
-		if err := d.add(s, ownElements(s)); err != nil {
-			return err
-		}
-	}
-	for i := range parts {
-		se := &parts[i]
-		s := byName[se.Set]
-		if s == nil {
-			return fmt.Errorf("elements for set %s, which the ruleset does not define", se.Set)
-		}
-		if err := d.add(s, se); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // diffParts diffs prev, whose content is known, against rs: the ruleset's own chains and
@@ -884,22 +862,9 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 	}
 	del := map[string][]elemRef{}
 	add := map[string][]elemRef{}
-	if d.fresh { // every element is new
-		for name, m := range d.st.elems {
-			setNames = append(setNames, name)
-			es := make([]elemRef, 0, m.len())
-			for e := range m.refs() {
-				es = append(es, e)
-			}
-			add[name] = es
-		}
-	}
 	var bufA, bufB nft.ElementBuf
 	slices.Sort(setNames)
-	for _, name := range setNames {
-		if d.fresh {
-			break
-		}
+	for _, name := range setNames { // (none in a full write: its elements are in pl.fresh)
 		now, s := d.st.elems[name], sets[name]
 		for kb, was := range d.before[name] {
 			k := keyOf(kb)
@@ -963,6 +928,10 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 			try(b.ElemsOf(sets[name], len(es), func(i int) *nft.Element { return es[i].elem(&bufA) }, false))
 		}
 	}
+	for _, fb := range pl.fresh {
+		b.Append(fb)
+	}
+	st.Elements += pl.freshElements
 	// 6. chains that are gone
 	slices.Sort(pl.goneChains)
 	for _, name := range pl.goneChains {

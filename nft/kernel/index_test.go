@@ -86,7 +86,7 @@ func testElemIndex(t *testing.T, s *nft.Set, built bool) {
 		a[i], b[i] = indexElem(s, i, 80), indexElem(s, i, 80)
 	}
 	st := newState(nil)
-	fresh := &elemDelta{st: st, fresh: true}
+	fresh := &elemDelta{st: st, before: map[string]map[string]*refElem{}}
 	if err := fresh.add(s, els(a)); err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestElemIndexKeyLength(t *testing.T) {
 	short, long := sets[1], sets[2] // 8 and 12 bytes
 	st := newState(nil)
 	st.elems[long.Name] = newIndex(12, 0)
-	d := &elemDelta{st: st, fresh: true}
+	d := &elemDelta{st: st, before: map[string]map[string]*refElem{}}
 	err := d.add(&nft.Set{Name: long.Name, Key: short.Key}, &nft.SetElements{Set: long.Name, Elements: []nft.Element{indexElem(short, 1, 80)}})
 	if err == nil || !strings.Contains(err.Error(), "key of 8 bytes") {
 		t.Fatalf("got %v, want a key length error", err)

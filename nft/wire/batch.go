@@ -87,15 +87,28 @@ func Merge(bs ...*Batch) *Batch {
 	return out
 }
 
+// Append moves o's messages to the end of b; o must not be used after.
+func (b *Batch) Append(o *Batch) {
+	if o.msgs == 0 {
+		return
+	}
+	b.last = msgRef{len(b.pages) + o.last.page, o.last.off}
+	b.pages = append(b.pages, o.pages...)
+	b.msgs += o.msgs
+	b.bytes += o.bytes
+	b.w = nil // the next message starts a page of its own
+}
+
 // seq numbers messages uniquely within the process; the kernel quotes it in errors.
 var seq atomic.Uint32
 
 // begin opens a message: the netlink header (its length filled by finish) and nfgenmsg.
 func (b *Batch) begin(typ uint16, flags uint16) {
-	if len(b.pages) == 0 || len(b.w) >= pageSize {
+	// finish and abandon keep the last page up to date, so a full one is left as it is;
+	// b.w is nil before the first message and after Append
+	if b.w == nil || len(b.w) >= pageSize {
 		size := firstPageSize
 		if len(b.pages) > 0 {
-			b.pages[len(b.pages)-1] = b.w
 			size = pageSize + pageSize/4
 		}
 		b.w = make([]byte, 0, size)
@@ -308,26 +321,63 @@ func (b *Batch) Elems(s *nft.Set, es []*nft.Element, del bool) error {
 // ElemsOf adds (del == false) or deletes n elements, in chunks: element(i) is the i-th,
 // which need only stay valid until the next call (it may be built in one buffer).
 func (b *Batch) ElemsOf(s *nft.Set, n int, element func(i int) *nft.Element, del bool) error {
-	typ, flags := uint16(unix.NFT_MSG_NEWSETELEM), uint16(nlmCreate)
-	if del {
-		typ, flags = unix.NFT_MSG_DELSETELEM, 0
+	w := b.Stream(s, del)
+	for i := range n {
+		if err := w.Add(element(i)); err != nil {
+			return err
+		}
 	}
-	for start := 0; start < n; start += elemChunk {
+	w.Close()
+	return nil
+}
+
+// ElemWriter adds or deletes the elements of one set as they come, in messages of at
+// most elemChunk elements. After an error the batch lacks that message's elements:
+// it is not to be sent.
+type ElemWriter struct {
+	b    *Batch
+	s    *nft.Set
+	del  bool
+	n    int // elements in the open message (0: none open)
+	list int // its element list's attribute
+}
+
+// Stream starts adding (del == false) or deleting elements of s; Close ends the last
+// message. No other message may be written to b in between.
+func (b *Batch) Stream(s *nft.Set, del bool) *ElemWriter { return &ElemWriter{b: b, s: s, del: del} }
+
+// Add encodes e, which need only stay valid during the call.
+func (w *ElemWriter) Add(e *nft.Element) error {
+	b := w.b
+	if w.n == elemChunk {
+		w.Close()
+	}
+	if w.n == 0 {
+		typ, flags := uint16(unix.NFT_MSG_NEWSETELEM), uint16(nlmCreate)
+		if w.del {
+			typ, flags = unix.NFT_MSG_DELSETELEM, 0
+		}
 		b.begin(typ, flags)
 		b.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
-		b.str(unix.NFTA_SET_ELEM_LIST_SET, s.Name)
-		list := b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
-		for i := start; i < min(start+elemChunk, n); i++ {
-			e := element(i)
-			if err := b.element(s, e, del); err != nil {
-				b.abandon()
-				return fmt.Errorf("set %s: element %s: %w", s.Name, nft.RenderElementKey(s, *e), err)
-			}
-		}
-		b.close(list)
-		b.finish()
+		b.str(unix.NFTA_SET_ELEM_LIST_SET, w.s.Name)
+		w.list = b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 	}
+	if err := b.element(w.s, e, w.del); err != nil {
+		b.abandon()
+		w.n = 0
+		return fmt.Errorf("set %s: element %s: %w", w.s.Name, nft.RenderElementKey(w.s, *e), err)
+	}
+	w.n++
 	return nil
+}
+
+// Close ends the open message, if any.
+func (w *ElemWriter) Close() {
+	if w.n > 0 {
+		w.b.close(w.list)
+		w.b.finish()
+		w.n = 0
+	}
 }
 
 // element encodes one list element: its key, and unless keyOnly its value, comment and
