@@ -16,7 +16,9 @@ import (
 // the same set were already encoded; and a delta after it is accepted.
 func TestFullWriteSharedKeys(t *testing.T) {
 	addr := func(s string) nft.Value { return nft.Addr(netip.MustParseAddr(s)) }
-	elem := func(k, v string) nft.Element { return nft.Element{Key: []nft.Value{addr(k)}, Data: []nft.Value{addr(v)}} }
+	elem := func(k, v string) nft.Element {
+		return nft.Element{Key: []nft.Value{addr(k)}, Data: []nft.Value{addr(v)}}
+	}
 	many := make([]nft.Element, 3000) // more than a message's worth before the clash
 	for i := range many {
 		many[i] = elem(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}).String(), "10.9.0.1")
