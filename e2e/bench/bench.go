@@ -172,6 +172,9 @@ type ColdStart struct {
 	Answered        int     `json:"answered"`
 	TimedOut        bool    `json:"timed_out"`
 	BoundSeconds    float64 `json:"bound_s"`
+	// SettledAfter: seconds the suite waited, before starting the proxy, for the API
+	// server and etcd to finish the work its writes left them (see settle)
+	SettledAfter float64 `json:"settled_after_s"`
 }
 
 // Latency summarizes repeated one-change measurements (milliseconds).
@@ -478,6 +481,7 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 	n := r.N
 	s.logf("bench: === %s at N=%d", p.Name, n)
 	logName := fmt.Sprintf("%s-%d", p.Name, n)
+	settled := s.controlPlaneIdle(ctx)
 	t0 := time.Now()
 	args := p.args(c)
 	if s.o.HeapProfiles != "" && p.Mode == "" {
@@ -493,6 +497,7 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 		}
 	}()
 	cs := s.coldStart(ctx, p, proc, n, t0)
+	cs.SettledAfter = settled.Seconds()
 	r.ColdStart = cs
 	s.logf("bench: %s N=%d cold start: informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
 		p.Name, n, cs.InformersSynced, cs.FirstSync, cs.AllProgrammed, cs.Answered, cs.Sampled, map[bool]string{true: " TIMED OUT"}[cs.TimedOut])

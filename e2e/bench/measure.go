@@ -361,6 +361,45 @@ func (h histogram) quantile(q float64) float64 {
 
 // --- process accounting ------------------------------------------------------------------
 
+// Settling: the API server keeps working for seconds after the suite's last write
+// returns (at 10k services after populating, both cores for over a second), and a proxy
+// started then competes with it for the CPU. Before each cold start the suite waits
+// until the control plane has used less than settleCPU of a core over settleWindow, at
+// most settleMax. Before, nftproxy (measured first at each size) started right after
+// the suite's writes, kube-proxy minutes later.
+const (
+	settleWindow = 500 * time.Millisecond
+	settleCPU    = 0.1
+	settleMax    = time.Minute
+)
+
+// controlPlaneIdle waits for the control plane to be idle (see settleWindow) and
+// returns how long it waited.
+func (s *suite) controlPlaneIdle(ctx context.Context) time.Duration {
+	start := time.Now()
+	used := func() float64 {
+		total := 0.0
+		for _, pid := range s.c.ControlPlanePIDs() {
+			if v, err := cpuSeconds(pid); err == nil {
+				total += v
+			}
+		}
+		return total
+	}
+	before := used()
+	for time.Since(start) < settleMax && ctx.Err() == nil {
+		time.Sleep(settleWindow)
+		now := used()
+		if now-before < settleCPU*settleWindow.Seconds() {
+			break
+		}
+		before = now
+	}
+	waited := time.Since(start)
+	s.logf("bench: control plane idle after %v", waited.Round(10*time.Millisecond))
+	return waited
+}
+
 // cpuSeconds returns utime+stime of pid from /proc/<pid>/stat.
 func cpuSeconds(pid int) (float64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

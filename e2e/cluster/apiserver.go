@@ -88,3 +88,15 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 		return err
 	})
 }
+
+// ControlPlanePIDs returns the process IDs of the running kube-apiserver and etcd (for
+// measuring their CPU).
+func (c *Cluster) ControlPlanePIDs() []int {
+	var pids []int
+	for _, p := range []*Process{c.apiserverProcess(), c.etcdProcess()} {
+		if p != nil && p.Running() {
+			pids = append(pids, p.PID())
+		}
+	}
+	return pids
+}
