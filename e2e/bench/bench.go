@@ -299,7 +299,7 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 		s.logf = func(string, ...any) {}
 	}
 	for _, p := range Proxies(bins.Nftproxy, bins.KubeProxy) {
-		if len(o.Proxies) == 0 || slices.Contains(o.Proxies, p.Name) {
+		if len(o.Proxies) == 0 && len(p.Env) == 0 || slices.Contains(o.Proxies, p.Name) {
 			s.proxies = append(s.proxies, p)
 		}
 	}

@@ -20,10 +20,14 @@ type Proxy struct {
 	SyncedLog []string
 	// KernelMetric is the histogram of the proxy's kernel-write (or whole sync) time.
 	KernelMetric string
+	// Env is added to the proxy's environment (a variant of nftproxy's defaults).
+	Env []string
 }
 
-// Proxies returns the three proxies: nftproxy and upstream kube-proxy in nftables and
-// iptables mode.
+// Proxies returns the proxies: nftproxy and upstream kube-proxy in nftables and
+// iptables mode, and nftproxy-watchlist, nftproxy with client-go's WatchListClient on
+// (its informers stream their first list as watch events, as kube-proxy's; measured
+// only when BENCH_PROXIES names it).
 func Proxies(nftproxyBin, kubeProxyBin string) []Proxy {
 	// kube-proxy's shared informers log `"Caches are synced" controller="service
 	// config"` and `... controller="endpoint slice config"` (and node config).
@@ -32,6 +36,8 @@ func Proxies(nftproxyBin, kubeProxyBin string) []Proxy {
 		{Name: "nftproxy", Bin: nftproxyBin, SyncedLog: []string{"Informer caches synced"}, KernelMetric: "nftproxy_sync_kernel_duration_seconds"},
 		{Name: "kube-proxy-nftables", Bin: kubeProxyBin, Mode: "nftables", SyncedLog: kp, KernelMetric: "kubeproxy_sync_proxy_rules_duration_seconds"},
 		{Name: "kube-proxy-iptables", Bin: kubeProxyBin, Mode: "iptables", SyncedLog: kp, KernelMetric: "kubeproxy_sync_proxy_rules_duration_seconds"},
+		{Name: "nftproxy-watchlist", Bin: nftproxyBin, SyncedLog: []string{"Informer caches synced"}, KernelMetric: "nftproxy_sync_kernel_duration_seconds",
+			Env: []string{"KUBE_FEATURE_WatchListClient=true"}},
 	}
 }
 
@@ -44,14 +50,18 @@ const (
 // args returns the proxy's command line. Both proxies get the same sync periods
 // (their defaults: 1 s minimum, 30 s periodic) and API client settings (defaults).
 func (p Proxy) args(c *cluster.Cluster) []string {
-	args := []string{p.Bin,
+	var args []string
+	if len(p.Env) > 0 {
+		args = append([]string{"env"}, p.Env...)
+	}
+	args = append(args, p.Bin,
 		"--kubeconfig", c.Kubeconfig,
 		"--hostname-override", c.NodeName,
 		"--cluster-cidr", clusterCIDR,
 		"--metrics-bind-address", metricsAddr,
 		"--healthz-bind-address", healthzAddr,
 		"-v=2",
-	}
+	)
 	if p.Mode != "" {
 		args = append(args,
 			"--proxy-mode", p.Mode,
