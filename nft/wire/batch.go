@@ -76,18 +76,12 @@ func Merge(bs ...*Batch) *Batch {
 	}
 	out := &Batch{}
 	for _, b := range bs {
-		if b.msgs == 0 {
-			continue
-		}
-		out.last = msgRef{len(out.pages) + b.last.page, b.last.off}
-		out.pages = append(out.pages, b.pages...)
-		out.msgs += b.msgs
-		out.bytes += b.bytes
+		out.Append(b)
 	}
 	return out
 }
 
-// Append moves o's messages to the end of b; o must not be used after.
+// Append moves o's messages to the end of b; o must not be written to after.
 func (b *Batch) Append(o *Batch) {
 	if o.msgs == 0 {
 		return
