@@ -9,15 +9,10 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// client-go's features keep their defaults (but nftproxy's own, clientGoDefaults) and
-// environment overrides, without the ten "Feature gate default state" lines its own
-// implementation logs on first use.
+// client-go's features keep their defaults and environment overrides, without the ten
+// "Feature gate default state" lines its own implementation logs on first use.
 func TestClientGoFeatureGatesAreQuiet(t *testing.T) {
-	quietClientGoFeatures()
-	if clientfeatures.FeatureGates().Enabled(clientfeatures.WatchListClient) {
-		t.Error("WatchListClient is on by default; nftproxy's default is off")
-	}
-	t.Setenv("KUBE_FEATURE_WatchListClient", "true")
+	t.Setenv("KUBE_FEATURE_WatchListClient", "false")
 	t.Setenv("KUBE_FEATURE_InOrderInformers", "maybe")
 	overrides := quietClientGoFeatures()
 	_, buf := testLogger(t, "-v=4")
@@ -26,8 +21,8 @@ func TestClientGoFeatureGatesAreQuiet(t *testing.T) {
 		t.Fatal(err)
 	}
 	gates := clientfeatures.FeatureGates()
-	if !gates.Enabled(clientfeatures.WatchListClient) {
-		t.Error("KUBE_FEATURE_WatchListClient=true not honoured")
+	if gates.Enabled(clientfeatures.WatchListClient) {
+		t.Error("KUBE_FEATURE_WatchListClient=false not honoured")
 	}
 	if !gates.Enabled(clientfeatures.InOrderInformers) {
 		t.Error("InOrderInformers lost its default (true) on an invalid override")
@@ -39,7 +34,7 @@ func TestClientGoFeatureGatesAreQuiet(t *testing.T) {
 		t.Errorf("client-go logged its feature gates at -v=4:\n%s", buf.String())
 	}
 	got := strings.Join(overrides, "\n")
-	if !strings.Contains(got, "WatchListClient=true") || !strings.Contains(got, `InOrderInformers: "maybe" is not true or false`) {
+	if !strings.Contains(got, "WatchListClient=false") || !strings.Contains(got, `InOrderInformers: "maybe" is not true or false`) {
 		t.Errorf("overrides reported: %q", overrides)
 	}
 }

@@ -148,32 +148,16 @@ func configure(fs *pflag.FlagSet, o *options.Options, args []string, stderr io.W
 	return 0, false
 }
 
-// clientGoDefaults are nftproxy's defaults for client-go features where they differ
-// from client-go's.
-//
-// WatchListClient (on in client-go since 1.35, as in kube-proxy) makes an informer's
-// first list a watch that streams the objects one event at a time, from a watch cache
-// at least as fresh as etcd. Off, the informer lists from the API server's watch cache
-// at any freshness (resourceVersion=0), as before 1.35, and watches on from there. At
-// 10,000 services x 10 endpoints on two cores (e2e/bench, five runs each, alternating)
-// the informers synced in 318 ms on average with lists against 412 ms with the
-// streaming watch, and nftproxy used 0.1 s less CPU in its first second.
-// KUBE_FEATURE_WatchListClient=true turns it back on.
-var clientGoDefaults = map[clientfeatures.Feature]bool{clientfeatures.WatchListClient: false}
-
 // quietClientGoFeatures replaces client-go's own feature gates, which log the default
 // state of each of its features (ten INFO lines at -v=1 and above) when first used, with
-// the same defaults (but clientGoDefaults) and the same KUBE_FEATURE_<name>=true|false
-// environment overrides, silently (as kube-proxy, which hands them to its own feature
-// gate). It returns the overrides found, for one log line each.
+// the same defaults and the same KUBE_FEATURE_<name>=true|false environment overrides,
+// silently (as kube-proxy, which hands them to its own feature gate). It returns the
+// overrides found, for one log line each.
 func quietClientGoFeatures() (overrides []string) {
 	specs := featureSpecs{}
 	_ = clientfeatures.AddFeaturesToExistingFeatureGates(specs) // featureSpecs.Add cannot fail
 	gates := clientGoGates{}
 	for f, spec := range specs {
-		if d, ok := clientGoDefaults[f]; ok && !spec.LockToDefault {
-			spec.Default = d
-		}
 		gates[f] = spec.Default
 		v, ok := os.LookupEnv("KUBE_FEATURE_" + string(f))
 		if !ok {

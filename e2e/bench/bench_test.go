@@ -24,7 +24,7 @@ import (
 //	BENCH_BIG         nftproxy alone at this many services × 5 endpoints (default 50000; 0: none)
 //	BENCH_CHURN_SIZE  N of the churn measurement (default 10000; must be in BENCH_SIZES)
 //	BENCH_PROXIES     comma-separated subset of nftproxy,kube-proxy-nftables,kube-proxy-iptables
-//	                  (default: these three), or nftproxy-watchlist (see Proxies)
+//	                  (default: these three), or nftproxy-list (see Proxies)
 //	BENCH_OUT         output directory (default docs/bench of the repository)
 //	BENCH_BOUND       per cold start (default 10m)
 //	BENCH_SCENARIOS   comma-separated subset of footprint,datapath,onechange,expose,churn (default all)

@@ -25,9 +25,9 @@ type Proxy struct {
 }
 
 // Proxies returns the proxies: nftproxy and upstream kube-proxy in nftables and
-// iptables mode, and nftproxy-watchlist, nftproxy with client-go's WatchListClient on
-// (its informers stream their first list as watch events, as kube-proxy's; measured
-// only when BENCH_PROXIES names it).
+// iptables mode, and nftproxy-list, nftproxy with client-go's WatchListClient off (its
+// informers' first list is one LIST response instead of a stream of watch events;
+// measured only when BENCH_PROXIES names it).
 func Proxies(nftproxyBin, kubeProxyBin string) []Proxy {
 	// kube-proxy's shared informers log `"Caches are synced" controller="service
 	// config"` and `... controller="endpoint slice config"` (and node config).
@@ -36,8 +36,8 @@ func Proxies(nftproxyBin, kubeProxyBin string) []Proxy {
 		{Name: "nftproxy", Bin: nftproxyBin, SyncedLog: []string{"Informer caches synced"}, KernelMetric: "nftproxy_sync_kernel_duration_seconds"},
 		{Name: "kube-proxy-nftables", Bin: kubeProxyBin, Mode: "nftables", SyncedLog: kp, KernelMetric: "kubeproxy_sync_proxy_rules_duration_seconds"},
 		{Name: "kube-proxy-iptables", Bin: kubeProxyBin, Mode: "iptables", SyncedLog: kp, KernelMetric: "kubeproxy_sync_proxy_rules_duration_seconds"},
-		{Name: "nftproxy-watchlist", Bin: nftproxyBin, SyncedLog: []string{"Informer caches synced"}, KernelMetric: "nftproxy_sync_kernel_duration_seconds",
-			Env: []string{"KUBE_FEATURE_WatchListClient=true"}},
+		{Name: "nftproxy-list", Bin: nftproxyBin, SyncedLog: []string{"Informer caches synced"}, KernelMetric: "nftproxy_sync_kernel_duration_seconds",
+			Env: []string{"KUBE_FEATURE_WatchListClient=false"}},
 	}
 }
 
