@@ -529,30 +529,14 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 			pl.goneSets = append(pl.goneSets, name)
 		}
 	}
-	// size each set's index once: growing maps of hundreds of thousands of keys
-	// doubles the peak memory of a cold sync
-	counts := map[string]int{}
-	for _, s := range cur.rs.Sets {
-		counts[s.Name] += len(s.Elements)
-	}
-	for _, p := range cur.rs.Parts {
-		for i := range p.Elements {
-			counts[p.Elements[i].Set] += p.Elements[i].Len()
-		}
-	}
-	for name, n := range counts {
-		if s := byName[name]; s != nil && n > 0 {
-			cur.elems[name] = newIndex(wire.KeyLen(s.Key), n)
-		}
-	}
-	for _, s := range cur.rs.Sets {
-		if n := counts[s.Name]; n >= presizeMin && !s.Dynamic && s.Size == 0 && !cur.unsized[s.Name] {
-			cur.caps[s.Name] = capacityFor(n)
-		}
-	}
 	var err error
 	if pl.fresh, pl.freshElements, err = fillFresh(cur, byName); err != nil {
 		return err
+	}
+	for _, s := range cur.rs.Sets {
+		if m := cur.elems[s.Name]; m != nil && m.len() >= presizeMin && !s.Dynamic && s.Size == 0 && !cur.unsized[s.Name] {
+			cur.caps[s.Name] = capacityFor(m.len())
+		}
 	}
 	all := append([]*nft.Chain(nil), cur.rs.Chains...)
 	for _, c := range cur.rs.Chains {

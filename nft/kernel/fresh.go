@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/wire"
@@ -31,9 +32,10 @@ type freshSet struct {
 	err   error
 }
 
-// fillFresh indexes and encodes the elements of every set of cur (its indexes are
-// made, sized, beforehand) and returns, in set-name order, one batch of element
-// messages per set with elements, and how many elements they add.
+// fillFresh indexes and encodes the elements of every set of cur, making each set's
+// index sized by its contributions once (growing maps of hundreds of thousands of keys
+// doubled the peak memory of a cold sync), and returns, in set-name order, one batch of
+// element messages per set with elements, and how many elements they add.
 func fillFresh(cur *state, byName map[string]*nft.Set) ([]*wire.Batch, int, error) {
 	rs := cur.rs
 	jobs := map[string]*freshSet{}
@@ -44,7 +46,7 @@ func fillFresh(cur *state, byName map[string]*nft.Set) ([]*wire.Batch, int, erro
 		}
 		j := jobs[s.Name]
 		if j == nil {
-			j = &freshSet{s: s, m: cur.elems[s.Name], b: wire.NewBatch(rs.Family, rs.Table), rs: rs}
+			j = &freshSet{s: s, b: wire.NewBatch(rs.Family, rs.Table), rs: rs}
 			jobs[s.Name] = j
 		}
 		j.from = append(j.from, se)
@@ -65,31 +67,19 @@ func fillFresh(cur *state, byName map[string]*nft.Set) ([]*wire.Batch, int, erro
 	}
 	order := make([]*freshSet, 0, len(jobs))
 	for _, j := range jobs {
-		if j.m == nil { // diffFull sizes every set with elements
-			j.m = newIndex(wire.KeyLen(j.s.Key), j.n)
-			cur.elems[j.s.Name] = j.m
-		}
+		j.m = newIndex(wire.KeyLen(j.s.Key), j.n)
+		cur.elems[j.s.Name] = j.m
 		order = append(order, j)
 	}
 	// the biggest first, so that the goroutines end together
 	slices.SortFunc(order, func(a, b *freshSet) int { return cmp.Compare(b.n, a.n) })
-	var next sync.Mutex
-	i := 0
-	take := func() *freshSet {
-		next.Lock()
-		defer next.Unlock()
-		if i == len(order) {
-			return nil
-		}
-		i++
-		return order[i-1]
-	}
+	var next atomic.Int64 // the next job to take
 	var wg sync.WaitGroup
 	for range min(runtime.GOMAXPROCS(0), len(order)) {
 		wg.Go(func() {
 			var f filler
-			for j := take(); j != nil; j = take() {
-				j.err = f.fill(j)
+			for i := next.Add(1) - 1; i < int64(len(order)); i = next.Add(1) - 1 {
+				order[i].err = f.fill(order[i])
 			}
 		})
 	}
