@@ -49,8 +49,8 @@ func TestSideBySide(t *testing.T) {
 		ExposeRepeats: intEnv(t, "BENCH_EXPOSE_REPEATS", 20), ExposeGap: 3 * time.Second,
 		DataPathFor: 5 * time.Second, DataPathConc: 4,
 		Bound:   durEnv(t, "BENCH_BOUND", 10*time.Minute),
-		Samples: 22,
-		Logf:    t.Logf,
+		Samples: 22, ColdStarts: intEnv(t, "BENCH_COLD_STARTS", 3),
+		Logf: t.Logf,
 	}
 	if p := os.Getenv("BENCH_PROXIES"); p != "" {
 		o.Proxies = strings.Split(p, ",")
@@ -99,8 +99,8 @@ func TestSideBySideSmoke(t *testing.T) {
 		ExposeRepeats: 2, ExposeGap: 2 * time.Second,
 		DataPathFor: time.Second, DataPathConc: 2,
 		Bound:   2 * time.Minute,
-		Samples: 8,
-		Logf:    t.Logf,
+		Samples: 8, ColdStarts: 2,
+		Logf: t.Logf,
 	}
 	res := runSuite(t, o)
 	// the version of the kube-proxy measured, from its --version (build-k8s.sh stamps it)
@@ -143,6 +143,11 @@ func TestSideBySideSmoke(t *testing.T) {
 		}
 		if !(cs.InformersSynced > 0 && cs.FirstSync > 0 && cs.AllProgrammed > 0 && cs.AllProgrammed < 120) {
 			t.Errorf("%s: cold start times %+v", r.Proxy, cs)
+		}
+		if len(cs.Runs) != o.ColdStarts {
+			t.Errorf("%s: %d cold starts %+v, want %d", r.Proxy, len(cs.Runs), cs.Runs, o.ColdStarts)
+		} else if lo, hi := min(cs.Runs[0].AllProgrammed, cs.Runs[1].AllProgrammed), max(cs.Runs[0].AllProgrammed, cs.Runs[1].AllProgrammed); !(lo > 0 && cs.AllProgrammed >= lo && cs.AllProgrammed <= hi) {
+			t.Errorf("%s: cold start %.3fs is not the median of its runs %+v", r.Proxy, cs.AllProgrammed, cs.Runs)
 		}
 		if f := r.Footprint; f == nil || f.Tables == 0 || f.Chains == 0 || f.Rules == 0 || f.ListSeconds <= 0 {
 			t.Errorf("%s: footprint %+v", r.Proxy, f)
