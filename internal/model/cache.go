@@ -8,6 +8,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nftproxy/nftproxy/internal/par"
 )
 
 // Cache builds snapshots like Build, but remembers each service's result and reuses it
@@ -216,6 +218,7 @@ func (c *Cache) build(in Inputs) (*Snapshot, []Problem) {
 	} else {
 		clear(c.changed)
 	}
+	buildPorts(entries)
 	var rebuilt []nsName // handed on as snap.Changes
 	newPorts, problemsChanged := 0, false
 	for i, k := range keys {
@@ -231,11 +234,7 @@ func (c *Cache) build(in Inputs) (*Snapshot, []Problem) {
 			}
 			continue
 		}
-		b := &builder{}
-		ports := b.service(cs.svc, sortedByName(cs.slices))
-		slices.SortFunc(ports, func(x, y ServicePort) int { return x.Name.Compare(y.Name) })
-		cs.ports, cs.problems = ports, b.problems
-		newPorts += len(ports)
+		newPorts += len(cs.ports)
 		if len(cs.problems) > 0 {
 			c.withProblems[k] = cs
 			problemsChanged = true
@@ -309,6 +308,34 @@ func (c *Cache) forgetIfUnused(cs *cachedService) {
 	if cs.svc == nil && len(cs.slices) == 0 {
 		delete(c.services, cs.key)
 	}
+}
+
+// parallelBuildMin is the number of changed services from which buildPorts shares them
+// among GOMAXPROCS goroutines (a cold start, a resync); fewer are built in turn.
+const parallelBuildMin = 2048
+
+// buildPorts builds the ports and problems of each service entry (nil: gone) from its
+// Service and EndpointSlices. A build reads only its own objects, which nothing modifies,
+// and writes only its own entry, so the entries are built in parallel when there are
+// many: the order does not change the result.
+func buildPorts(entries []*cachedService) {
+	one := func(i int) {
+		cs := entries[i]
+		if cs == nil {
+			return
+		}
+		b := &builder{}
+		ports := b.service(cs.svc, sortedByName(cs.slices))
+		slices.SortFunc(ports, func(x, y ServicePort) int { return x.Name.Compare(y.Name) })
+		cs.ports, cs.problems = ports, b.problems
+	}
+	if len(entries) < parallelBuildMin {
+		for i := range entries {
+			one(i)
+		}
+		return
+	}
+	par.Each(len(entries), 256, one)
 }
 
 func sortedByName(ss []*discovery.EndpointSlice) []*discovery.EndpointSlice {

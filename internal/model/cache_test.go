@@ -271,3 +271,48 @@ func TestCacheChangesEqualBuild(t *testing.T) {
 		t.Fatalf("only %d builds from full lists: the walk did not mix them in", fullBuilds)
 	}
 }
+
+// A cold start's build (thousands of services: the Cache builds them in parallel) is
+// Build's, problems included, and so is a later build of a few changes.
+func TestCacheManyEqualBuild(t *testing.T) {
+	const n = 5000 // above the Cache's parallelBuildMin
+	var svcs []*v1.Service
+	var slcs []*discovery.EndpointSlice
+	for i := range n {
+		name := fmt.Sprintf("s%05d", (i*7919)%n) // not in name order
+		ip := fmt.Sprintf("10.96.%d.%d", i/250, i%250)
+		if i%97 == 0 {
+			ip = "not-an-ip" // a problem
+		}
+		svcs = append(svcs, service(name, []string{ip}, withPorts(svcPort("http", v1.ProtocolTCP, 80, 0), svcPort("dns", v1.ProtocolUDP, 53, 0))))
+		for j := range 1 + i%3 {
+			addr := fmt.Sprintf("10.%d.%d.%d", 1+j, i/250, i%250)
+			if i%89 == 0 && j == 0 {
+				addr = "10.0.0.999" // a problem
+			}
+			slcs = append(slcs, slice(fmt.Sprintf("%s-%d", name, j), name, discovery.AddressTypeIPv4, ports(tcp("http", 8080), udp("dns", 5353)), endpoint(addr)))
+		}
+	}
+	check := func(what string, got *model.Snapshot, gotProblems []model.Problem) {
+		t.Helper()
+		want, wantProblems := model.BuildFrom(model.Inputs{Services: svcs, Slices: slcs})
+		if len(want.Services) < n {
+			t.Fatalf("%s: Build made %d service ports of %d Services", what, len(want.Services), n)
+		}
+		withoutChanges := *got
+		withoutChanges.Changes = model.Changes{}
+		if !reflect.DeepEqual(&withoutChanges, want) {
+			t.Fatalf("%s: cache snapshot (%d service ports) differs from Build's (%d)", what, len(got.Services), len(want.Services))
+		}
+		if len(wantProblems) == 0 || !reflect.DeepEqual(problemSet(gotProblems), problemSet(wantProblems)) || len(gotProblems) != len(wantProblems) {
+			t.Fatalf("%s: %d cache problems, %d of Build's", what, len(gotProblems), len(wantProblems))
+		}
+	}
+	cache := model.NewCache()
+	got, problems := cache.BuildFrom(model.Inputs{Services: svcs, Slices: slcs})
+	check("first build", got, problems)
+	svcs[10] = service(svcs[10].Name, []string{"10.97.0.1"}, withPorts(svcPort("http", v1.ProtocolTCP, 8080, 0)))
+	slcs = slcs[1:]
+	got, problems = cache.BuildFrom(model.Inputs{Services: svcs, Slices: slcs})
+	check("after a change", got, problems)
+}

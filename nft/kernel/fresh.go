@@ -3,11 +3,9 @@ package kernel
 import (
 	"cmp"
 	"fmt"
-	"runtime"
 	"slices"
-	"sync"
-	"sync/atomic"
 
+	"github.com/nftproxy/nftproxy/internal/par"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/wire"
 )
@@ -73,17 +71,10 @@ func fillFresh(cur *state, byName map[string]*nft.Set) ([]*wire.Batch, int, erro
 	}
 	// the biggest first, so that the goroutines end together
 	slices.SortFunc(order, func(a, b *freshSet) int { return cmp.Compare(b.n, a.n) })
-	var next atomic.Int64 // the next job to take
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(order)) {
-		wg.Go(func() {
-			var f filler
-			for i := next.Add(1) - 1; i < int64(len(order)); i = next.Add(1) - 1 {
-				order[i].err = f.fill(order[i])
-			}
-		})
-	}
-	wg.Wait()
+	par.Each(len(order), 1, func(i int) {
+		var f filler
+		order[i].err = f.fill(order[i])
+	})
 	slices.SortFunc(order, func(a, b *freshSet) int { return cmp.Compare(a.s.Name, b.s.Name) })
 	out := make([]*wire.Batch, 0, len(order))
 	added := 0
