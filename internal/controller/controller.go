@@ -39,6 +39,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/par"
 	"github.com/nftproxy/nftproxy/internal/runner"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
@@ -71,6 +72,9 @@ type Config struct {
 	// Applied, if set, is told the rulesets after each sync the kernel accepted (the
 	// per-service counters map kernel elements back to service ports through them).
 	Applied func(rulesets []*nft.Ruleset)
+	// CachesSynced, if set, is called once the informers' caches are synced, before the
+	// first sync starts (on the sync loop's goroutine: the first sync waits for it).
+	CachesSynced func()
 	// APIServer is the API server's address, for log lines.
 	APIServer string
 	// NoExternalIPs: the feature gate AllowServiceExternalIPs is false; no Service
@@ -296,6 +300,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	p.log.Info("Informer caches synced; starting sync loop", append(p.listed(),
 		"took", time.Since(waitStart).Round(time.Millisecond), "minSyncPeriod", p.cfg.MinSyncPeriod, "syncPeriod", p.cfg.SyncPeriod)...)
+	if p.cfg.CachesSynced != nil {
+		p.cfg.CachesSynced()
+	}
 	p.runner.Loop(ctx.Done())
 	return nil
 }
@@ -641,8 +648,16 @@ func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 	if pl.compilers == nil {
 		pl.compilers = map[nft.Family]*compiler{}
 	}
-	var out []*nft.Ruleset
-	for _, fam := range Families {
+	// Each family has its own compiler and slots, and reads the snapshot, which nothing
+	// modifies: the families are compiled at once (a dual-stack cold start takes the
+	// time of the larger one).
+	type result struct {
+		rs        *nft.Ruleset
+		conflicts []model.Problem
+	}
+	results := make([]result, len(Families))
+	jobs := make([]func(), len(Families))
+	for i, fam := range Families {
 		cc := compile.Config{
 			Family:           fam,
 			MasqueradeAll:    cfg.MasqueradeAll,
@@ -662,9 +677,16 @@ func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 			c = &compiler{cfg: cc, c: compile.NewCompiler(cc, pl.slots[fam])}
 			pl.compilers[fam] = c
 		}
-		rs, conflicts := c.c.Compile(snap)
-		problems = append(problems, conflicts...)
-		out = append(out, rs)
+		jobs[i] = func() {
+			rs, conflicts := c.c.Compile(snap)
+			results[i] = result{rs, conflicts}
+		}
+	}
+	par.Do(jobs...)
+	out := make([]*nft.Ruleset, 0, len(results))
+	for _, r := range results {
+		problems = append(problems, r.conflicts...)
+		out = append(out, r.rs)
 	}
 	return snap, out, problems, nil
 }

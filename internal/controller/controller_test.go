@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -421,4 +422,32 @@ func TestPeriodicSyncsAreIncremental(t *testing.T) {
 	}
 	p.RequestRepair("test: table tampered with")
 	waitFor(t, "the repair's full rewrite", func() bool { dp.mu.Lock(); defer dp.mu.Unlock(); return dp.resyncs == 1 })
+}
+
+// Config.CachesSynced is called once, when the caches hold the objects and before the
+// first sync applies anything (nftproxy drops its start-up heap ballast there).
+func TestCachesSyncedBeforeFirstSync(t *testing.T) {
+	dp := &fakeDataplane{}
+	client := fake.NewClientset()
+	ctx, cancel := context.WithCancel(context.Background())
+	create(t, ctx, client, service("a", "10.96.0.1"), slice("a", "a-1", "10.244.1.2"))
+	var calls, appliedBefore atomic.Int32
+	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
+		CachesSynced: func() {
+			calls.Add(1)
+			dp.mu.Lock()
+			appliedBefore.Store(int32(dp.calls))
+			dp.mu.Unlock()
+		}}, logr.Discard())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "first sync with service a", func() bool { return strings.Contains(dp.last(), "default/a:http") })
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("b", "10.96.0.2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "service b", func() bool { return strings.Contains(dp.last(), "default/b:http") })
+	if calls.Load() != 1 || appliedBefore.Load() != 0 {
+		t.Fatalf("CachesSynced called %d times, after %d applies; want once, before any", calls.Load(), appliedBefore.Load())
+	}
 }
