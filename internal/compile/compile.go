@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/par"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -512,9 +513,22 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	// the array of the call before the previous one: nothing refers to it any more (a
 	// new one per call was a fifth of what a sync allocated at 30k)
 	next := grow(cc.spare, len(services))[:0]
+	flat := c.compileFlat(services, state, prev, table, sc)
 	for i := range services {
 		sp := services[i]
 		cp := matched[i]
+		if flat != nil && flat[i] != nil {
+			cp = flat[i] // compiled in advance; a new port, as cp is nil without prev
+			changed[cp.part.Owner] = cp.part
+			c.problems = append(c.problems, cp.problems...)
+			next = append(next, cp)
+			for _, pg := range cp.pages {
+				pages[pg] = true
+			}
+			flatMax = max(flatMax, cp.flatMax)
+			parts = append(parts, cp.part)
+			continue
+		}
 		if state[i] != stateHas {
 			if cp != nil {
 				dropped = append(dropped, cp.owners...)
@@ -531,7 +545,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		sameInput := cp != nil && (cp.in == sp || (trusted && !snap.Changes.MayDiffer(sp.Name)) || cp.in.Equal(sp))
 		if !sameInput || !cp.claims.equal(w) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved)) {
 			old := cp
-			cp = c.servicePort(sp, w.clone())
+			cp = c.servicePort(sp, w.clone(), false)
 			if old != nil {
 				for _, o := range old.owners {
 					if !slices.Contains(cp.owners, o) {
@@ -737,8 +751,41 @@ func (c *compiler) endpoints(cp *compiledPart, sp *model.ServicePort) []model.En
 	return eps
 }
 
-// servicePort compiles one service port, given the frontends and node port it won.
-func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart {
+// parallelCompileMin is the number of service ports from which a compilation without
+// previous parts (a cold start, a node change) compiles the flat ones in advance, on
+// every core (compileFlat). A variable for the test that compares with one core.
+var parallelCompileMin = 2048
+
+// compileFlat compiles, when there is no previous part (prev is nil) and there are at
+// least parallelCompileMin service ports, every flat one that has addresses in this
+// family, in parallel: out[i] is services[i]'s part, nil when it is not flat or not
+// compiled here (the caller's loop compiles those, in order). A flat port's compilation
+// reads the compiler and writes only its own part: it takes no endpoint slots (chained
+// ports do, in order, so that their ranges do not depend on timing). The claims are
+// taken in order first (claimsOf uses the scratch).
+func (c *compiler) compileFlat(services []*model.ServicePort, state []uint8, prev []*compiledPart, table *claimTable, sc *scratch) []*compiledPart {
+	if prev != nil || len(services) < parallelCompileMin {
+		return nil
+	}
+	won := make([]claims, len(services))
+	for i, sp := range services {
+		if state[i] == stateHas {
+			won[i] = table.claimsOf(c, sp, sc).clone()
+		}
+	}
+	out := make([]*compiledPart, len(services))
+	par.Each(len(services), 256, func(i int) {
+		if state[i] == stateHas {
+			out[i] = c.servicePort(services[i], won[i], true)
+		}
+	})
+	return out
+}
+
+// servicePort compiles one service port, given the frontends and node port it won. With
+// flatOnly it returns nil, having written nothing but its own part, unless the port is
+// flat.
+func (c *compiler) servicePort(sp *model.ServicePort, won claims, flatOnly bool) *compiledPart {
 	cp := &compiledPart{in: sp, claims: won, part: &nft.Part{Owner: ChainName("port", sp.Name)}}
 	cp.part.Tag = cp.tag(PurposeServicePort)
 	comment := truncateComment(sp.Name.String())
@@ -768,6 +815,9 @@ func (c *compiler) servicePort(sp *model.ServicePort, won claims) *compiledPart 
 		internalEps = cat.Local
 	}
 	flat := c.flat(sp, len(internal), len(external), nodePort, internalEps, cat.Cluster)
+	if flatOnly && !flat {
+		return nil
+	}
 	switch {
 	case flat:
 		c.flatService(cp, sp, p, won, internalEps, cat.Cluster, comment)
