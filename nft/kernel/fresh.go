@@ -100,6 +100,7 @@ type filler struct {
 // index, so that the kernel gets that one too.
 func (f *filler) fill(j *freshSet) error {
 	w := j.b.Stream(j.s, false)
+	w.Expect(j.n)
 	differ := false
 	for _, se := range j.from {
 		for i := range se.Len() {

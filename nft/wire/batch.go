@@ -117,6 +117,18 @@ func (b *Batch) begin(typ uint16, flags uint16) {
 	b.w = append(b.w, byte(b.fam), unix.NFNETLINK_V0, 0, 0)
 }
 
+// reserve makes room for n more bytes in the page being written, up to a page's size
+// (begin starts the next page when this one is full).
+func (b *Batch) reserve(n int) {
+	if b.w == nil || cap(b.w)-len(b.w) >= n || len(b.w) >= pageSize {
+		return
+	}
+	w := make([]byte, len(b.w), min(len(b.w)+n, pageSize+pageSize/4))
+	copy(w, b.w)
+	b.w = w
+	b.pages[len(b.pages)-1] = w
+}
+
 // finish closes the open message.
 func (b *Batch) finish() {
 	n := len(b.w) - b.msgOff
@@ -329,16 +341,23 @@ func (b *Batch) ElemsOf(s *nft.Set, n int, element func(i int) *nft.Element, del
 // most elemChunk elements. After an error the batch lacks that message's elements:
 // it is not to be sent.
 type ElemWriter struct {
-	b    *Batch
-	s    *nft.Set
-	del  bool
-	n    int // elements in the open message (0: none open)
-	list int // its element list's attribute
+	b      *Batch
+	s      *nft.Set
+	del    bool
+	n      int // elements in the open message (0: none open)
+	list   int // its element list's attribute
+	header int // the bytes of the last message's header, up to its element list
+	expect int // elements still expected after the first (Expect), until room is made
 }
 
 // Stream starts adding (del == false) or deleting elements of s; Close ends the last
 // message. No other message may be written to b in between.
 func (b *Batch) Stream(s *nft.Set, del bool) *ElemWriter { return &ElemWriter{b: b, s: s, del: del} }
+
+// Expect says that about n elements are coming. Once the first is encoded, the page
+// being written gets room for all of them at its size (up to a page), rather than
+// growing by doubling from a few kilobytes: a full write's sets are megabytes.
+func (w *ElemWriter) Expect(n int) { w.expect = n }
 
 // Add encodes e, which need only stay valid during the call.
 func (w *ElemWriter) Add(e *nft.Element) error {
@@ -355,13 +374,20 @@ func (w *ElemWriter) Add(e *nft.Element) error {
 		b.str(unix.NFTA_SET_ELEM_LIST_TABLE, b.table)
 		b.str(unix.NFTA_SET_ELEM_LIST_SET, w.s.Name)
 		w.list = b.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+		w.header = len(b.w) - b.msgOff
 	}
+	start := len(b.w)
 	if err := b.element(w.s, e, w.del); err != nil {
 		b.abandon()
 		w.n = 0
 		return fmt.Errorf("set %s: element %s: %w", w.s.Name, nft.RenderElementKey(w.s, *e), err)
 	}
 	w.n++
+	if w.expect > 1 {
+		rest := w.expect - 1
+		b.reserve(rest*(len(b.w)-start) + (rest/elemChunk+1)*w.header)
+		w.expect = 0
+	}
 	return nil
 }
 
