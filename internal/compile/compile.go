@@ -517,18 +517,6 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	for i := range services {
 		sp := services[i]
 		cp := matched[i]
-		if flat != nil && flat[i] != nil {
-			cp = flat[i] // compiled in advance; a new port, as cp is nil without prev
-			changed[cp.part.Owner] = cp.part
-			c.problems = append(c.problems, cp.problems...)
-			next = append(next, cp)
-			for _, pg := range cp.pages {
-				pages[pg] = true
-			}
-			flatMax = max(flatMax, cp.flatMax)
-			parts = append(parts, cp.part)
-			continue
-		}
 		if state[i] != stateHas {
 			if cp != nil {
 				dropped = append(dropped, cp.owners...)
@@ -537,13 +525,20 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 			continue // set aside, or no address in this family
 		}
 		var w claims
-		if cp != nil && cp.in == sp && !renew && !table.affected[sp] {
+		pre := flat != nil && flat[i] != nil // compiled in advance: a new port (no previous part)
+		switch {
+		case pre:
+			cp = flat[i]
+			changed[cp.part.Owner] = cp.part
+		case cp != nil && cp.in == sp && !renew && !table.affected[sp]:
 			w = cp.claims // nothing it claims changed hands
-		} else if w = table.claimsOf(c, sp, sc); cp != nil && cp.claims.equal(w) {
-			w = cp.claims
+		default:
+			if w = table.claimsOf(c, sp, sc); cp != nil && cp.claims.equal(w) {
+				w = cp.claims
+			}
 		}
 		sameInput := cp != nil && (cp.in == sp || (trusted && !snap.Changes.MayDiffer(sp.Name)) || cp.in.Equal(sp))
-		if !sameInput || !cp.claims.equal(w) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved)) {
+		if !pre && (!sameInput || !cp.claims.equal(w) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved))) {
 			old := cp
 			cp = c.servicePort(sp, w.clone(), false)
 			if old != nil {
