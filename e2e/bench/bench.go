@@ -64,9 +64,10 @@ type Options struct {
 	Bound        time.Duration // gives up on a cold start after this long ("> bound")
 	Samples      int           // ClusterIPs probed per cold start (first and last included)
 	// ColdStarts is how many cold starts each proxy makes at each size (at least one):
-	// the extra ones are made first, each stopped and cleaned up after, and the cold
-	// start reported is their median. A proxy whose cold start takes longer than
-	// coldRepeatLimit is measured once (its spread is a small part of it).
+	// the extra ones are made after the size's measurements, each from an empty ruleset
+	// and stopped and cleaned up after, and the cold start reported is their median. A
+	// proxy whose cold start takes longer than coldRepeatLimit is measured once (its
+	// spread is a small part of it).
 	ColdStarts int
 	Proxies    []string // subset of proxy names; empty: all three
 	// HeapProfiles, if set, is a directory: nftproxy runs with --profiling, its heap
@@ -520,31 +521,6 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 	if s.o.HeapProfiles != "" && p.Mode == "" {
 		args = append(args, "--profiling")
 	}
-	// the extra cold starts, each from an empty ruleset
-	var runs []ColdRun
-	for i := 1; i < s.o.ColdStarts; i++ {
-		settled := s.controlPlaneIdle(ctx)
-		t0 := time.Now()
-		proc, err := c.StartProcess(c.NodeNS, fmt.Sprintf("%s-cold%d", logName, i), args...)
-		if err != nil {
-			return err
-		}
-		cs := s.coldStart(ctx, p, proc, n, t0)
-		proc.Stop()
-		s.logf("bench: %s N=%d cold start %d (settled after %.1fs): informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
-			p.Name, n, i, settled.Seconds(), cs.InformersSynced, cs.FirstSync, cs.AllProgrammed, cs.Answered, cs.Sampled, map[bool]string{true: " TIMED OUT"}[cs.TimedOut])
-		if _, err := s.clean(ctx, p, n, errf); err != nil {
-			return err
-		}
-		if cs.TimedOut {
-			errf("cold start %d timed out", i)
-			break
-		}
-		runs = append(runs, ColdRun{cs.InformersSynced, cs.FirstSync, cs.AllProgrammed})
-		if cs.AllProgrammed > coldRepeatLimit.Seconds() {
-			break
-		}
-	}
 	settled := s.controlPlaneIdle(ctx)
 	t0 := time.Now()
 	proc, err := c.StartProcess(c.NodeNS, logName, args...)
@@ -561,11 +537,6 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 	r.ColdStart = cs
 	s.logf("bench: %s N=%d cold start: informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
 		p.Name, n, cs.InformersSynced, cs.FirstSync, cs.AllProgrammed, cs.Answered, cs.Sampled, map[bool]string{true: " TIMED OUT"}[cs.TimedOut])
-	if len(runs) > 0 && !cs.TimedOut {
-		cs.median(append(runs, ColdRun{cs.InformersSynced, cs.FirstSync, cs.AllProgrammed}))
-		s.logf("bench: %s N=%d cold start, median of %d: informers %.2fs, first sync %.2fs, all sampled answered %.2fs",
-			p.Name, n, len(cs.Runs), cs.InformersSynced, cs.FirstSync, cs.AllProgrammed)
-	}
 	if cs.TimedOut || !proc.Running() {
 		s.failed[p.Name] = true
 		if !proc.Running() {
@@ -620,7 +591,44 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 	tc := time.Now()
 	residue, err := s.clean(ctx, p, n, errf)
 	r.CleanupSeconds, r.Residue = time.Since(tc).Seconds(), residue
-	return err
+	if err != nil || cs.TimedOut || cs.AllProgrammed > coldRepeatLimit.Seconds() {
+		return err
+	}
+	return s.moreColdStarts(ctx, p, r, args, logName, errf)
+}
+
+// moreColdStarts makes the proxy's further cold starts at this size (Options.ColdStarts
+// in all, each from an empty ruleset, the proxy stopped and cleaned up after), and makes
+// r's cold start figures the medians of all of them.
+func (s *suite) moreColdStarts(ctx context.Context, p Proxy, r *Run, args []string, logName string, errf func(string, ...any)) error {
+	cs, n := r.ColdStart, r.N
+	runs := []ColdRun{{cs.InformersSynced, cs.FirstSync, cs.AllProgrammed}}
+	for i := 2; i <= s.o.ColdStarts; i++ {
+		settled := s.controlPlaneIdle(ctx)
+		t0 := time.Now()
+		proc, err := s.c.StartProcess(s.c.NodeNS, fmt.Sprintf("%s-cold%d", logName, i), args...)
+		if err != nil {
+			return err
+		}
+		more := s.coldStart(ctx, p, proc, n, t0)
+		proc.Stop()
+		s.logf("bench: %s N=%d cold start %d (settled after %.1fs): informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
+			p.Name, n, i, settled.Seconds(), more.InformersSynced, more.FirstSync, more.AllProgrammed, more.Answered, more.Sampled, map[bool]string{true: " TIMED OUT"}[more.TimedOut])
+		if _, err := s.clean(ctx, p, n, errf); err != nil {
+			return err
+		}
+		if more.TimedOut {
+			errf("cold start %d timed out", i)
+			break
+		}
+		runs = append(runs, ColdRun{more.InformersSynced, more.FirstSync, more.AllProgrammed})
+	}
+	if len(runs) > 1 {
+		cs.median(runs)
+		s.logf("bench: %s N=%d cold start, median of %d: informers %.2fs, first sync %.2fs, all sampled answered %.2fs",
+			p.Name, n, len(cs.Runs), cs.InformersSynced, cs.FirstSync, cs.AllProgrammed)
+	}
+	return nil
 }
 
 // clean runs the proxy's cleanup after it stopped, checks the node's ruleset is empty
