@@ -183,7 +183,8 @@ type ColdStart struct {
 	// server and etcd to finish the work its writes left them (see settle)
 	SettledAfter float64 `json:"settled_after_s"`
 	// Runs are the cold starts made (Options.ColdStarts), when more than one: the
-	// figures above are then their medians, the last run's counts.
+	// figures above are then their medians; the counts and SettledAfter are the first
+	// run's (the one the size's other measurements followed).
 	Runs []ColdRun `json:"runs,omitempty"`
 }
 
@@ -330,7 +331,7 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 		s.logf = func(string, ...any) {}
 	}
 	for _, p := range Proxies(bins.Nftproxy, bins.KubeProxy) {
-		if len(o.Proxies) == 0 && len(p.Env) == 0 || slices.Contains(o.Proxies, p.Name) {
+		if len(o.Proxies) == 0 && !p.OnlyNamed || slices.Contains(o.Proxies, p.Name) {
 			s.proxies = append(s.proxies, p)
 		}
 	}
@@ -521,9 +522,8 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 	if s.o.HeapProfiles != "" && p.Mode == "" {
 		args = append(args, "--profiling")
 	}
-	settled := s.controlPlaneIdle(ctx)
 	t0 := time.Now()
-	proc, err := c.StartProcess(c.NodeNS, logName, args...)
+	proc, cs, err := s.startCold(ctx, p, n, logName, args)
 	if err != nil {
 		return err
 	}
@@ -532,11 +532,7 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 			proc.Stop()
 		}
 	}()
-	cs := s.coldStart(ctx, p, proc, n, t0)
-	cs.SettledAfter = settled.Seconds()
 	r.ColdStart = cs
-	s.logf("bench: %s N=%d cold start: informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
-		p.Name, n, cs.InformersSynced, cs.FirstSync, cs.AllProgrammed, cs.Answered, cs.Sampled, map[bool]string{true: " TIMED OUT"}[cs.TimedOut])
 	if cs.TimedOut || !proc.Running() {
 		s.failed[p.Name] = true
 		if !proc.Running() {
@@ -604,16 +600,11 @@ func (s *suite) moreColdStarts(ctx context.Context, p Proxy, r *Run, args []stri
 	cs, n := r.ColdStart, r.N
 	runs := []ColdRun{{cs.InformersSynced, cs.FirstSync, cs.AllProgrammed}}
 	for i := 2; i <= s.o.ColdStarts; i++ {
-		settled := s.controlPlaneIdle(ctx)
-		t0 := time.Now()
-		proc, err := s.c.StartProcess(s.c.NodeNS, fmt.Sprintf("%s-cold%d", logName, i), args...)
+		proc, more, err := s.startCold(ctx, p, n, fmt.Sprintf("%s-cold%d", logName, i), args)
 		if err != nil {
 			return err
 		}
-		more := s.coldStart(ctx, p, proc, n, t0)
 		proc.Stop()
-		s.logf("bench: %s N=%d cold start %d (settled after %.1fs): informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
-			p.Name, n, i, settled.Seconds(), more.InformersSynced, more.FirstSync, more.AllProgrammed, more.Answered, more.Sampled, map[bool]string{true: " TIMED OUT"}[more.TimedOut])
 		if _, err := s.clean(ctx, p, n, errf); err != nil {
 			return err
 		}
@@ -629,6 +620,22 @@ func (s *suite) moreColdStarts(ctx context.Context, p Proxy, r *Run, args []stri
 			p.Name, n, len(cs.Runs), cs.InformersSynced, cs.FirstSync, cs.AllProgrammed)
 	}
 	return nil
+}
+
+// startCold starts the proxy once the control plane is idle, measures its cold start
+// and logs it; the process is left running.
+func (s *suite) startCold(ctx context.Context, p Proxy, n int, logName string, args []string) (*cluster.Process, *ColdStart, error) {
+	settled := s.controlPlaneIdle(ctx)
+	t0 := time.Now()
+	proc, err := s.c.StartProcess(s.c.NodeNS, logName, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	cs := s.coldStart(ctx, p, proc, n, t0)
+	cs.SettledAfter = settled.Seconds()
+	s.logf("bench: %s N=%d cold start (%s, settled after %.1fs): informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
+		p.Name, n, logName, cs.SettledAfter, cs.InformersSynced, cs.FirstSync, cs.AllProgrammed, cs.Answered, cs.Sampled, map[bool]string{true: " TIMED OUT"}[cs.TimedOut])
+	return proc, cs, nil
 }
 
 // clean runs the proxy's cleanup after it stopped, checks the node's ruleset is empty

@@ -22,6 +22,8 @@ type Proxy struct {
 	KernelMetric string
 	// Env is added to the proxy's environment (a variant of nftproxy's defaults).
 	Env []string
+	// OnlyNamed: measured only when BENCH_PROXIES (Options.Proxies) names it.
+	OnlyNamed bool
 }
 
 // Proxies returns the proxies: nftproxy and upstream kube-proxy in nftables and
@@ -37,7 +39,7 @@ func Proxies(nftproxyBin, kubeProxyBin string) []Proxy {
 		{Name: "kube-proxy-nftables", Bin: kubeProxyBin, Mode: "nftables", SyncedLog: kp, KernelMetric: "kubeproxy_sync_proxy_rules_duration_seconds"},
 		{Name: "kube-proxy-iptables", Bin: kubeProxyBin, Mode: "iptables", SyncedLog: kp, KernelMetric: "kubeproxy_sync_proxy_rules_duration_seconds"},
 		{Name: "nftproxy-list", Bin: nftproxyBin, SyncedLog: []string{"Informer caches synced"}, KernelMetric: "nftproxy_sync_kernel_duration_seconds",
-			Env: []string{"KUBE_FEATURE_WatchListClient=false"}},
+			Env: []string{"KUBE_FEATURE_WatchListClient=false"}, OnlyNamed: true},
 	}
 }
 
