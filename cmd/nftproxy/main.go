@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,47 +43,6 @@ import (
 	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
-// nftproxy's memory policy (issue 16 item 5: peak RSS at most half of kube-proxy's),
-// unless GOGC is set, which overrides all of it:
-//   - until the first sync has programmed the kernel, GOGC=coldGCPercent: the informers'
-//     initial lists and the first sync's encoding are transient garbage of about the live
-//     heap's size, and the process peaks during the cold start; collecting at +30%
-//     rather than +50% lowers that peak (30k services × 10: 392 MiB) for some cold-start
-//     CPU;
-//   - then one forced collection that returns the cold start's free pages to the
-//     system (debug.FreeOSMemory): otherwise the runtime keeps them resident for
-//     minutes;
-//   - from then on GOGC=steadyGCPercent. A sync allocates little (1.3 MB at 30k, one
-//     change), so collecting at +10% means a collection every few dozen syncs: under
-//     the bench's 50 writes/s at 10k, 3.5 s of CPU a minute against 2.5 s at +25%, and
-//     a third of kube-proxy's 11.4 s (docs/performance.md).
-//
-// And while the informers list everything at start, a ballast of listBallastSize: the
-// heap grows from nothing to the caches' size then, and at GOGC=30 the collector would
-// run every few megabytes at first, each run marking all that was kept so far and
-// making the decoding goroutines assist it. The ballast is a pointer-free array that is
-// allocated and never written, so its pages are never touched (it costs no RSS), but
-// the collector counts it: the first collections wait until the heap is that much
-// larger. Once the caches are synced, before the first sync, it is dropped, and one
-// collection returns the lists' garbage to the system (debug.FreeOSMemory), so that the
-// first sync starts from the caches alone. 10,000 services × 10: the informers synced
-// in 0.28–0.31 s instead of 0.36–0.51 s, peak RSS 134–138 MiB instead of 138–143
-// (docs/performance.md). No ballast when GOMEMLIMIT is set: the limit counts it.
-const (
-	coldGCPercent   = 30
-	steadyGCPercent = 10
-	listBallastSize = 32 << 20
-)
-
-// listBallast is the ballast while the informers list (nil after).
-var listBallast []byte
-
-// dropListBallast drops the ballast and returns the lists' garbage to the system.
-func dropListBallast() {
-	listBallast = nil
-	debug.FreeOSMemory()
-}
-
 func main() {
 	featureOverrides := quietClientGoFeatures() // before any client-go use, subcommands too
 	if len(os.Args) > 1 && os.Args[1] == "explain" {
@@ -96,12 +54,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "list" {
 		os.Exit(runList(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(coldGCPercent)
-		if os.Getenv("GOMEMLIMIT") == "" { // the limit would count the ballast
-			listBallast = make([]byte, listBallastSize)
-		}
-	}
+	mem := startMemoryPolicy(os.Getenv) // memory.go
 	fs, o := options.NewFlagSet()
 	if code, exit := configure(fs, o, os.Args[1:], os.Stderr); exit {
 		os.Exit(code)
@@ -121,7 +74,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o, fs, log); err != nil {
+	if err := run(ctx, o, fs, log, mem); err != nil {
 		log.Error(err, "nftproxy failed")
 		flushLogs()
 		os.Exit(1)
@@ -215,7 +168,9 @@ type clientGoGates map[clientfeatures.Feature]bool
 
 func (g clientGoGates) Enabled(f clientfeatures.Feature) bool { return g[f] }
 
-func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Logger) error {
+// run runs the proxy until ctx ends; mem is the memory policy's state (nil when GOGC
+// is set), moved to its next phase when the caches are synced and after the first sync.
+func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Logger, mem *memoryPolicy) error {
 	started := time.Now()
 	applier := kernel.New()
 	if o.Cleanup {
@@ -280,8 +235,8 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 	})
 	rec.Registry().MustRegister(version.NewCollector())
 	cfg.Metrics = rec
-	if listBallast != nil {
-		cfg.CachesSynced = dropListBallast
+	if mem != nil {
+		cfg.CachesSynced = mem.cachesSynced
 	}
 	p := controller.New(client, applier, cfg, log)
 	// Self-healing: another process changing our tables is noticed at once (not only
@@ -308,13 +263,12 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 			log.Error(err, "nftables monitor stopped; drift is only repaired by the hourly full sync")
 		}
 	}()
-	if os.Getenv("GOGC") == "" {
+	if mem != nil {
 		go func() {
 			select {
 			case <-ctx.Done():
 			case <-p.Synced():
-				debug.SetGCPercent(steadyGCPercent)
-				debug.FreeOSMemory()
+				mem.firstSyncDone()
 			}
 		}()
 	}
