@@ -24,8 +24,8 @@ import "runtime/debug"
 //     index and the encoded transaction, 1.6 times the caches' heap at 10,000 × 10) is
 //     mostly kept, so a collection during it marks a growing heap and frees little; at
 //     +30% there were five. At +200% there is none unless the heap triples: the peak is
-//     the caches plus the sync's allocations, as at +30%'s last collection (figures in
-//     docs/performance.md).
+//     the caches plus all the sync allocates, its garbage included, 8–12 MiB more than
+//     at +30% at 10k and 30k (figures in docs/performance.md).
 //  3. After the first sync (firstSyncDone): one forced collection returns the cold
 //     start's free pages to the system (otherwise the runtime keeps them resident for
 //     minutes), and GOGC=steadyGCPercent from then on. A sync allocates little (1.3 MB

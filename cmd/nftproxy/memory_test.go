@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"runtime/debug"
 	"testing"
 )
@@ -13,7 +14,8 @@ func gcPercent() int {
 }
 
 func TestMemoryPolicyPhases(t *testing.T) {
-	t.Cleanup(func() { debug.SetGCPercent(100) })
+	orig := gcPercent()
+	t.Cleanup(func() { debug.SetGCPercent(orig) })
 	env := map[string]string{}
 	getenv := func(k string) string { return env[k] }
 
@@ -29,13 +31,13 @@ func TestMemoryPolicyPhases(t *testing.T) {
 
 	env["GOMEMLIMIT"] = "1GiB"
 	if m := startMemoryPolicy(getenv); m == nil || m.ballast != nil {
-		t.Errorf("GOMEMLIMIT is set: want the policy without a ballast, got %+v", m)
+		t.Errorf("GOMEMLIMIT is set: want the policy without a ballast, got %s", describe(m))
 	}
 	delete(env, "GOMEMLIMIT")
 
 	m := startMemoryPolicy(getenv)
 	if m == nil || len(m.ballast) != listBallastSize {
-		t.Fatalf("want the policy with a %d-byte ballast, got %+v", listBallastSize, m)
+		t.Fatalf("want the policy with a %d-byte ballast, got %s", listBallastSize, describe(m))
 	}
 	if p := gcPercent(); p != coldGCPercent {
 		t.Errorf("while the informers list: GOGC=%d, want %d", p, coldGCPercent)
@@ -51,4 +53,12 @@ func TestMemoryPolicyPhases(t *testing.T) {
 	if p := gcPercent(); p != steadyGCPercent {
 		t.Errorf("after the first sync: GOGC=%d, want %d", p, steadyGCPercent)
 	}
+}
+
+// describe says what a policy holds (printing it would print the ballast's bytes).
+func describe(m *memoryPolicy) string {
+	if m == nil {
+		return "no policy"
+	}
+	return fmt.Sprintf("a policy with a %d-byte ballast", len(m.ballast))
 }
