@@ -22,8 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
-	coreinformers "k8s.io/client-go/informers/core/v1"
-	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -192,12 +190,13 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 		}))
 	// Services and EndpointSlices without the factories' namespace index: the proxy
 	// looks objects up by key or lists them all, and the index is a set entry per object
-	// to build at the cold start and keep (a few megabytes at 30,000 of each)
-	svcInf := p.factory.InformerFor(&v1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, ServiceListOptions)
+	// to build at the cold start and keep (a few megabytes at 30,000 of each); their
+	// lists are decoded as they arrive (listing.go)
+	svcInf := p.factory.InformerFor(&v1.Service{}, func(c kubernetes.Interface, _ time.Duration) cache.SharedIndexInformer {
+		return newServiceInformer(c, ServiceListOptions, p.slim)
 	})
-	sliceInf := p.sliceFactory.InformerFor(&discovery.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, SliceListOptions)
+	sliceInf := p.sliceFactory.InformerFor(&discovery.EndpointSlice{}, func(c kubernetes.Interface, _ time.Duration) cache.SharedIndexInformer {
+		return newSliceInformer(c, SliceListOptions, p.slim)
 	})
 	nodeInf := p.nodeFactory.Core().V1().Nodes()
 	p.services, p.slices = corelisters.NewServiceLister(svcInf.GetIndexer()), discoverylisters.NewEndpointSliceLister(sliceInf.GetIndexer())
@@ -214,17 +213,26 @@ type namedInformer struct {
 	informer cache.SharedIndexInformer
 }
 
-// watch sets up an informer before it starts: the transform, the change handlers and the
-// rate-limited logging of API errors. k says what it watches.
+// watch sets up an informer before it starts: the transform (the Services' and
+// EndpointSlices' informers slim their objects themselves, listing.go), the change
+// handlers and the rate-limited logging of API errors. k says what it watches.
 func (p *Proxy) watch(inf cache.SharedIndexInformer, k kind) {
 	// the caches keep only what the proxy reads, compactly (slim.go)
-	_ = inf.SetTransform(p.triggers.transform) // slim, keeping trigger times to observe
+	if k == otherKind {
+		_ = inf.SetTransform(func(obj any) (any, error) { return slim(obj, p.triggers.timed), nil })
+	}
 	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.triggers.sliceEvent(obj, false); p.changed(k, obj) },
 		UpdateFunc: func(_, obj any) { p.triggers.sliceEvent(obj, false); p.changed(k, obj) },
 		DeleteFunc: func(obj any) { p.triggers.sliceEvent(obj, true); p.changed(k, obj) },
 	})
+}
+
+// slim is the Services' and EndpointSlices' transform: slim.go's, keeping the trigger
+// times to observe.
+func (p *Proxy) slim(obj runtime.Object) runtime.Object {
+	return slim(obj, p.triggers.timed).(runtime.Object)
 }
 
 // changed notes a change from the API (of an object of kind k) and asks for a sync.

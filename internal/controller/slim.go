@@ -9,7 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// slim is the informers' transform (triggers.transform wraps it). The informer caches
+// slim is the informers' transform (with triggers.timed; the Services' and
+// EndpointSlices' informers apply it as objects arrive, listing.go). The informer caches
 // hold every Service and EndpointSlice of the cluster, so slim rebuilds each one with
 // only what the proxy reads, packed into a few exact-sized allocations instead of the
 // one-per-field, append-grown ones protobuf decoding leaves.

@@ -20,15 +20,9 @@ import (
 // programming latency is measured from it, as kube-proxy does.
 const TriggerTimeAnnotation = v1.EndpointsLastChangeTriggerTime
 
-// transform is the informers' transform: slim, and an EndpointSlice keeps its trigger
-// time only when it can be timed (a valid time after the proxy started). A trigger time
-// costs a one-entry map (344 bytes) per slice; the list at start, whose times are all
-// older, keeps none.
-func (t *triggers) transform(obj any) (any, error) {
-	return slim(obj, t.timed), nil
-}
-
-// timed tells whether a slice's trigger time can be timed (see parse).
+// timed tells whether a slice's trigger time can be timed (see parse): slim keeps it only
+// then. A trigger time costs a one-entry map (344 bytes) per slice; the list at start,
+// whose times are all older, keeps none.
 func (t *triggers) timed(s *discovery.EndpointSlice) bool {
 	_, ok := t.parse(s)
 	return ok

@@ -147,15 +147,14 @@ func TestTriggersTransform(t *testing.T) {
 	}{{"2026-01-01T00:00:01.5Z", true}, {"2025-12-31T23:59:59Z", false}, {"yesterday", false}} {
 		s := slice("web", "web-1", "10.244.1.1")
 		s.Annotations = map[string]string{TriggerTimeAnnotation: tc.value, "other": "x"}
-		obj, err := tr.transform(s)
-		got := obj.(*discovery.EndpointSlice).Annotations
-		if err != nil || (tc.kept && (len(got) != 1 || got[TriggerTimeAnnotation] != tc.value)) || (!tc.kept && got != nil) {
-			t.Errorf("%s: annotations %v, %v", tc.value, got, err)
+		got := slim(s, tr.timed).(*discovery.EndpointSlice).Annotations
+		if (tc.kept && (len(got) != 1 || got[TriggerTimeAnnotation] != tc.value)) || (!tc.kept && got != nil) {
+			t.Errorf("%s: annotations %v", tc.value, got)
 		}
 	}
 	svc := service("web", "10.96.0.1")
 	svc.Annotations = map[string]string{TriggerTimeAnnotation: "2026-01-01T00:00:01Z"}
-	if obj, _ := tr.transform(svc); obj.(*v1.Service).Annotations != nil {
+	if slim(svc, tr.timed).(*v1.Service).Annotations != nil {
 		t.Error("a Service kept annotations")
 	}
 }
