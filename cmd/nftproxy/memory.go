@@ -23,9 +23,10 @@ import "runtime/debug"
 //     GOGC=firstSyncGCPercent: what it allocates (model, compiled parts, the applier's
 //     index and the encoded transaction, 1.6 times the caches' heap at 10,000 × 10) is
 //     mostly kept, so a collection during it marks a growing heap and frees little; at
-//     +30% there were five. At +200% there is none unless the heap triples: the peak is
-//     the caches plus all the sync allocates, its garbage included, 8–12 MiB more than
-//     at +30% at 10k and 30k (figures in docs/performance.md).
+//     +30% there were five. At +120% the heap may more than double before one.
+//     +200% (the seventh pass: its first sync a sixth faster than at +30%) was no
+//     faster than +120% once the lists were streamed (internal/controller/listing.go),
+//     and its peak was 3–6 MiB higher at 10,000 × 10 (figures in docs/performance.md).
 //  3. After the first sync (firstSyncDone): one forced collection returns the cold
 //     start's free pages to the system (otherwise the runtime keeps them resident for
 //     minutes), and GOGC=steadyGCPercent from then on. A sync allocates little (1.3 MB
@@ -34,7 +35,7 @@ import "runtime/debug"
 //     at +25%, and a third of kube-proxy's 11.4 s.
 const (
 	coldGCPercent      = 30
-	firstSyncGCPercent = 200
+	firstSyncGCPercent = 120
 	steadyGCPercent    = 10
 	listBallastSize    = 32 << 20
 )

@@ -41,14 +41,7 @@ import (
 // used, see New).
 func newServiceInformer(client kubernetes.Interface, tweak func(*metav1.ListOptions), transform func(runtime.Object) runtime.Object) cache.SharedIndexInformer {
 	c := client.CoreV1()
-	return streamingInformer(client, &v1.Service{}, tweak, transform,
-		func(ctx context.Context, opts metav1.ListOptions) (*objectList, error) {
-			if isREST(c.RESTClient()) {
-				return streamList[v1.Service](ctx, c.RESTClient(), "services", opts, &v1.ServiceList{}, transform)
-			}
-			l, err := c.Services("").List(ctx, opts)
-			return transformed(l, err, transform)
-		},
+	return streamingInformer(client, &v1.Service{}, tweak, transform, serviceLister(client, transform),
 		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			return c.Services("").Watch(ctx, opts)
 		})
@@ -56,18 +49,36 @@ func newServiceInformer(client kubernetes.Interface, tweak func(*metav1.ListOpti
 
 func newSliceInformer(client kubernetes.Interface, tweak func(*metav1.ListOptions), transform func(runtime.Object) runtime.Object) cache.SharedIndexInformer {
 	c := client.DiscoveryV1()
-	return streamingInformer(client, &discovery.EndpointSlice{}, tweak, transform,
-		func(ctx context.Context, opts metav1.ListOptions) (*objectList, error) {
-			if isREST(c.RESTClient()) {
-				return streamList[discovery.EndpointSlice](ctx, c.RESTClient(), "endpointslices", opts, &discovery.EndpointSliceList{}, transform)
-			}
-			l, err := c.EndpointSlices("").List(ctx, opts)
-			return transformed(l, err, transform)
-		},
+	return streamingInformer(client, &discovery.EndpointSlice{}, tweak, transform, sliceLister(client, transform),
 		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			return c.EndpointSlices("").Watch(ctx, opts)
 		})
 }
+
+// serviceLister and sliceLister are the informers' list functions.
+func serviceLister(client kubernetes.Interface, transform func(runtime.Object) runtime.Object) lister {
+	c := client.CoreV1()
+	return func(ctx context.Context, opts metav1.ListOptions) (*objectList, error) {
+		if isREST(c.RESTClient()) {
+			return streamList[v1.Service](ctx, c.RESTClient(), "services", opts, &v1.ServiceList{}, transform)
+		}
+		l, err := c.Services("").List(ctx, opts)
+		return transformed(l, err, transform)
+	}
+}
+
+func sliceLister(client kubernetes.Interface, transform func(runtime.Object) runtime.Object) lister {
+	c := client.DiscoveryV1()
+	return func(ctx context.Context, opts metav1.ListOptions) (*objectList, error) {
+		if isREST(c.RESTClient()) {
+			return streamList[discovery.EndpointSlice](ctx, c.RESTClient(), "endpointslices", opts, &discovery.EndpointSliceList{}, transform)
+		}
+		l, err := c.EndpointSlices("").List(ctx, opts)
+		return transformed(l, err, transform)
+	}
+}
+
+type lister = func(context.Context, metav1.ListOptions) (*objectList, error)
 
 // isREST tells a real REST client from the fake clientset's (nil), which the unit
 // tests' informers list through the typed client instead.
@@ -78,7 +89,7 @@ func isREST(rc rest.Interface) bool {
 
 // streamingInformer builds the informer from its list and watch functions.
 func streamingInformer(client kubernetes.Interface, obj runtime.Object, tweak func(*metav1.ListOptions), transform func(runtime.Object) runtime.Object,
-	list func(context.Context, metav1.ListOptions) (*objectList, error),
+	list lister,
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {

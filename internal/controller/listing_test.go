@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/pager"
 )
 
 const protoType = "application/vnd.kubernetes.protobuf"
@@ -376,4 +377,53 @@ func binaryUvarint(v uint64) []byte {
 		v >>= 7
 	}
 	return append(b, byte(v))
+}
+
+// A paginated list (an API server listing from etcd, without its watch cache): the
+// reflector's pager asks page after page through the informer's list function and
+// joins the pages' items as they are.
+func TestStreamListPages(t *testing.T) {
+	all := testSliceList(5)
+	pages := map[string][]byte{}
+	for i, cont := range []string{"", "p2"} {
+		l := &discovery.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: "4711"}, Items: all.Items[i*3 : min(5, i*3+3)]}
+		if i == 0 {
+			l.Continue = "p2"
+		}
+		pages[cont] = encodeList(t, l, discovery.SchemeGroupVersion, protoType)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", protoType)
+		_, _ = w.Write(pages[r.URL.Query().Get("continue")])
+	}))
+	defer srv.Close()
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL, ContentConfig: rest.ContentConfig{ContentType: protoType}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &countingSlim{}
+	list := sliceLister(cs, c.slim)
+	p := pager.New(pager.SimplePageFunc(func(opts metav1.ListOptions) (runtime.Object, error) {
+		return list(context.Background(), opts)
+	}))
+	p.PageSize = 3
+	got, paginated, err := p.ListWithAlloc(context.Background(), metav1.ListOptions{})
+	if err != nil || !paginated {
+		t.Fatalf("paginated %v, %v", paginated, err)
+	}
+	items, err := meta.ExtractListWithAlloc(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &discovery.EndpointSliceList{}
+	for _, page := range []string{"", "p2"} {
+		l := &discovery.EndpointSliceList{}
+		if err := runtime.DecodeInto(scheme.Codecs.UniversalDeserializer(), pages[page], l); err != nil {
+			t.Fatal(err)
+		}
+		ref.Items = append(ref.Items, l.Items...)
+	}
+	if want := slimmedItems(t, ref); !reflect.DeepEqual(items, want) || c.n != 5 {
+		t.Errorf("%d items from the pages (%d slimmed), want %d", len(items), c.n, len(want))
+	}
 }
