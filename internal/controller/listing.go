@@ -131,7 +131,7 @@ func transformed(list runtime.Object, err error, transform func(runtime.Object) 
 	if err != nil {
 		return nil, err
 	}
-	items, err := meta.ExtractList(list) // pointers into list's items
+	items, err := meta.ExtractListWithAlloc(list) // copies: the cache must not hold the list's array
 	if err != nil {
 		return nil, err
 	}
