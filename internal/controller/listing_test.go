@@ -51,7 +51,7 @@ func testSliceList(n int) *discovery.EndpointSliceList {
 // apiValid makes a filled object's metadata encodable as JSON: managed fields are JSON.
 func apiValid(m *metav1.ObjectMeta) {
 	for i := range m.ManagedFields {
-		m.ManagedFields[i].FieldsV1 = &metav1.FieldsV1{Raw: []byte(`{"f:spec":{}}`)}
+		m.ManagedFields[i].FieldsV1 = metav1.NewFieldsV1(`{"f:spec":{}}`)
 	}
 }
 
