@@ -385,26 +385,33 @@ func TestRepairDeletesEscapedConntrack(t *testing.T) {
 	}
 	synced := func(n int) func() bool { return func() bool { return p.Status().Syncs >= n } }
 
+	// Syncs are counted from after each reset: the informers' first events may bring a
+	// normal sync right after the first one, which must not stand in for a later sync
 	waitFor(t, "first sync", synced(1)) // Syncs counts after the conntrack cleanup
 	ct.reset()                          // (the first sync deletes dns's un-DNATed entries: a restart)
+	n := p.Status().Syncs
 	if _, err := client.CoreV1().Services("default").Create(ctx, service("other", "10.96.0.2"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a normal sync", synced(2))
+	waitFor(t, "a normal sync", synced(n+1))
 	check("a normal sync", false)
 
 	dp.mu.Lock()
 	dp.fail = 1 // the repair's first attempt fails; its retry must still clean up
 	dp.mu.Unlock()
 	p.RequestRepair("test: table deleted")
-	waitFor(t, "the repair's sync after a failed attempt", func() bool { return p.Status().Failures == 1 && p.Status().Syncs >= 3 })
+	escaped := entries[0]
+	waitFor(t, "the repair's sync after a failed attempt", func() bool {
+		return p.Status().Failures == 1 && ct.selects(escaped.proto, escaped.dst, escaped.port, escaped.replySrc, escaped.replyPort)
+	})
 	check("the repair", true)
 
 	ct.reset()
+	n = p.Status().Syncs
 	if err := client.CoreV1().Services("default").Delete(ctx, "other", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a normal sync after the repair", synced(4))
+	waitFor(t, "a normal sync after the repair", synced(n+1))
 	check("a normal sync after the repair", false)
 }
 
