@@ -41,44 +41,32 @@ import (
 // used, see New).
 func newServiceInformer(client kubernetes.Interface, tweak func(*metav1.ListOptions), transform func(runtime.Object) runtime.Object) cache.SharedIndexInformer {
 	c := client.CoreV1()
-	return streamingInformer(client, &v1.Service{}, tweak, transform, serviceLister(client, transform),
-		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return c.Services("").Watch(ctx, opts)
-		})
+	list := listerFor[v1.Service](c.RESTClient(), "services", c.Services("").List, func() *v1.ServiceList { return &v1.ServiceList{} }, transform)
+	return streamingInformer(client, &v1.Service{}, tweak, transform, list, c.Services("").Watch)
 }
 
 func newSliceInformer(client kubernetes.Interface, tweak func(*metav1.ListOptions), transform func(runtime.Object) runtime.Object) cache.SharedIndexInformer {
 	c := client.DiscoveryV1()
-	return streamingInformer(client, &discovery.EndpointSlice{}, tweak, transform, sliceLister(client, transform),
-		func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			return c.EndpointSlices("").Watch(ctx, opts)
-		})
-}
-
-// serviceLister and sliceLister are the informers' list functions.
-func serviceLister(client kubernetes.Interface, transform func(runtime.Object) runtime.Object) lister {
-	c := client.CoreV1()
-	return func(ctx context.Context, opts metav1.ListOptions) (*objectList, error) {
-		if isREST(c.RESTClient()) {
-			return streamList[v1.Service](ctx, c.RESTClient(), "services", opts, &v1.ServiceList{}, transform)
-		}
-		l, err := c.Services("").List(ctx, opts)
-		return transformed(l, err, transform)
-	}
-}
-
-func sliceLister(client kubernetes.Interface, transform func(runtime.Object) runtime.Object) lister {
-	c := client.DiscoveryV1()
-	return func(ctx context.Context, opts metav1.ListOptions) (*objectList, error) {
-		if isREST(c.RESTClient()) {
-			return streamList[discovery.EndpointSlice](ctx, c.RESTClient(), "endpointslices", opts, &discovery.EndpointSliceList{}, transform)
-		}
-		l, err := c.EndpointSlices("").List(ctx, opts)
-		return transformed(l, err, transform)
-	}
+	list := listerFor[discovery.EndpointSlice](c.RESTClient(), "endpointslices", c.EndpointSlices("").List,
+		func() *discovery.EndpointSliceList { return &discovery.EndpointSliceList{} }, transform)
+	return streamingInformer(client, &discovery.EndpointSlice{}, tweak, transform, list, c.EndpointSlices("").Watch)
 }
 
 type lister = func(context.Context, metav1.ListOptions) (*objectList, error)
+
+// listerFor is an informer's list function: streamList of resource through rc, or,
+// when rc is not a real REST client (the fake clientset of the unit tests), the typed
+// client's list, transformed. newList is an empty list of the resource's type.
+func listerFor[T any, P protoItem[T], L runtime.Object](rc rest.Interface, resource string,
+	typed func(context.Context, metav1.ListOptions) (L, error), newList func() L, transform func(runtime.Object) runtime.Object) lister {
+	return func(ctx context.Context, opts metav1.ListOptions) (*objectList, error) {
+		if isREST(rc) {
+			return streamList[T, P](ctx, rc, resource, opts, newList(), transform)
+		}
+		l, err := typed(ctx, opts)
+		return transformed(l, err, transform)
+	}
+}
 
 // isREST tells a real REST client from the fake clientset's (nil), which the unit
 // tests' informers list through the typed client instead.

@@ -88,9 +88,9 @@ func encodeList(t testing.TB, obj runtime.Object, gv schema.GroupVersion, conten
 func listServer(t *testing.T, status int, contentType string, body, event []byte) (kubernetes.Interface, *[]string) {
 	var paths []string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
+		listServerMu.Lock()
 		paths = append(paths, r.URL.String())
-		mu.Unlock()
+		listServerMu.Unlock()
 		q := r.URL.Query()
 		switch {
 		case q.Get("sendInitialEvents") == "true":
@@ -120,8 +120,8 @@ func listServer(t *testing.T, status int, contentType string, body, event []byte
 	return cs, &paths
 }
 
-// mu guards listServer's paths.
-var mu sync.Mutex
+// listServerMu guards listServer's paths.
+var listServerMu sync.Mutex
 
 // countingSlim slims as the proxy's informers do and counts the objects it slimmed.
 type countingSlim struct {
@@ -252,8 +252,8 @@ func TestStreamingInformer(t *testing.T) {
 		}
 		cancel()
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	listServerMu.Lock()
+	defer listServerMu.Unlock()
 	for _, p := range *paths {
 		if !strings.Contains(p, "labelSelector=") {
 			t.Errorf("request %q without the tweak", p)
@@ -402,7 +402,8 @@ func TestStreamListPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := &countingSlim{}
-	list := sliceLister(cs, c.slim)
+	list := listerFor[discovery.EndpointSlice](cs.DiscoveryV1().RESTClient(), "endpointslices", cs.DiscoveryV1().EndpointSlices("").List,
+		func() *discovery.EndpointSliceList { return &discovery.EndpointSliceList{} }, c.slim)
 	p := pager.New(pager.SimplePageFunc(func(opts metav1.ListOptions) (runtime.Object, error) {
 		return list(context.Background(), opts)
 	}))
