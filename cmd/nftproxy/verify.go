@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -128,15 +127,11 @@ func verifyLoop(ctx context.Context, client kubernetes.Interface, cfg controller
 	deadline := time.Now().Add(wait)
 	for attempt := 1; ; attempt++ {
 		res, err := verifyOnce(ctx, client, cfg, v)
-		retry := time.Now().Add(time.Second).Before(deadline)
-		switch {
-		case err != nil && errors.Is(err, fs.ErrNotExist) && retry:
-			// the proxy deleted what was being read (a set listed, then gone before its
-			// elements were): the table changed under the reading, so read it again
-		case err != nil:
+		if err != nil {
 			fmt.Fprintln(stderr, "nftproxy verify:", err)
 			return verifyError
-		case res.diff.Empty() || !retry:
+		}
+		if res.diff.Empty() || !time.Now().Add(time.Second).Before(deadline) {
 			res.attempts = attempt
 			return res.report(stdout)
 		}

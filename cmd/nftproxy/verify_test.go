@@ -3,15 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -271,44 +268,6 @@ func TestVerifyKubeconfigOverConfigFile(t *testing.T) {
 		}
 		if o.Kubeconfig != tc.want {
 			t.Errorf("%q: kubeconfig %q, want %q", tc.args, o.Kubeconfig, tc.want)
-		}
-	}
-}
-
-// changingKernel fails its first fails reads as a table the proxy changes while it is
-// read does (a set deleted between its listing and its elements' dump), then matches.
-type changingKernel struct {
-	fails, calls int
-	err          error
-}
-
-func (k *changingKernel) Verify(*nft.Ruleset, ...readback.Option) (readback.Diff, error) {
-	k.calls++
-	if k.calls <= k.fails {
-		return nil, fmt.Errorf("listing elements of set ip nftproxy affinity-x: %w", k.err)
-	}
-	return nil, nil
-}
-
-// With --wait, a table that changed under the reading is read again; without it, or for
-// any other error, verify reports the error (exit code 2).
-func TestVerifyRetriesATableChangedWhileRead(t *testing.T) {
-	ctx := context.Background()
-	client := fake.NewClientset(cluster()...)
-	cfg := proxyFlags(t, "--hostname-override", "node-1", "--cluster-cidr", "10.244.0.0/16,fd00:244::/56")
-	for _, tc := range []struct {
-		err  error
-		wait time.Duration
-		code int
-	}{
-		{syscall.ENOENT, 5 * time.Second, 0},
-		{syscall.ENOENT, 0, verifyError},
-		{syscall.EPERM, 5 * time.Second, verifyError},
-	} {
-		k := &changingKernel{fails: 1, err: tc.err}
-		var out bytes.Buffer
-		if code := verifyLoop(ctx, client, cfg, k, tc.wait, &out, &out); code != tc.code {
-			t.Errorf("%v, --wait %v: exit code %d, want %d\n%s", tc.err, tc.wait, code, tc.code, out.String())
 		}
 	}
 }

@@ -22,7 +22,9 @@ const maxReadAttempts = 20
 // ReadTable reads a table from the kernel of the network namespace open at netns (0:
 // the current one): chains with hooks, rules, set definitions and all elements. The
 // reads are retried until the ruleset generation is the same before and after them, so
-// the result is one consistent state even while another process commits transactions.
+// the result is one consistent state even while another process commits transactions;
+// an error while the generation moved (a set deleted between its listing and the dump
+// of its elements) is such a change too, and is read again.
 func ReadTable(netns int, fam nft.Family, table string) (*TableState, error) {
 	conn, err := Dial(netns)
 	if err != nil {
@@ -36,16 +38,20 @@ func ReadTable(netns int, fam nft.Family, table string) (*TableState, error) {
 			return nil, err
 		}
 		st, err := readTable(conn, fam, table)
-		if err != nil && !errors.Is(err, errInterrupted) {
-			return nil, err
-		}
 		after, gerr := GenID(conn)
 		if gerr != nil {
 			return nil, gerr
 		}
-		if err == nil && before == after {
+		switch {
+		case err == nil && before == after:
 			return st, nil
+		case err != nil && before == after && !errors.Is(err, errInterrupted):
+			// the ruleset did not change: the error is the reading's own
+			return nil, err
 		}
+		// the ruleset changed while it was read: a dump interrupted, or an object listed
+		// then gone before its own dump (ENOENT for a set's elements), or a state that
+		// mixes two generations; read it again
 		lastErr = fmt.Errorf("the ruleset changed while it was read (generation %d → %d)", before, after)
 	}
 	return nil, fmt.Errorf("reading %s %s: %w, %d times", fam, table, lastErr, maxReadAttempts)
