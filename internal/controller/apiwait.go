@@ -118,6 +118,7 @@ func (p *Proxy) discoverServiceCIDRs(ctx context.Context, ready chan<- struct{})
 		backoff = min(2*backoff, discoveryBackoffMax)
 	}
 	inf := p.cidrFactory.Networking().V1().ServiceCIDRs()
+	p.slimInCache(inf.Informer())
 	p.watch(inf.Informer(), otherKind)
 	lister := inf.Lister()
 	p.cidrFactory.Start(ctx.Done())

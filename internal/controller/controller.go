@@ -203,6 +203,7 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	p.nodes = nodeInf.Lister()
 	p.watch(svcInf, serviceKind)
 	p.watch(sliceInf, sliceKind)
+	p.slimInCache(nodeInf.Informer())
 	p.watch(nodeInf.Informer(), otherKind)
 	p.informers = []namedInformer{{"Services", svcInf}, {"EndpointSlices", sliceInf}, {"Node " + cfg.NodeName, nodeInf.Informer()}}
 	return p
@@ -213,20 +214,23 @@ type namedInformer struct {
 	informer cache.SharedIndexInformer
 }
 
-// watch sets up an informer before it starts: the transform (the Services' and
-// EndpointSlices' informers slim their objects themselves, listing.go), the change
-// handlers and the rate-limited logging of API errors. k says what it watches.
+// watch sets up an informer before it starts: the change handlers and the rate-limited
+// logging of API errors. k says what it watches.
 func (p *Proxy) watch(inf cache.SharedIndexInformer, k kind) {
-	// the caches keep only what the proxy reads, compactly (slim.go)
-	if k == otherKind {
-		_ = inf.SetTransform(func(obj any) (any, error) { return slim(obj, p.triggers.timed), nil })
-	}
 	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.triggers.sliceEvent(obj, false); p.changed(k, obj) },
 		UpdateFunc: func(_, obj any) { p.triggers.sliceEvent(obj, false); p.changed(k, obj) },
 		DeleteFunc: func(obj any) { p.triggers.sliceEvent(obj, true); p.changed(k, obj) },
 	})
+}
+
+// slimInCache makes an informer slim what it stores (slim.go): the caches keep only what
+// the proxy reads, compactly. For the Node and the ServiceCIDRs; the Services' and
+// EndpointSlices' informers slim their objects in their own list and watch functions,
+// as the objects arrive (listing.go).
+func (p *Proxy) slimInCache(inf cache.SharedIndexInformer) {
+	_ = inf.SetTransform(func(obj any) (any, error) { return slim(obj, p.triggers.timed), nil })
 }
 
 // slim is the Services' and EndpointSlices' transform: slim.go's, keeping the trigger
