@@ -256,6 +256,7 @@ func decodeList[T any, P protoItem[T]](r *protoReader, transform func(runtime.Ob
 						err = list.ListMeta.Unmarshal(buf)
 					} else {
 						obj := P(new(T))
+						presize(obj, buf)
 						if err = obj.Unmarshal(buf); err == nil {
 							list.Items = append(list.Items, transform(obj))
 						}
@@ -285,6 +286,64 @@ func decodeList[T any, P protoItem[T]](r *protoReader, transform func(runtime.Ob
 			}
 		}
 	}
+}
+
+// maxPresized bounds the endpoints presize makes room for: the API server accepts at
+// most 1,000 per EndpointSlice; a longer (corrupt) item grows its array as it decodes.
+const maxPresized = 1000
+
+// presize gives an EndpointSlice about to be decoded from data an endpoints array of
+// the exact length: the generated decoder appends each endpoint, growing the array by
+// doubling (1, 2, 4, 8, 16 for ten endpoints: four arrays of garbage per slice, and one
+// with spare room), and slim rewrites the endpoints in an exact-sized array in place
+// (slim.go). Other objects are left as they are.
+func presize(obj runtime.Object, data []byte) {
+	if s, ok := obj.(*discovery.EndpointSlice); ok {
+		if n := countBytesFields(data, 2); n > 0 { // none: nil, as decoded
+			s.Endpoints = make([]discovery.Endpoint, 0, min(n, maxPresized))
+		}
+	}
+}
+
+// countBytesFields counts the length-delimited fields numbered field at the top level of
+// the message in data, stopping where data is malformed (the decoder reports it).
+func countBytesFields(data []byte, field uint64) int {
+	n := 0
+	for len(data) > 0 {
+		key, l := binary.Uvarint(data)
+		if l <= 0 {
+			return n
+		}
+		data = data[l:]
+		var skip uint64
+		switch key & 7 {
+		case 0: // varint
+			if _, l = binary.Uvarint(data); l <= 0 {
+				return n
+			}
+			skip = uint64(l)
+		case 1: // fixed64
+			skip = 8
+		case 2: // length-delimited
+			v, l := binary.Uvarint(data)
+			if l <= 0 {
+				return n
+			}
+			skip = uint64(l) + v
+			if key>>3 == field {
+				n++
+			}
+		case 5: // fixed32
+			skip = 4
+		default:
+			return n
+		}
+		if skip > uint64(len(data)) {
+			return n
+		}
+		data = data[skip:]
+	}
+	return n
 }
 
 // protoReader reads protobuf wire format from a stream, counting the bytes it read.

@@ -430,3 +430,54 @@ func TestStreamListPages(t *testing.T) {
 		t.Errorf("%d items from the pages (%d slimmed), want %d", len(items), c.n, len(want))
 	}
 }
+
+// presize gives a slice about to be decoded room for exactly its endpoints (at most
+// maxPresized), so that it decodes without growing the array; a Service is left alone,
+// and malformed bytes never panic.
+func TestPresize(t *testing.T) {
+	for _, n := range []int{0, 1, 10, maxPresized + 500} {
+		s := heapBenchSlice(3, true)
+		s.Endpoints = nil
+		for i := range n {
+			s.Endpoints = append(s.Endpoints, discovery.Endpoint{Addresses: []string{fmt.Sprintf("10.0.%d.%d", i/256, i%256)}})
+		}
+		data, err := s.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := countBytesFields(data, 2); got != n {
+			t.Errorf("%d endpoints counted as %d", n, got)
+		}
+		obj := &discovery.EndpointSlice{}
+		presize(obj, data)
+		if err := obj.Unmarshal(data); err != nil {
+			t.Fatal(err)
+		}
+		if want := min(n, maxPresized); len(obj.Endpoints) != n || n <= maxPresized && cap(obj.Endpoints) != want {
+			t.Errorf("%d endpoints decoded into len %d cap %d, want cap %d", n, len(obj.Endpoints), cap(obj.Endpoints), want)
+		}
+		if !reflect.DeepEqual(obj.Endpoints, s.Endpoints) { // nil when there are none, as decoded without presize
+			t.Errorf("%d endpoints: decoded into the presized array, the endpoints differ from the original", n)
+		}
+		// every prefix and every single-byte change: a count no larger than the bytes allow
+		for i := range data {
+			if c := countBytesFields(data[:i], 2); c > i/2 || c > n {
+				t.Fatalf("prefix of %d bytes: counted %d", i, c)
+			}
+			b := bytes.Clone(data)
+			b[i] ^= 0xff
+			if c := countBytesFields(b, 2); c > len(b)/2 {
+				t.Fatalf("byte %d changed: counted %d", i, c)
+			}
+			if i > 2000 {
+				break // the long slice: its first endpoints are enough
+			}
+		}
+	}
+	svc := &v1.Service{}
+	data, _ := heapBenchService(1, true).Marshal()
+	presize(svc, data)
+	if !reflect.DeepEqual(svc, &v1.Service{}) {
+		t.Errorf("presize changed a Service: %+v", svc)
+	}
+}

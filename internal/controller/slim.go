@@ -39,12 +39,13 @@ import (
 // when it has other entries: a Go map costs about 300 bytes whatever its size up to 8);
 // the trigger-time annotation when the caller times it (syncmetrics.go); per endpoint
 // addresses, conditions, nodeName, zone and hints; ports. Dropped: targetRef, hostname,
-// deprecatedTopology. Endpoints and ports are copied into exact-sized arrays, all
-// endpoints' addresses share one []string backing array, all the slice's string bytes
-// one allocation; condition and protocol pointers point to the shared values below,
-// and endpoints with the node name or zone of a recent endpoint share its pointer. No
-// state outlives the call: nothing a tenant writes into a slice is kept anywhere but in
-// that slice's cache entry.
+// deprecatedTopology. Endpoints are rewritten in their own array when it is
+// exact-sized (as the streamed lists decode them), else, like ports, copied into an
+// exact-sized one; all endpoints' addresses share one []string backing array, all the
+// slice's string bytes one allocation; condition and protocol pointers point to the
+// shared values below, and endpoints with the node name or zone of a recent endpoint
+// share its pointer. No state outlives the call: nothing a tenant writes into a slice
+// is kept anywhere but in that slice's cache entry.
 //
 // Node (this node's only): the annotations, managedFields, ownerReferences, and the
 // status' images and volumes are cleared; the rest stays as decoded.
@@ -329,13 +330,16 @@ func slimSlice(o *discovery.EndpointSlice, timed bool) {
 		return p
 	}
 
-	var eps []discovery.Endpoint
-	if o.Endpoints != nil {
+	// the endpoints are rewritten into their own array when it is exact-sized (the
+	// streamed lists decode them into one, listing.go), else into a new one
+	eps := o.Endpoints
+	if len(eps) != cap(eps) {
 		eps = make([]discovery.Endpoint, len(o.Endpoints))
 	}
 	nodes, zones = recentPtrs{}, recentPtrs{}
 	for i := range o.Endpoints {
-		in, out := &o.Endpoints[i], &eps[i]
+		in, out := o.Endpoints[i], &eps[i] // in: a copy, as out may be the same element
+		*out = discovery.Endpoint{}
 		if in.Addresses != nil {
 			n := copy(addrs, in.Addresses)
 			out.Addresses, addrs = addrs[:n:n], addrs[n:]

@@ -148,6 +148,17 @@ func checkSlim(t *testing.T, svc *v1.Service, s *discovery.EndpointSlice) {
 				t.Errorf("slimmed EndpointSlice:\n%+v\nwant\n%+v", gotS, wantS)
 			}
 		}
+		// endpoints in an exact-sized array (DeepCopy's, and the streamed lists') are
+		// rewritten in it; in one with room to spare, copied into an exact-sized one
+		exact := s.DeepCopy()
+		if eps := exact.Endpoints; len(eps) > 0 && &slim(exact, always).(*discovery.EndpointSlice).Endpoints[0] != &eps[0] {
+			t.Errorf("the endpoints of an exact-sized array were copied")
+		}
+		spare := s.DeepCopy()
+		spare.Endpoints = append(make([]discovery.Endpoint, 0, len(spare.Endpoints)+3), spare.Endpoints...)
+		if got := slim(spare, always).(*discovery.EndpointSlice); !reflect.DeepEqual(got, wantS) || len(got.Endpoints) != cap(got.Endpoints) {
+			t.Errorf("slimmed EndpointSlice whose endpoints array has room to spare:\n%+v\nwant\n%+v", got, wantS)
+		}
 		if got := slim(s.DeepCopy(), nil).(*discovery.EndpointSlice); !reflect.DeepEqual(got, wantSlice(s, false)) {
 			t.Errorf("slimmed EndpointSlice without its trigger time:\n%+v\nwant\n%+v", got, wantSlice(s, false))
 		}
