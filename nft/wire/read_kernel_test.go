@@ -30,10 +30,11 @@ func swappingSets(prefix string, n int) *nft.Ruleset {
 }
 
 // TestReadTableWhileSetsComeAndGo reads a table while another connection replaces all of
-// its sets, a transaction every millisecond or so: a set listed and then deleted before the dump
-// of its elements answers ENOENT, which ReadTable must take as the ruleset changing under
-// it and read again. Every read succeeds and sees one generation's sets, all "a-…" or all
-// "b-…", never a mix.
+// its sets, a transaction every few milliseconds: a set listed and then deleted before
+// the dump of its elements answers ENOENT, which ReadTable must take as the ruleset
+// changing under it and read again. Every read succeeds and sees one generation's sets,
+// all "a-…" or all "b-…", never a mix. (The code before this test failed at its first
+// read; a churner with no pause at all starves every reader.)
 func TestReadTableWhileSetsComeAndGo(t *testing.T) {
 	ns := testnetns.New(t)
 	const n = 40
@@ -65,7 +66,7 @@ func TestReadTableWhileSetsComeAndGo(t *testing.T) {
 				return
 			}
 			commits++
-			time.Sleep(time.Millisecond) // a busy proxy, not one that starves every reader
+			time.Sleep(3 * time.Millisecond) // a busy proxy, not one that starves every reader
 		}
 	}()
 
