@@ -35,7 +35,10 @@ lint:
 	$(BIN)/staticcheck ./...
 
 # Unit tests, including the kernel tests (each in its own throwaway network namespace).
+# The Debian roots with other nft versions (internal/compile TestNftVersions) are built
+# first, outside the tests' time limit: a few minutes once, cached afterwards.
 unit:
+	e2e/hack/nft-roots.sh >/dev/null
 	NFTPROXY_KERNEL_TESTS=1 $(GO) test -count=1 $(PKGS)
 
 # End-to-end: real etcd + kube-apiserver and real packets between network namespaces.

@@ -249,14 +249,38 @@ func CommentOf(u []byte) string {
 	return ""
 }
 
+// SameKeyType reports whether two set key types name the same key: equal, or equal but
+// for the numgen index of a concatenation, which nft types "integer" and nftproxy "mark"
+// (concatTypeID), as nft loads the rendered text and as nftproxy writes it.
+func SameKeyType(a, b uint32) bool {
+	if a <= 0x3f || b <= 0x3f { // not concatenations
+		return a == b
+	}
+	for a != 0 || b != 0 {
+		x, y := a&0x3f, b&0x3f
+		if x == typeID(nft.TypeNumgen) {
+			x = typeMark
+		}
+		if y == typeID(nft.TypeNumgen) {
+			y = typeMark
+		}
+		if x != y {
+			return false
+		}
+		a, b = a>>6, b>>6
+	}
+	return true
+}
+
 // TypesOf reverses concatType for the datatypes nftproxy uses.
 func TypesOf(id, length uint32) []nft.Datatype {
 	all := []nft.Datatype{nft.TypeIPv4Addr, nft.TypeIPv6Addr, nft.TypeInetProto, nft.TypeInetService, nft.TypeNumgen}
 	var out []nft.Datatype
+	concat := id > 0x3f
 	for id != 0 {
 		found := false
 		for _, t := range all {
-			if typeID(t) == id&0x3f {
+			if typeID(t) == id&0x3f || concat && concatTypeID(t) == id&0x3f {
 				out = append([]nft.Datatype{t}, out...)
 				found = true
 			}

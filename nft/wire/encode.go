@@ -438,11 +438,28 @@ func concatType(ts []nft.Datatype) (id, length uint32) {
 		return typeID(ts[0]), typeLen(ts[0])
 	}
 	for _, t := range ts {
-		id = id<<6 | typeID(t)
+		id = id<<6 | concatTypeID(t)
 		length += (typeLen(t) + 3) &^ 3
 	}
 	return id, length
 }
+
+// concatTypeID is the type id of one field of a concatenated key. A numgen index is
+// "integer" to nft, a type without a fixed size; nft before 1.0.4 splits a listed
+// element by the sizes of the key type's fields, and with a field of unknown size it
+// aborts ("concat_expr_msort_value: Assertion 'ilen > 0' failed" in 0.9.8). "mark" is a
+// 32-bit integer in host byte order, the same bytes, and has a size, so every nft can
+// split the key; nft 1.0.4 and later split it by the typeof userdata instead and list
+// the map as before.
+func concatTypeID(t nft.Datatype) uint32 {
+	if t == nft.TypeNumgen {
+		return typeMark
+	}
+	return typeID(t)
+}
+
+// typeMark is nft's "mark" datatype (TYPE_MARK).
+const typeMark = 19
 
 // AppendValues appends the encoding of vs to dst: each field in its own 32-bit aligned
 // register slot when there are several (a concatenation), as nft does.
