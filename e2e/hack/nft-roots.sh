@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Minimal Debian roots holding each release's own nft, for checking that other nft
 # versions list and reload nftproxy's table: bullseye (Debian 11, nft 0.9.8), bookworm
-# (12, nft 1.0.6), trixie (13, nft 1.1.3). Built with debootstrap on first use (a minute
-# or two each) and cached; later calls only print the paths.
+# (12, nft 1.0.6), trixie (13, nft 1.1.3). Built with debootstrap on first use (a few
+# minutes each, from deb.debian.org) and cached; later calls only print the paths.
 #
 # usage: nft-roots.sh [suite ...]        (default: bullseye bookworm trixie)
 # env:   NFTPROXY_CACHE (/var/cache/nftproxy), DEBIAN_MIRROR (http://deb.debian.org/debian)
@@ -10,8 +10,9 @@
 #
 # Use a root only inside a network namespace of your own, e.g.
 #   ip netns exec NS chroot ROOT nft list ruleset
-# (`nft -f FILE` also needs /dev and /proc in the chroot: bind them in a private mount
-# namespace with `unshare -m`).
+# (`nft -f -` reads /dev/stdin, so bind /dev and mount /proc into the root first, in a
+# mount namespace of its own: `unshare -m sh -c 'mount --bind /dev ROOT/dev && mount -t
+# proc proc ROOT/proc && chroot ROOT nft -f -'`).
 set -euo pipefail
 cache=${NFTPROXY_CACHE:-/var/cache/nftproxy}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -31,7 +32,7 @@ for s in "${suites[@]}"; do
   root="$out/$s"
   if [ "$(cat "$root/.complete" 2>/dev/null)" != "$include" ]; then
     rm -rf "$root.tmp"
-    echo "debootstrap $s into $root (a minute or two, cached)" >&2
+    echo "debootstrap $s into $root (a few minutes, cached)" >&2
     keyring=()
     [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] && keyring=(--keyring=/usr/share/keyrings/debian-archive-keyring.gpg)
     if ! debootstrap "${keyring[@]}" --variant=minbase --include="$include" "$s" "$root.tmp" "$mirror" >"$out/$s.log" 2>&1; then

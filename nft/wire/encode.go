@@ -12,7 +12,8 @@ import (
 // This file turns typed statements into nf_tables expressions exactly as nft 1.0.6 would
 // (same registers, same payload lengths, same userdata), so that "nft list" decompiles
 // what we write into the text nft.Render produces. The differential kernel test holds us
-// to that.
+// to that. One set attribute differs on purpose: the key type of a numgen index in a
+// concatenation (concatTypeID), so that older nft list the maps as well.
 
 const (
 	reg1      = 1 // NFT_REG_1: 16 bytes, aliases NFT_REG32_00..03
