@@ -45,9 +45,10 @@ const unparsableKeyMaps = "can not use variable sized data types (integer) in co
 // TestNftVersions programs every golden scenario (both families) through the applier,
 // as nftproxy does, into a throwaway namespace, and lists it with the nft of each
 // Debian release: the listing must succeed (no assertion, no error) and show every set
-// and chain, in text and in JSON. Where that nft reads the syntax it must also accept the rendered text (nft
-// -c -f), list the table it loads from that text as it lists ours, and accept its own
-// listing of ours back. nft 0.9.8 must refuse the text only for the known reason.
+// and chain, in text and in JSON. Where that nft reads the syntax it must also accept
+// the rendered text (nft -c -f), list the table it loads from that text as it lists
+// ours, and accept its own listing of ours back. nft 0.9.8, which cannot read numgen in
+// a concatenation, must refuse the text for that reason.
 func TestNftVersions(t *testing.T) {
 	empty := testnetns.New(t) // skips without root and nft, unless kernel tests are required
 	rels := nftReleases(t)
