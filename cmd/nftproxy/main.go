@@ -85,6 +85,7 @@ func main() {
 // --help and --write-config-to. exit tells main to exit with code right away.
 func configure(fs *pflag.FlagSet, o *options.Options, args []string, stderr io.Writer) (code int, exit bool) {
 	fs.SetOutput(stderr)
+	fs.Usage = func() { proxyUsage(stderr, fs) } // args.go
 	showVersion := addVersionFlag(fs)
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") { // before flags that only a subcommand knows
 		fmt.Fprintln(stderr, "nftproxy:", checkArgs(args[:1]))
