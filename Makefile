@@ -59,7 +59,9 @@ unit:
 # End-to-end: real etcd + kube-apiserver and real packets between network namespaces.
 # One package at a time (-p 1): each runs its own clusters and traffic needs the CPU.
 # Includes e2e/realcluster's TestRealClusterSmoke: a real two-node kubelet cluster with
-# nftproxy applied from manifests/ and one upstream [Conformance] spec (~1.5 min warm).
+# nftproxy applied from manifests/ and one upstream [Conformance] spec (~1.5 min warm),
+# and e2e/release's TestRelease: make release twice, compared byte for byte, the binaries
+# checked static, the image imported into a throwaway containerd (~1.5 min warm).
 e2e:
 	NFTPROXY_E2E=1 $(GO) test -count=1 -p 1 -timeout 60m -v ./e2e/...
 
