@@ -5,23 +5,41 @@ GO       ?= go
 BIN      := $(CURDIR)/bin
 PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
 
-.PHONY: all build image deps test lint unit e2e soak demo bench shapes fuzz conformance clean
+.PHONY: all build image release deps test lint unit e2e soak demo bench shapes fuzz conformance clean
 
 all: build
 
-# The version nftproxy reports (--version, nftproxy_build_info, the startup line): the
-# nearest tag, else v0.0.0-<commit>; the commit from git.
-VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo "v0.0.0-$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)")
+# The version nftproxy reports (--version, nftproxy_build_info, the startup line) comes
+# from one place, the VERSION file: the release this tree is, or will be, published as.
+# A release (`make release`, or a checkout of its annotated tag) is exactly that version,
+# e.g. v0.1.0; any other build is a pre-release of it with the commit,
+# v0.1.0-dev.g<short commit>[.dirty]: a valid semantic version and image tag. After a
+# release, VERSION moves to the next version (docs/release.md).
+RELEASE_VERSION := $(shell tr -d ' \n' < $(CURDIR)/VERSION)
+SHORT_COMMIT    := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+DIRTY           := $(shell git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo .dirty)
+VERSION ?= $(shell git describe --exact-match --match '$(RELEASE_VERSION)' HEAD >/dev/null 2>&1 && test -z '$(DIRTY)' && echo '$(RELEASE_VERSION)' || echo '$(RELEASE_VERSION)-dev.g$(SHORT_COMMIT)$(DIRTY)')
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
 VPKG    := github.com/nftproxy/nftproxy/internal/version
 
 build:
 	$(GO) build -ldflags "-X $(VPKG).gitVersion=$(VERSION) -X $(VPKG).gitCommit=$(COMMIT)" -o $(BIN)/nftproxy ./cmd/nftproxy
 
-# The container image, stamped with the same version (podman, else docker).
-IMAGE   ?= nftproxy:$(VERSION)
+# The container image, stamped with the same version (podman, else docker). IMAGE_REPO is
+# the name the chart and manifests use; override it to publish elsewhere.
+IMAGE_REPO ?= ghcr.io/nftproxy/nftproxy
+IMAGE      ?= $(IMAGE_REPO):$(VERSION)
 image:
 	$$(command -v podman || command -v docker) build -f Containerfile --build-arg VERSION=$(VERSION) --build-arg GIT_COMMIT=$(COMMIT) -t $(IMAGE) .
+
+# A release into DIST, without a container engine and without network (the Go module
+# cache is enough): static linux/amd64 and linux/arm64 binaries, the multi-architecture
+# image $(IMAGE_REPO):$(RELEASE_VERSION) as one OCI tarball (docker/podman load, ctr
+# import, kind load image-archive), a CycloneDX SBOM per binary, SHA256SUMS. Always the
+# VERSION file's version; twice gives byte-identical files. docs/release.md.
+DIST ?= $(CURDIR)/dist
+release:
+	e2e/hack/release.sh $(if $(filter command line,$(origin VERSION)),$(VERSION),$(RELEASE_VERSION)) $(DIST) $(IMAGE_REPO)
 
 deps:
 	e2e/hack/install-deps.sh
@@ -44,7 +62,9 @@ unit:
 # End-to-end: real etcd + kube-apiserver and real packets between network namespaces.
 # One package at a time (-p 1): each runs its own clusters and traffic needs the CPU.
 # Includes e2e/realcluster's TestRealClusterSmoke: a real two-node kubelet cluster with
-# nftproxy applied from manifests/ and one upstream [Conformance] spec (~1.5 min warm).
+# nftproxy applied from manifests/ and one upstream [Conformance] spec (~1.5 min warm),
+# and e2e/release's TestRelease: make release twice, compared byte for byte, the binaries
+# checked static, the image imported into a throwaway containerd (~1.5 min warm).
 e2e:
 	NFTPROXY_E2E=1 $(GO) test -count=1 -p 1 -timeout 60m -v ./e2e/...
 
@@ -96,4 +116,4 @@ conformance: deps
 		cat $(CONFORMANCE_OUT)/summary.txt 2>/dev/null || echo "no nftproxy results (see $(CONFORMANCE_OUT)/go-test.log)"; exit $$rc
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(DIST)

@@ -2,11 +2,63 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"slices"
 	"strings"
+
+	"github.com/spf13/pflag"
 )
 
-// subcommands are nftproxy's subcommands; each must come first on the command line.
-var subcommands = []string{"explain", "verify", "list"}
+// commands are nftproxy's subcommands, as `nftproxy --help` lists them; each must come
+// first on the command line.
+var commands = []struct{ name, summary string }{
+	{"explain", "what the rules do with a new connection to ip:port (from the API)"},
+	{"verify", "compare the tables in the kernel with what the API compiles to"},
+	{"list", "list the service ports in the kernel and their endpoints"},
+}
+
+// subcommands are the commands' names.
+var subcommands = func() []string {
+	var names []string
+	for _, c := range commands {
+		names = append(names, c.name)
+	}
+	return names
+}()
+
+// proxyUsage is `nftproxy --help`: how to run the proxy, the subcommands, then the
+// proxy's flags.
+func proxyUsage(w io.Writer, fs *pflag.FlagSet) {
+	var b strings.Builder
+	b.WriteString("usage: nftproxy [flags]             run the service proxy (kube-proxy's flags)\n" +
+		"       nftproxy COMMAND [flags]     run a command\n\n" +
+		"nftproxy programs a node's nftables over netlink for the Kubernetes Services it\n" +
+		"watches, as kube-proxy does; see docs/operations.md.\n\nCommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-9s %s\n", c.name, c.summary)
+	}
+	b.WriteString("\nRun 'nftproxy COMMAND --help' for a command's flags.\n\nFlags:\n")
+	b.WriteString(fs.FlagUsages())
+	io.WriteString(w, b.String())
+}
+
+// subcommandUsage prints a subcommand's usage: head (its synopsis and description), its
+// own flags (those named in own), then the proxy flags it shares, which set how the
+// rules are compiled and where the API is, as for the proxy.
+func subcommandUsage(w io.Writer, head string, fs *pflag.FlagSet, own ...string) {
+	mine := pflag.NewFlagSet("own", pflag.ContinueOnError)
+	shared := pflag.NewFlagSet("shared", pflag.ContinueOnError)
+	mine.SortFlags, shared.SortFlags = false, false
+	fs.VisitAll(func(f *pflag.Flag) {
+		if slices.Contains(own, f.Name) {
+			mine.AddFlag(f)
+		} else {
+			shared.AddFlag(f)
+		}
+	})
+	io.WriteString(w, head+"\nFlags:\n"+mine.FlagUsages()+
+		"\nProxy flags (the same as the proxy's, for the same compiled rules):\n"+shared.FlagUsages())
+}
 
 // checkArgs refuses positional arguments: the proxy takes none, so one is a mistyped
 // subcommand (nftproxy explian …) or a subcommand after flags, and starting the proxy

@@ -66,9 +66,9 @@ func parseExplain(args []string, stderr io.Writer) (*explainRequest, error) {
 	fs.BoolVar(&req.rules, "rules", false, "Also print the rules each packet goes through.")
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: nftproxy explain [flags] ip:port[/tcp|udp|sctp]\n\n"+
+		subcommandUsage(stderr, "usage: nftproxy explain [flags] ip:port[/tcp|udp|sctp]\n\n"+
 			"Explains what nftproxy's rules do with a new connection to the destination, from the\n"+
-			"Services, EndpointSlices and Node in the API. It takes the proxy's flags.\n\n%s", fs.FlagUsages())
+			"Services, EndpointSlices and Node in the API. It takes the proxy's flags.\n", fs, "from", "local", "rules")
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err

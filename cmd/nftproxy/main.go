@@ -85,6 +85,7 @@ func main() {
 // --help and --write-config-to. exit tells main to exit with code right away.
 func configure(fs *pflag.FlagSet, o *options.Options, args []string, stderr io.Writer) (code int, exit bool) {
 	fs.SetOutput(stderr)
+	fs.Usage = func() { proxyUsage(stderr, fs) } // args.go
 	showVersion := addVersionFlag(fs)
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") { // before flags that only a subcommand knows
 		fmt.Fprintln(stderr, "nftproxy:", checkArgs(args[:1]))
@@ -122,6 +123,10 @@ func configure(fs *pflag.FlagSet, o *options.Options, args []string, stderr io.W
 		}
 		fmt.Fprintln(stderr, "nftproxy: wrote the effective configuration to", o.WriteConfigTo)
 		return 0, true
+	}
+	if err := checkPlaceholder(o); err != nil { // placeholder.go
+		fmt.Fprintln(stderr, "nftproxy:", err)
+		return 2, true
 	}
 	return 0, false
 }
@@ -344,6 +349,9 @@ func newClient(o *options.Options) (kubernetes.Interface, error) {
 // clientConnection.kubeconfig) and --master, else the in-cluster configuration, whose
 // address is KUBERNETES_SERVICE_HOST and _PORT.
 func clientConfig(o *options.Options) (*rest.Config, error) {
+	if err := checkPlaceholder(o); err != nil {
+		return nil, err
+	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = o.Kubeconfig
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,

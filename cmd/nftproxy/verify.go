@@ -77,14 +77,14 @@ func verifySettings(args []string, stderr io.Writer) (*options.Options, controll
 	fromProxy := fs.Bool("from-configz", true, "Read the running proxy's settings from its /configz on --metrics-bind-address (default the local 127.0.0.1:10249), so its flags need not be repeated; flags given here override them. Not with --config.")
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: nftproxy verify [flags]\n\n"+
+		subcommandUsage(stderr, "usage: nftproxy verify [flags]\n\n"+
 			"Compares nftproxy's tables in the kernel with what the Services, EndpointSlices and\n"+
 			"Node in the API compile to, with the running proxy's settings (read from its\n"+
 			"/configz; flags given here override them, --config replaces them, except\n"+
 			"--kubeconfig, which verify always uses as given). Prints every\n"+
 			"difference, rules and elements in nft syntax as the kernel holds them (a rule\n"+
 			"nftproxy never writes by its expressions); exits 0 when equal, 1 when different,\n"+
-			"2 on error.\n\n%s", fs.FlagUsages())
+			"2 on error.\n", fs, "wait", "from-configz")
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

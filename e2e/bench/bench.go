@@ -1416,8 +1416,9 @@ func BuildBinaries(ctx context.Context, dir string) (Binaries, error) {
 	return b, nil
 }
 
-// versionLDFlags stamps the version and commit as `make build` does (the nearest tag,
-// else v0.0.0-<commit>), so the report names the nftproxy it measured.
+// versionLDFlags stamps the version and commit as `make build` does (the VERSION file's
+// version, as a pre-release with the commit: v0.1.0-dev.g<commit>[.dirty]), so the
+// report names the nftproxy it measured.
 func versionLDFlags(ctx context.Context, root string) string {
 	git := func(args ...string) string {
 		cmd := exec.CommandContext(ctx, "git", args...)
@@ -1425,9 +1426,13 @@ func versionLDFlags(ctx context.Context, root string) string {
 		out, _ := cmd.Output()
 		return strings.TrimSpace(string(out))
 	}
-	v := git("describe", "--tags", "--dirty")
-	if v == "" {
-		v = "v0.0.0-" + git("describe", "--always", "--dirty")
+	release := "v0.0.0"
+	if b, err := os.ReadFile(filepath.Join(root, "VERSION")); err == nil {
+		release = strings.TrimSpace(string(b))
+	}
+	v := release + "-dev.g" + git("rev-parse", "--short", "HEAD")
+	if git("status", "--porcelain", "--untracked-files=no") != "" {
+		v += ".dirty"
 	}
 	const pkg = "github.com/nftproxy/nftproxy/internal/version"
 	return fmt.Sprintf("-X %s.gitVersion=%s -X %s.gitCommit=%s", pkg, v, pkg, git("rev-parse", "HEAD"))

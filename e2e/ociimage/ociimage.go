@@ -73,15 +73,18 @@ type Config struct {
 	User       string   // "uid:gid" or a name; empty means "0:0"
 	Entrypoint []string // absolute paths, as a container runtime execs them
 	Cmd        []string
-	Env        []string // "KEY=value"; nil means []string{DefaultPath}
-	WorkingDir string   // empty means "/"
+	Env        []string          // "KEY=value"; nil means []string{DefaultPath}
+	WorkingDir string            // empty means "/"
+	Labels     map[string]string // e.g. org.opencontainers.image.version; none if nil
+	Created    time.Time         // the config's "created"; left out if zero
 }
 
 // Image is what Write puts in one tarball.
 type Image struct {
-	Ref    string // e.g. "registry.k8s.io/pause:3.10.2" or "nftproxy:dev"
-	Config Config
-	Layers []Layer // bottom first
+	Ref      string   // e.g. "registry.k8s.io/pause:3.10.2" or "nftproxy:dev"
+	Platform Platform // empty fields mean linux and amd64
+	Config   Config
+	Layers   []Layer // bottom first
 }
 
 // Layer is one filesystem layer; make it with Dir, Files or Tar.
@@ -129,13 +132,24 @@ type descriptor struct {
 	MediaType   string            `json:"mediaType"`
 	Digest      string            `json:"digest"`
 	Size        int64             `json:"size"`
-	Platform    *platform         `json:"platform,omitempty"`
+	Platform    *Platform         `json:"platform,omitempty"`
 	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
-type platform struct {
-	Architecture string `json:"architecture"`
-	OS           string `json:"os"`
+// Platform is the operating system and CPU an image runs on, as in an image index.
+type Platform struct {
+	Architecture string `json:"architecture"` // GOARCH: amd64, arm64, ...
+	OS           string `json:"os"`           // GOOS: linux
+	Variant      string `json:"variant,omitempty"`
+}
+
+// String is "os/arch" or "os/arch/variant".
+func (p Platform) String() string {
+	s := p.OS + "/" + p.Architecture
+	if p.Variant != "" {
+		s += "/" + p.Variant
+	}
+	return s
 }
 
 type index struct {
@@ -152,18 +166,21 @@ type manifest struct {
 }
 
 type imageConfig struct {
+	Created      string        `json:"created,omitempty"`
 	Architecture string        `json:"architecture"`
 	OS           string        `json:"os"`
+	Variant      string        `json:"variant,omitempty"`
 	Config       runtimeConfig `json:"config"`
 	RootFS       rootFS        `json:"rootfs"`
 }
 
 type runtimeConfig struct {
-	User       string   `json:"User,omitempty"`
-	Env        []string `json:"Env,omitempty"`
-	Entrypoint []string `json:"Entrypoint,omitempty"`
-	Cmd        []string `json:"Cmd,omitempty"`
-	WorkingDir string   `json:"WorkingDir,omitempty"`
+	User       string            `json:"User,omitempty"`
+	Env        []string          `json:"Env,omitempty"`
+	Entrypoint []string          `json:"Entrypoint,omitempty"`
+	Cmd        []string          `json:"Cmd,omitempty"`
+	WorkingDir string            `json:"WorkingDir,omitempty"`
+	Labels     map[string]string `json:"Labels,omitempty"`
 }
 
 type rootFS struct {
@@ -187,8 +204,64 @@ func Write(out string, img Image) (err error) {
 	if err != nil {
 		return err
 	}
-	if len(img.Layers) == 0 {
-		return errors.New("ociimage: an image needs at least one layer")
+	tmp, err := os.MkdirTemp(filepath.Dir(out), ".ociimage-")
+	if err != nil {
+		return fmt.Errorf("ociimage: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	b, err := img.build(tmp, "")
+	if err != nil {
+		return err
+	}
+	b.desc.Annotations = map[string]string{AnnotationImageName: name, AnnotationRefName: tag}
+	idxJSON, err := json.Marshal(index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []descriptor{b.desc}})
+	if err != nil {
+		return fmt.Errorf("ociimage: %w", err)
+	}
+	entries := []member{
+		{name: "oci-layout", data: []byte(ociLayout)},
+		{name: "blobs/", dir: true},
+		{name: "blobs/sha256/", dir: true},
+	}
+	written := map[string]bool{}
+	for _, l := range b.layers {
+		if written[l.digest] { // the same layer twice in one image
+			continue
+		}
+		written[l.digest] = true
+		entries = append(entries, member{name: blobName(l.digest), path: l.path, size: l.size})
+	}
+	entries = append(entries,
+		member{name: blobName(b.cfgDigest), data: b.cfgJSON},
+		member{name: blobName(b.desc.Digest), data: b.mJSON},
+		member{name: "index.json", data: idxJSON},
+	)
+	return writeArchive(out, filepath.Join(tmp, "image.tar"), entries)
+}
+
+// Index is one name for several images, one per platform: a multi-architecture image.
+type Index struct {
+	Ref    string  // e.g. "ghcr.io/nftproxy/nftproxy:v0.1.0"
+	Images []Image // each with its own Platform, no two alike; their Ref is not used
+}
+
+// WriteIndex writes idx to the file out as one OCI image-layout tarball that containerd
+// (`ctr images import`, also with --all-platforms as `kind load image-archive` runs it),
+// podman and Docker load. index.json holds one descriptor, named by the same annotations as
+// Write's, of an image index that lists one manifest per platform: a runtime picks its own
+// platform from it, as from a registry. For Docker's classic image store, which reads only
+// a docker-archive manifest.json, the tarball carries that too, with one entry per platform,
+// all tagged with the name; Docker tags the last entry it loads (or the one
+// `docker load --platform` selects), so the entries are in the reverse order of Images:
+// the first image, the default platform, comes last. Entries are sorted by name and the
+// same inputs give a byte-identical tarball.
+func WriteIndex(out string, idx Index) error {
+	name, tag, err := NormalizeRef(idx.Ref)
+	if err != nil {
+		return err
+	}
+	if len(idx.Images) == 0 {
+		return errors.New("ociimage: an index needs at least one image")
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(out), ".ociimage-")
 	if err != nil {
@@ -196,26 +269,132 @@ func Write(out string, img Image) (err error) {
 	}
 	defer os.RemoveAll(tmp)
 
-	var layers []blob
-	for i, l := range img.Layers {
-		b, err := l.build(filepath.Join(tmp, fmt.Sprintf("layer%d", i)))
+	blobs := map[string]member{}
+	inner := index{SchemaVersion: 2, MediaType: MediaTypeIndex}
+	type dockerEntry struct {
+		Config   string
+		RepoTags []string
+		Layers   []string
+	}
+	var docker []dockerEntry
+	seen := map[string]bool{}
+	for i, img := range idx.Images {
+		b, err := img.build(tmp, fmt.Sprintf("image%d-", i))
 		if err != nil {
-			return fmt.Errorf("ociimage: %s: layer %d: %w", img.Ref, i, err)
+			return err
 		}
-		layers = append(layers, b)
+		p := b.desc.Platform.String()
+		if seen[p] {
+			return fmt.Errorf("ociimage: %s: platform %s given twice", idx.Ref, p)
+		}
+		seen[p] = true
+		inner.Manifests = append(inner.Manifests, b.desc)
+		d := dockerEntry{Config: blobName(b.cfgDigest), RepoTags: []string{dockerTag(name)}}
+		for _, l := range b.layers {
+			blobs[l.digest] = member{name: blobName(l.digest), path: l.path, size: l.size}
+			d.Layers = append(d.Layers, blobName(l.digest))
+		}
+		blobs[b.cfgDigest] = member{name: blobName(b.cfgDigest), data: b.cfgJSON}
+		blobs[b.desc.Digest] = member{name: blobName(b.desc.Digest), data: b.mJSON}
+		docker = append([]dockerEntry{d}, docker...)
+	}
+	innerJSON, err := json.Marshal(inner)
+	if err != nil {
+		return fmt.Errorf("ociimage: %w", err)
+	}
+	innerDigest := digestOf(innerJSON)
+	blobs[innerDigest] = member{name: blobName(innerDigest), data: innerJSON}
+	outer := index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []descriptor{{
+		MediaType:   MediaTypeIndex,
+		Digest:      innerDigest,
+		Size:        int64(len(innerJSON)),
+		Annotations: map[string]string{AnnotationImageName: name, AnnotationRefName: tag},
+	}}}
+	outerJSON, err := json.Marshal(outer)
+	if err != nil {
+		return fmt.Errorf("ociimage: %w", err)
+	}
+	dockerJSON, err := json.Marshal(docker)
+	if err != nil {
+		return fmt.Errorf("ociimage: %w", err)
+	}
+	entries := []member{{name: "blobs/", dir: true}, {name: "blobs/sha256/", dir: true}}
+	names := make([]string, 0, len(blobs))
+	for d := range blobs {
+		names = append(names, d)
+	}
+	sort.Strings(names)
+	for _, d := range names {
+		entries = append(entries, blobs[d])
+	}
+	entries = append(entries,
+		member{name: "index.json", data: outerJSON},
+		member{name: "manifest.json", data: dockerJSON},
+		member{name: "oci-layout", data: []byte(ociLayout)},
+	)
+	return writeArchive(out, filepath.Join(tmp, "image.tar"), entries)
+}
+
+// dockerTag is the name Docker's RepoTags use: the normalized reference without the
+// docker.io/library/ that Docker leaves implicit.
+func dockerTag(normalized string) string {
+	if s, ok := strings.CutPrefix(normalized, "docker.io/library/"); ok {
+		return s
+	}
+	return strings.TrimPrefix(normalized, "docker.io/")
+}
+
+const ociLayout = `{"imageLayoutVersion":"1.0.0"}`
+
+// built is one image's blobs, ready to be written into a layout.
+type built struct {
+	layers    []blob
+	cfgJSON   []byte
+	cfgDigest string
+	mJSON     []byte
+	desc      descriptor // of the manifest, with its platform
+}
+
+// build makes img's layers (files named prefix+"layerN" in tmp), config and manifest.
+func (img Image) build(tmp, prefix string) (built, error) {
+	if len(img.Layers) == 0 {
+		return built{}, errors.New("ociimage: an image needs at least one layer")
+	}
+	plat := img.Platform
+	if plat.OS == "" {
+		plat.OS = "linux"
+	}
+	if plat.Architecture == "" {
+		plat.Architecture = "amd64"
+	}
+	if !platformRE.MatchString(plat.OS) || !platformRE.MatchString(plat.Architecture) || (plat.Variant != "" && !platformRE.MatchString(plat.Variant)) {
+		return built{}, fmt.Errorf("ociimage: platform %q: want lower-case letters and digits", plat.String())
+	}
+	var b built
+	for i, l := range img.Layers {
+		lb, err := l.build(filepath.Join(tmp, fmt.Sprintf("%slayer%d", prefix, i)))
+		if err != nil {
+			return built{}, fmt.Errorf("ociimage: %s: layer %d: %w", img.Ref, i, err)
+		}
+		b.layers = append(b.layers, lb)
 	}
 
 	cfg := imageConfig{
-		Architecture: "amd64",
-		OS:           "linux",
+		Architecture: plat.Architecture,
+		OS:           plat.OS,
+		Variant:      plat.Variant,
 		Config: runtimeConfig{
 			User:       img.Config.User,
 			Env:        img.Config.Env,
 			Entrypoint: img.Config.Entrypoint,
 			Cmd:        img.Config.Cmd,
 			WorkingDir: img.Config.WorkingDir,
+			Labels:     img.Config.Labels,
 		},
 		RootFS: rootFS{Type: "layers"},
+	}
+	if !img.Config.Created.IsZero() {
+		cfg.Created = img.Config.Created.UTC().Format(time.RFC3339)
 	}
 	if cfg.Config.User == "" {
 		cfg.Config.User = "0:0"
@@ -227,32 +406,41 @@ func Write(out string, img Image) (err error) {
 		cfg.Config.WorkingDir = "/"
 	}
 	m := manifest{SchemaVersion: 2, MediaType: MediaTypeManifest}
-	for _, l := range layers {
+	for _, l := range b.layers {
 		cfg.RootFS.DiffIDs = append(cfg.RootFS.DiffIDs, l.diffID)
 		m.Layers = append(m.Layers, descriptor{MediaType: l.mediaType, Digest: l.digest, Size: l.size})
 	}
-	cfgJSON, err := json.Marshal(cfg)
-	if err != nil {
-		return fmt.Errorf("ociimage: %w", err)
+	var err error
+	if b.cfgJSON, err = json.Marshal(cfg); err != nil {
+		return built{}, fmt.Errorf("ociimage: %w", err)
 	}
-	m.Config = descriptor{MediaType: MediaTypeConfig, Digest: digestOf(cfgJSON), Size: int64(len(cfgJSON))}
-	mJSON, err := json.Marshal(m)
-	if err != nil {
-		return fmt.Errorf("ociimage: %w", err)
+	b.cfgDigest = digestOf(b.cfgJSON)
+	m.Config = descriptor{MediaType: MediaTypeConfig, Digest: b.cfgDigest, Size: int64(len(b.cfgJSON))}
+	if b.mJSON, err = json.Marshal(m); err != nil {
+		return built{}, fmt.Errorf("ociimage: %w", err)
 	}
-	idx := index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []descriptor{{
-		MediaType:   MediaTypeManifest,
-		Digest:      digestOf(mJSON),
-		Size:        int64(len(mJSON)),
-		Platform:    &platform{Architecture: "amd64", OS: "linux"},
-		Annotations: map[string]string{AnnotationImageName: name, AnnotationRefName: tag},
-	}}}
-	idxJSON, err := json.Marshal(idx)
-	if err != nil {
-		return fmt.Errorf("ociimage: %w", err)
+	b.desc = descriptor{
+		MediaType: MediaTypeManifest,
+		Digest:    digestOf(b.mJSON),
+		Size:      int64(len(b.mJSON)),
+		Platform:  &plat,
 	}
+	return b, nil
+}
 
-	part := filepath.Join(tmp, "image.tar")
+var platformRE = regexp.MustCompile(`^[a-z0-9]+$`)
+
+// member is one member of a layout tarball: a directory, bytes, or a file's contents.
+type member struct {
+	name string
+	dir  bool
+	data []byte
+	path string // file to copy, size bytes long, when data is nil
+	size int64
+}
+
+// writeArchive writes the entries, in order, to the tar file part, then renames it to out.
+func writeArchive(out, part string, entries []member) error {
 	f, err := os.Create(part)
 	if err != nil {
 		return fmt.Errorf("ociimage: %w", err)
@@ -260,38 +448,26 @@ func Write(out string, img Image) (err error) {
 	defer f.Close()
 	bw := bufio.NewWriterSize(f, 1<<20)
 	tw := tar.NewWriter(bw)
-	dir := func(name string) error {
-		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX})
-	}
-	bytesEntry := func(name string, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	steps := []func() error{
-		func() error { return bytesEntry("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)) },
-		func() error { return dir("blobs/") },
-		func() error { return dir("blobs/sha256/") },
-	}
-	written := map[string]bool{}
-	for _, l := range layers {
-		steps = append(steps, func() error {
-			if written[l.digest] { // the same layer twice in one image
-				return nil
+	write := func(e member) error {
+		switch {
+		case e.dir:
+			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: e.name, Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX})
+		case e.data != nil:
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: e.name, Mode: 0o644, Size: int64(len(e.data)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
+				return err
 			}
-			written[l.digest] = true
-			return copyEntry(tw, blobName(l.digest), l.path, l.size)
-		})
+			_, err := tw.Write(e.data)
+			return err
+		default:
+			return copyEntry(tw, e.name, e.path, e.size)
+		}
 	}
-	steps = append(steps,
-		func() error { return bytesEntry(blobName(m.Config.Digest), cfgJSON) },
-		func() error { return bytesEntry(blobName(idx.Manifests[0].Digest), mJSON) },
-		func() error { return bytesEntry("index.json", idxJSON) },
-		tw.Close, bw.Flush, f.Sync, f.Close,
-	)
-	for _, step := range steps {
+	for _, e := range entries {
+		if err := write(e); err != nil {
+			return fmt.Errorf("ociimage: writing %s: %w", out, err)
+		}
+	}
+	for _, step := range []func() error{tw.Close, bw.Flush, f.Sync, f.Close} {
 		if err := step(); err != nil {
 			return fmt.Errorf("ociimage: writing %s: %w", out, err)
 		}

@@ -3,9 +3,11 @@
 // vcs.revision for a build from a git checkout). It prints them as kube-proxy's
 // --version does and exports them as the nftproxy_build_info metric.
 //
-// Set them when linking:
+// The version comes from the VERSION file at the repository's root: `make release` links
+// it as it is (v0.1.0), `make build` and `make image` as a pre-release of it with the
+// commit (v0.1.0-dev.g<short commit>). By hand:
 //
-//	go build -ldflags "-X github.com/nftproxy/nftproxy/internal/version.gitVersion=v0.4.0 \
+//	go build -ldflags "-X github.com/nftproxy/nftproxy/internal/version.gitVersion=$(cat VERSION) \
 //	  -X github.com/nftproxy/nftproxy/internal/version.gitCommit=$(git rev-parse HEAD)" ./cmd/nftproxy
 package version
 
@@ -21,7 +23,7 @@ import (
 
 // Set with -ldflags -X; empty means "ask the build info".
 var (
-	gitVersion   string // e.g. v0.4.0
+	gitVersion   string // e.g. v0.1.0
 	gitCommit    string // full commit hash
 	gitTreeState string // "clean" or "dirty"
 	buildDate    string // RFC 3339, e.g. 2026-11-24T17:00:00Z
@@ -82,7 +84,7 @@ func majorMinor(v string) (major, minor string) {
 	return parts[0], parts[1]
 }
 
-// String is what --version prints: "nftproxy v0.4.0", as kube-proxy prints
+// String is what --version prints: "nftproxy v0.1.0", as kube-proxy prints
 // "Kubernetes v1.37.0".
 func String() string { return "nftproxy " + Get().GitVersion }
 

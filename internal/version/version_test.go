@@ -1,6 +1,8 @@
 package version
 
 import (
+	"os"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -77,5 +79,33 @@ nftproxy_build_info{git_commit="c0ffee",go_version="` + runtime.Version() + `",v
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "nftproxy_build_info"); err != nil {
 		t.Error(err)
+	}
+}
+
+// The VERSION file is the one source of the version: a semantic version whose major and
+// minor parse, with its entry in CHANGELOG.md (e2e/hack/release.sh refuses to release
+// without one).
+func TestVersionFile(t *testing.T) {
+	b, err := os.ReadFile("../../VERSION")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := strings.TrimSpace(string(b))
+	if !regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$`).MatchString(v) || string(b) != v+"\n" {
+		t.Fatalf("VERSION holds %q, want one line vMAJOR.MINOR.PATCH[-PRERELEASE]", b)
+	}
+	setLinked(t, v+"-dev.g0123abc", "")
+	if info := Get(); info.Major == "" || info.Minor == "" {
+		t.Errorf("a dev build of %s has no major/minor: %+v", v, info)
+	}
+	changelog, err := os.ReadFile("../../CHANGELOG.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^## \[` + regexp.QuoteMeta(strings.TrimPrefix(v, "v")) + `\] - \d{4}-\d{2}-\d{2}$`).Match(changelog) {
+		t.Errorf("CHANGELOG.md has no '## [%s] - YYYY-MM-DD' entry", strings.TrimPrefix(v, "v"))
+	}
+	if !strings.Contains(string(changelog), "\n## [Unreleased]\n") {
+		t.Error("CHANGELOG.md has no '## [Unreleased]' section")
 	}
 }
