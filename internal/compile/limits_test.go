@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -421,6 +423,74 @@ func TestCompilerIncrementalBudget(t *testing.T) {
 			cfg := configFor(fam)
 			cfg.Limits = Limits{MaxEndpointsPerService: 8, MaxElements: 80}
 			walkIncremental(t, fam, cfg)
+		})
+	}
+}
+
+// BenchmarkBudgetAddOneService is a steady-state sync that adds (or removes) one
+// Service at 30,000 Services in 100 namespaces, with the limits off, under the table
+// budget, and over it because one tenant namespace needs far more than its share (100
+// ports of 1,000 endpoints). Under the budget the limits cost the look at the changed
+// Service; over it, a sort of the namespaces and a walk over the tenant's ports.
+//
+//	go test ./internal/compile -run '^$' -bench BudgetAddOneService
+func BenchmarkBudgetAddOneService(b *testing.B) {
+	var base []*model.ServicePort
+	for i := range 30000 {
+		sp := &model.ServicePort{
+			Name:       model.ServicePortName{Namespace: fmt.Sprintf("ns%03d", i%100), Name: fmt.Sprintf("s%06d", i), Port: "http", Protocol: model.ProtoTCP},
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i/65536), byte(i / 256), byte(i)})},
+			Port:       80, Created: t0,
+		}
+		for j := range 10 {
+			k := i*10 + j
+			sp.Endpoints = append(sp.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(128 + k/65536), byte(k / 256), byte(k)}), Port: 8080, Ready: true, Serving: true})
+		}
+		base = append(base, sp)
+	}
+	tenantEps := manyEndpoints(1000)
+	for p := range 100 {
+		base = append(base, &model.ServicePort{
+			Name:       model.ServicePortName{Namespace: "tenant", Name: "fill", Port: fmt.Sprintf("p%03d", p), Protocol: model.ProtoTCP},
+			ClusterIPs: ips("10.100.0.1"), Port: uint16(1000 + p), Endpoints: tenantEps, Created: t0,
+		})
+	}
+	slices.SortFunc(base, func(a, b *model.ServicePort) int { return a.Name.Compare(b.Name) })
+	added := &model.ServicePort{
+		Name:       model.ServicePortName{Namespace: "ns050", Name: "added", Port: "http", Protocol: model.ProtoTCP},
+		ClusterIPs: ips("10.101.0.1"), Port: 80, Endpoints: eps(8080, "10.244.200.1"), Created: t0.Add(time.Hour),
+	}
+	with := slices.Insert(slices.Clone(base), sort.Search(len(base), func(i int) bool { return !base[i].Name.Less(added.Name) }), added)
+	node := model.Node{Name: "node-1", IPs: ips("192.0.2.10")}
+	total, tenant := 0, 0
+	for _, sp := range with {
+		total += ElementCost(sp)
+		if sp.Name.Namespace == "tenant" {
+			tenant += ElementCost(sp)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		limits Limits
+	}{
+		{"limits=off", Limits{}},
+		{"under-budget", DefaultLimits()},
+		{"over-budget", Limits{MaxElements: total - tenant*3/4}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			cfg := testConfig()
+			cfg.Limits = tc.limits
+			cc := NewCompiler(cfg, NewSlots())
+			snaps := [2]*model.Snapshot{{Node: node, Services: base}, {Node: node, Services: with}}
+			_, problems := cc.Compile(snaps[1])
+			if over := len(problems) > 0; over != (tc.name == "over-budget") {
+				b.Fatalf("%d problems (%v…)", len(problems), problems[:min(len(problems), 1)])
+			}
+			i := 0
+			for b.Loop() {
+				cc.Compile(snaps[i%2])
+				i++
+			}
 		})
 	}
 }
