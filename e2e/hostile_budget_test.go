@@ -17,6 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftproxy/nftproxy/e2e/cluster"
@@ -89,9 +90,11 @@ func TestHostileTenantBudget(t *testing.T) {
 		return s
 	}
 	e.run(t, "tenant-fills-the-budget", func(t *testing.T) {
+		// what the Services already there cost (web, and the apiserver's own kubernetes
+		// Service), then the fills
+		left := budgetElements - e.clusterCost(t) - 2*costOfService(9, 50)
 		fill = append(fill, tenantService("fill-a", 9, 50), tenantService("fill-b", 9, 50))
-		left := budgetElements - costOfService(1, 1) - 2*costOfService(9, 50) // web's and the fills'
-		n := 0                                                                // the top-up's endpoints: the most that fit
+		n := 0 // the top-up's endpoints: the most that fit
 		for costOfService(1, n+1) <= left {
 			n++
 		}
@@ -102,10 +105,23 @@ func TestHostileTenantBudget(t *testing.T) {
 		fill = append(fill, tenantService("top-up", 1, n))
 		t.Logf("the tenant's Services cost %d elements of %d; %d are left, less than the %d of a one-endpoint Service",
 			2*costOfService(9, 50)+costOfService(1, n), budgetElements, left-costOfService(1, n), costOfService(1, 1))
-		// everything fits so far: nothing is set aside and the victim still answers
+		if c := e.clusterCost(t); c != budgetElements-(left-costOfService(1, n)) {
+			t.Fatalf("the cluster's Services cost %d, want %d", c, budgetElements-(left-costOfService(1, n)))
+		}
+		// everything fits so far: the top-up is programmed, nothing is set aside, and the
+		// victim still answers
+		e.waitIn(t, fill[2].Spec.ClusterIP)
+		for _, ns := range []string{victimNS, tenantNS} {
+			for _, ev := range e.nsEvents(t, ns) {
+				t.Fatalf("before the budget is exceeded, an event on %s/%s: %s", ns, ev.InvolvedObject.Name, ev.Message)
+			}
+		}
 		e.waitOK(t, "victim web", client.NS, "tcp", hostPort(web.Spec.ClusterIP, 80))
 	})
 
+	if t.Failed() {
+		return
+	}
 	var api *corev1.Service
 	e.run(t, "a-later-service-in-another-namespace-is-programmed", func(t *testing.T) {
 		later(fill[2])
@@ -181,17 +197,59 @@ func (e *env) nsEvents(t *testing.T, ns string) []corev1.Event {
 // "10.96.0.10 . tcp . 80").
 func inTable(table, addr string) bool { return strings.Contains(table, " "+addr+" . ") }
 
+// clusterCost is compile.ElementCost summed over the cluster's Services, from the API:
+// per port its cluster IPs and node port, and the endpoints its slices give that port.
+func (e *env) clusterCost(t *testing.T) int {
+	t.Helper()
+	svcs, err := e.c.Client.CoreV1().Services("").List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices, err := e.c.Client.DiscoveryV1().EndpointSlices("").List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, s := range svcs.Items {
+		for _, p := range s.Spec.Ports {
+			sp := model.ServicePort{NodePort: uint16(p.NodePort)}
+			for _, ip := range s.Spec.ClusterIPs {
+				if a, err := netip.ParseAddr(ip); err == nil {
+					sp.ClusterIPs = append(sp.ClusterIPs, a)
+				}
+			}
+			for _, sl := range slices.Items {
+				if sl.Namespace != s.Namespace || sl.Labels[discoveryv1.LabelServiceName] != s.Name {
+					continue
+				}
+				for _, sport := range sl.Ports {
+					if sport.Name != nil && *sport.Name == p.Name {
+						sp.Endpoints = append(sp.Endpoints, make([]model.Endpoint, len(sl.Endpoints))...)
+					}
+				}
+			}
+			n += compile.ElementCost(&sp)
+		}
+	}
+	return n
+}
+
 // waitGone waits until the address is no longer in nftproxy's table.
-func (e *env) waitGone(t *testing.T, addr string) {
+func (e *env) waitGone(t *testing.T, addr string) { e.waitTable(t, addr, false) }
+
+// waitIn waits until the address is in nftproxy's table.
+func (e *env) waitIn(t *testing.T, addr string) { e.waitTable(t, addr, true) }
+
+func (e *env) waitTable(t *testing.T, addr string, in bool) {
 	t.Helper()
 	deadline := time.Now().Add(converge)
 	for {
 		table, err := e.nftList(t.Context())
-		if err == nil && !inTable(table, addr) {
+		if err == nil && inTable(table, addr) == in {
 			return
 		}
 		if time.Now().After(deadline) || !e.proxy.Running() {
-			t.Fatalf("%s still in the table after %v (err %v); log:\n%s", addr, converge, err, e.proxy.Tail(20))
+			t.Fatalf("%s in the table %v, want %v, after %v (err %v); log:\n%s", addr, !in, in, converge, err, e.proxy.Tail(20))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
