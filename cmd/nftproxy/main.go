@@ -332,6 +332,7 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 		Limits: compile.Limits{
 			MaxFrontendsPerService:     o.MaxFrontendsPerService,
 			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,
+			MaxEndpointsPerService:     o.MaxEndpointsPerService,
 			MaxElements:                o.MaxTableElements,
 		},
 	}, nil

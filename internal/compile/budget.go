@@ -10,11 +10,12 @@ import (
 )
 
 // budget is what the limits need from one call to the next: the estimated element cost
-// of every service port, and the Services over a limit of their own. A sync that adds
-// one Service then costs the look at that Service, not a walk over every Service (a
-// sixth of a sync at 30k, twice: once per family).
+// of every service port, in all and per namespace, and the Services over a limit of
+// their own. A sync that adds one Service then costs the look at that Service, not a
+// walk over every Service (a sixth of a sync at 30k, twice: once per family).
 type budget struct {
 	total int                    // ElementCost summed over the previous call's service ports
+	ns    map[string]int         // the same per namespace (absent: none)
 	over  map[serviceName]string // Services over a limit of their own: why
 }
 
@@ -28,7 +29,7 @@ func compareServiceNames(a, b serviceName) int {
 }
 
 // groupStart returns the index of the first port of Service n in services (in name
-// order), or where it would be.
+// order), or where it would be. With an empty name it is where namespace n.ns starts.
 func groupStart(services []*model.ServicePort, n serviceName) int {
 	return sort.Search(len(services), func(i int) bool { return compareServiceNames(nameOf(services[i]), n) >= 0 })
 }
@@ -37,15 +38,20 @@ func groupStart(services []*model.ServicePort, n serviceName) int {
 // their cost, and why it is over a limit of its own ("" if it is not).
 func (lim Limits) group(services []*model.ServicePort, from int) (to, cost int, reason string) {
 	first := services[from]
-	fronts := 0
+	fronts, eps := 0, 0
 	for to = from; to < len(services) && services[to].Name.Namespace == first.Name.Namespace && services[to].Name.Name == first.Name.Name; to++ {
 		sp := services[to]
 		fronts += frontends(sp)
+		eps += len(sp.Endpoints)
 		cost += ElementCost(sp)
 		if n := len(sp.Endpoints); lim.MaxEndpointsPerServicePort > 0 && n > lim.MaxEndpointsPerServicePort && reason == "" {
 			reason = fmt.Sprintf("port %q has %d endpoints, more than --max-endpoints-per-service-port=%d: the Service is not programmed",
 				sp.Name.Port, n, lim.MaxEndpointsPerServicePort)
 		}
+	}
+	if lim.MaxEndpointsPerService > 0 && eps > lim.MaxEndpointsPerService && reason == "" {
+		reason = fmt.Sprintf("%d endpoints over its ports in total, more than --max-endpoints-per-service=%d: the Service is not programmed",
+			eps, lim.MaxEndpointsPerService)
 	}
 	if lim.MaxFrontendsPerService > 0 && fronts > lim.MaxFrontendsPerService {
 		reason = fmt.Sprintf("%d frontends (ports × cluster, external and load-balancer IPs), more than --max-frontends-per-service=%d: the Service is not programmed",
@@ -54,12 +60,22 @@ func (lim Limits) group(services []*model.ServicePort, from int) (to, cost int, 
 	return to, cost, reason
 }
 
+// overShare is the reason given to a Service its namespace's share leaves out. It says
+// nothing about other namespaces: not the share (which depends on what they use), not
+// what is left of the budget, no name.
+func overShare(cost int) string {
+	return fmt.Sprintf("its namespace needs more than its share of the table's element budget (--max-table-elements), and this Service, among its newest, needs about %d elements: the Service is not programmed", cost)
+}
+
 // setAside marks the ports of the Services the limits set aside (stateAside), reports
 // each Service once (by the compiler of its first cluster IP's family), and returns
-// their names, sorted. Services over a limit of their own go first, in name order; if
-// the others together exceed the element budget, the oldest (then by name) are admitted
-// while they fit and the rest are set aside. changes (see Compiler.diff) bring the
-// budget up to date; only over the element budget does it walk every Service.
+// their names, sorted. Services over a limit of their own go first. If the others
+// together exceed the element budget, it is shared between namespaces max-min fair
+// (fairShares): a namespace that needs no more than its share keeps all its Services,
+// and in a namespace over it the oldest Services (then by name) are admitted while they
+// fit in the share; what the shares leave unused goes to the remaining Services of those
+// namespaces, oldest first. changes (see Compiler.diff) bring the budget up to date;
+// over the element budget it walks the namespaces over their share, never the others.
 func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes []portChange, state []uint8) []serviceName {
 	lim := c.cfg.Limits
 	if lim == (Limits{}) {
@@ -67,10 +83,11 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 	}
 	b := &cc.budget
 	if b.over == nil {
-		b.over = map[serviceName]string{}
+		b.over, b.ns = map[serviceName]string{}, map[string]int{}
 	}
 	if len(changes) > len(services)/32 { // many (the first call): one walk, counting anew
 		clear(b.over)
+		clear(b.ns)
 		b.total = 0
 		for from := 0; from < len(services); {
 			to, cost, reason := lim.group(services, from)
@@ -78,6 +95,7 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 				b.over[nameOf(services[from])] = reason
 			}
 			b.total += cost
+			b.ns[services[from].Name.Namespace] += cost
 			from = to
 		}
 	} else {
@@ -86,10 +104,10 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 		var last serviceName
 		for _, ch := range changes {
 			if ch.old != nil {
-				b.total -= ElementCost(ch.old)
+				b.add(ch.old.Name.Namespace, -ElementCost(ch.old))
 			}
 			if ch.new != nil {
-				b.total += ElementCost(ch.new)
+				b.add(ch.new.Name.Namespace, ElementCost(ch.new))
 			}
 			for _, sp := range [2]*model.ServicePort{ch.old, ch.new} {
 				if sp == nil || nameOf(sp) == last { // a Service's name is never empty
@@ -112,40 +130,116 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 	}
 	slices.SortFunc(names, compareServiceNames)
 	overCost := 0
+	var nsOver map[string]int // the cost of each namespace's Services over a limit of their own
 	for _, n := range names {
 		from := groupStart(services, n)
 		to, cost, _ := lim.group(services, from)
 		overCost += cost
+		if nsOver == nil {
+			nsOver = map[string]int{}
+		}
+		nsOver[n.ns] += cost
 		c.setAsideGroup(services, from, to, state, b.over[n])
 	}
 	if lim.MaxElements <= 0 || b.total-overCost <= lim.MaxElements {
 		return names
 	}
-	// over budget: admit the oldest Services first (then by name), the same choice on
-	// every node and after every restart
-	type group struct{ from, to, cost int }
-	var groups []group
-	for from := 0; from < len(services); {
-		to, cost, reason := lim.group(services, from)
-		if reason == "" {
-			groups = append(groups, group{from, to, cost})
+
+	// over budget: each namespace's demand is what its admissible Services cost
+	demands := make([]nsDemand, 0, len(b.ns))
+	for ns, cost := range b.ns {
+		if d := cost - nsOver[ns]; d > 0 {
+			demands = append(demands, nsDemand{ns, d})
 		}
-		from = to
 	}
-	slices.SortStableFunc(groups, func(a, b group) int { return services[a.from].Created.Compare(services[b.from].Created) })
-	used := 0
-	for _, g := range groups {
+	share, used, over := fairShares(demands, lim.MaxElements) // used: what the namespaces within their share take
+	// in each namespace over its share, the oldest Services first (then by name), the
+	// same choice on every node and after every restart
+	type group struct {
+		from, to, cost int
+		admitted       bool
+	}
+	var rest []group // those the shares leave out, of every such namespace
+	for _, ns := range over {
+		var groups []group
+		end := sort.Search(len(services), func(i int) bool { return services[i].Name.Namespace > ns })
+		for from := groupStart(services, serviceName{ns: ns}); from < end; {
+			to, cost, _ := lim.group(services, from)
+			if _, aside := b.over[nameOf(services[from])]; !aside {
+				groups = append(groups, group{from: from, to: to, cost: cost})
+			}
+			from = to
+		}
+		slices.SortStableFunc(groups, func(a, b group) int { return services[a.from].Created.Compare(services[b.from].Created) })
+		taken := 0
+		for i := range groups {
+			if taken+groups[i].cost <= share {
+				taken += groups[i].cost
+				groups[i].admitted = true
+			}
+		}
+		used += taken
+		for _, g := range groups {
+			if !g.admitted {
+				rest = append(rest, g)
+			}
+		}
+	}
+	// what the shares leave unused (a Service is admitted whole or not at all): to the
+	// rest, oldest first
+	slices.SortStableFunc(rest, func(a, b group) int {
+		return cmp.Or(services[a.from].Created.Compare(services[b.from].Created), compareServiceNames(nameOf(services[a.from]), nameOf(services[b.from])))
+	})
+	for _, g := range rest {
 		if used+g.cost <= lim.MaxElements {
 			used += g.cost
 			continue
 		}
-		c.setAsideGroup(services, g.from, g.to, state, fmt.Sprintf(
-			"the table's element budget (--max-table-elements=%d) is taken by older Services; this one needs about %d more: the Service is not programmed",
-			lim.MaxElements, g.cost))
+		c.setAsideGroup(services, g.from, g.to, state, overShare(g.cost))
 		names = append(names, nameOf(services[g.from]))
 	}
 	slices.SortFunc(names, compareServiceNames)
 	return names
+}
+
+// add adds cost to namespace ns (and to the total), forgetting a namespace at zero.
+func (b *budget) add(ns string, cost int) {
+	b.total += cost
+	if n := b.ns[ns] + cost; n != 0 {
+		b.ns[ns] = n
+	} else {
+		delete(b.ns, ns)
+	}
+}
+
+// nsDemand is what a namespace's admissible Services cost.
+type nsDemand struct {
+	ns   string
+	cost int
+}
+
+// fairShares shares total elements between the namespaces' demands, max-min fair
+// (water filling): a namespace that needs no more than an equal part of what the
+// smaller ones leave gets all it needs; each of the others gets share. It returns share,
+// what the namespaces within it take together, and the namespaces over it, sorted. With
+// n namespaces each gets at least total/n (or all it needs), whatever the others do.
+// The demands are sorted in place.
+func fairShares(demands []nsDemand, total int) (share, within int, over []string) {
+	slices.SortFunc(demands, func(a, b nsDemand) int { return cmp.Or(cmp.Compare(a.cost, b.cost), cmp.Compare(a.ns, b.ns)) })
+	for i, d := range demands {
+		k := len(demands) - i
+		if d.cost*k <= total-within { // no more than an equal part of what is left: all of it
+			within += d.cost
+			continue
+		}
+		// this one and all larger ones are over: each gets an equal part
+		for _, o := range demands[i:] {
+			over = append(over, o.ns)
+		}
+		slices.Sort(over)
+		return (total - within) / k, within, over
+	}
+	return total - within, within, nil
 }
 
 func (c *compiler) setAsideGroup(services []*model.ServicePort, from, to int, state []uint8, reason string) {

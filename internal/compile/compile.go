@@ -95,17 +95,22 @@ type Limits struct {
 	MaxFrontendsPerService int
 	// MaxEndpointsPerServicePort caps the endpoints of any one port of a Service.
 	MaxEndpointsPerServicePort int
+	// MaxEndpointsPerService caps a Service's endpoints summed over its ports.
+	MaxEndpointsPerService int
 	// MaxElements is the table's element budget, checked against an estimate (see
-	// ElementCost) before compiling: Services are admitted oldest first, and those
-	// that no longer fit are set aside.
+	// ElementCost) before compiling. Over it the budget is shared between namespaces
+	// (budget.go): one within its fair share keeps every Service, and one over it
+	// loses its newest.
 	MaxElements int
 }
 
 // Default limits (flags --max-frontends-per-service, --max-endpoints-per-service-port,
-// --max-table-elements). docs/security.md gives their reasons and costs.
+// --max-endpoints-per-service, --max-table-elements). docs/security.md gives their
+// reasons and costs.
 const (
 	DefaultMaxFrontendsPerService     = 1000
 	DefaultMaxEndpointsPerServicePort = 10000
+	DefaultMaxEndpointsPerService     = 100000
 	DefaultMaxElements                = 2000000
 )
 
@@ -114,6 +119,7 @@ func DefaultLimits() Limits {
 	return Limits{
 		MaxFrontendsPerService:     DefaultMaxFrontendsPerService,
 		MaxEndpointsPerServicePort: DefaultMaxEndpointsPerServicePort,
+		MaxEndpointsPerService:     DefaultMaxEndpointsPerService,
 		MaxElements:                DefaultMaxElements,
 	}
 }

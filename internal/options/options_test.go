@@ -333,8 +333,14 @@ func TestLimitFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.MaxFrontendsPerService != 1000 || o.MaxEndpointsPerServicePort != 10000 || o.MaxTableElements != 2000000 {
-		t.Errorf("defaults %d %d %d", o.MaxFrontendsPerService, o.MaxEndpointsPerServicePort, o.MaxTableElements)
+	if o.MaxFrontendsPerService != 1000 || o.MaxEndpointsPerServicePort != 10000 || o.MaxEndpointsPerService != 100000 || o.MaxTableElements != 2000000 {
+		t.Errorf("defaults %d %d %d %d", o.MaxFrontendsPerService, o.MaxEndpointsPerServicePort, o.MaxEndpointsPerService, o.MaxTableElements)
+	}
+	if _, err := parse(t, "--max-endpoints-per-service=-5"); err == nil || !strings.Contains(err.Error(), "--max-endpoints-per-service:") {
+		t.Errorf("negative --max-endpoints-per-service: %v", err)
+	}
+	if o, err := parse(t, "--max-endpoints-per-service=500"); err != nil || o.MaxEndpointsPerService != 500 {
+		t.Errorf("--max-endpoints-per-service=500: %v %d", err, o.MaxEndpointsPerService)
 	}
 	if _, err := parse(t, "--max-table-elements=-1"); err == nil || !strings.Contains(err.Error(), "--max-table-elements") {
 		t.Errorf("negative limit: %v", err)
