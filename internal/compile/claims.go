@@ -591,3 +591,15 @@ func (c *compiler) refusal(sp *model.ServicePort, what string, ip netip.Addr) st
 	}
 	return ""
 }
+
+// Won calls f with every service port of protocol proto that holds a frontend in the
+// ruleset compiled last (this family's): the cluster, external and load-balancer IPs
+// it won (a new slice, f's to keep) and its node port (0: none).
+func (cc *Compiler) Won(proto uint8, f func(name model.ServicePortName, ips []netip.Addr, nodePort uint16)) {
+	for _, cp := range cc.parts {
+		w := cp.claims
+		if cp.in.Name.Protocol == proto && (len(w.internal)+len(w.external) > 0 || w.nodePort != 0) {
+			f(cp.in.Name, slices.Concat(w.internal, w.external), w.nodePort)
+		}
+	}
+}
