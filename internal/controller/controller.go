@@ -83,6 +83,11 @@ type Config struct {
 	// the node's addresses takes them (see compile.Config).
 	ServedPorts []uint16
 	OwnAddrs    []netip.Addr
+	// ClusterCIDRs are the pods' ranges (--cluster-cidr, whatever DetectLocal's mode)
+	// and ExternalIPCIDRs the only ranges externalIPs are programmed in
+	// (--external-ip-cidrs; empty: anywhere): see compile.Config.
+	ClusterCIDRs    []netip.Prefix
+	ExternalIPCIDRs []netip.Prefix
 	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
 	// zero: no limits).
 	Limits compile.Limits
@@ -683,6 +688,8 @@ func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 			NoExternalIPs:    cfg.NoExternalIPs,
 			ServedPorts:      cfg.ServedPorts,
 			OwnAddrs:         cfg.OwnAddrs,
+			ClusterCIDRs:     cfg.ClusterCIDRs,
+			ExternalIPCIDRs:  cfg.ExternalIPCIDRs,
 			Limits:           cfg.Limits,
 			DetectLocal:      cfg.DetectLocal,
 		}
