@@ -102,27 +102,29 @@ func TestHostileExternalIPs(t *testing.T) {
 		s := e.nsService(t, tenantNS, "pods", corev1.ServiceSpec{Ports: []corev1.ServicePort{tcpPort("http", 8080, 8080)},
 			ExternalIPs: []string{v1.IP.String(), v2.IP.String()}})
 		e.nsSlice(t, s, evil.IP.String())
+		// both nodes programmed the tenant's Service: its own cluster IP answers
+		e.waitOK(t, "the tenant's own cluster IP from node-1", client1.NS, "tcp", hostPort(s.Spec.ClusterIP, 8080))
+		e.waitOK(t, "the tenant's own cluster IP from node-2", client2.NS, "tcp", hostPort(s.Spec.ClusterIP, 8080))
+		victimUnmoved(t, "after externalIPs on the pods")
 		e.waitEvent(t, "pods", "externalIP "+v1.IP.String()+" is inside the cluster CIDR")
 		e.waitEvent(t, "pods", "externalIP "+v2.IP.String()+" is inside the cluster CIDR")
-		e.waitOK(t, "the tenant's own cluster IP", client1.NS, "tcp", hostPort(s.Spec.ClusterIP, 8080))
-		victimUnmoved(t, "after externalIPs on the pods")
 	})
 
 	e.run(t, "externalip-on-the-node-ports", func(t *testing.T) {
 		s := e.nsService(t, tenantNS, "ports", corev1.ServiceSpec{ExternalIPs: []string{n1.IP.String()},
 			Ports: []corev1.ServicePort{tcpPort("np", web.Spec.Ports[0].NodePort, 8080), tcpPort("hc", lb.Spec.HealthCheckNodePort, 8080)}})
 		e.nsSlice(t, s, evil.IP.String())
-		e.waitEvent(t, "ports", fmt.Sprintf("TCP port %d is a node port or health-check node port, refused", web.Spec.Ports[0].NodePort))
-		e.waitEvent(t, "ports", fmt.Sprintf("TCP port %d is a node port or health-check node port, refused", lb.Spec.HealthCheckNodePort))
 		e.waitOK(t, "the tenant's own cluster IP", client1.NS, "tcp", hostPort(s.Spec.ClusterIP, web.Spec.Ports[0].NodePort))
 		victimUnmoved(t, "after externalIPs on the node ports")
+		e.waitEvent(t, "ports", fmt.Sprintf("TCP port %d is a node port or health-check node port, refused", web.Spec.Ports[0].NodePort))
+		e.waitEvent(t, "ports", fmt.Sprintf("TCP port %d is a node port or health-check node port, refused", lb.Spec.HealthCheckNodePort))
 	})
 
 	e.run(t, "udp-flows-survive-a-tenant-endpoint-change", func(t *testing.T) {
 		s := e.nsService(t, tenantNS, "flip", corev1.ServiceSpec{Ports: []corev1.ServicePort{udpPort("dns", 53, 9090)},
 			ExternalIPs: []string{dns.Spec.ClusterIP}})
 		e.nsSlice(t, s, v1.IP.String(), evil.IP.String()) // the victim's DNS pod, as the tenant's endpoint
-		e.waitEvent(t, "flip", "externalIP "+dns.Spec.ClusterIP+" is a cluster IP, refused")
+		e.waitEvent(t, "flip", "externalIP "+dns.Spec.ClusterIP+" is a cluster IP, refused") // refused before, too
 		dnsAddr := hostPort(dns.Spec.ClusterIP, 53)
 		const sport = 41153
 		res, err := c.Probe(ctx, client1.NS, cluster.ProbeSpec{Proto: "udp", Addr: dnsAddr, SourcePort: sport})
