@@ -123,7 +123,7 @@ func TestHostileExternalIPs(t *testing.T) {
 	e.run(t, "udp-flows-survive-a-tenant-endpoint-change", func(t *testing.T) {
 		s := e.nsService(t, tenantNS, "flip", corev1.ServiceSpec{Ports: []corev1.ServicePort{udpPort("dns", 53, 9090)},
 			ExternalIPs: []string{dns.Spec.ClusterIP}})
-		e.nsSlice(t, s, v1.IP.String(), evil.IP.String()) // the victim's DNS pod, as the tenant's endpoint
+		e.nsSlice(t, s, v1.IP.String(), evil.IP.String())                                    // the victim's DNS pod, as the tenant's endpoint
 		e.waitEvent(t, "flip", "externalIP "+dns.Spec.ClusterIP+" is a cluster IP, refused") // refused before, too
 		dnsAddr := hostPort(dns.Spec.ClusterIP, 53)
 		const sport = 41153
