@@ -329,6 +329,8 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 		NoExternalIPs:     !o.ExternalIPsAllowed(),
 		ServedPorts:       served,
 		OwnAddrs:          own,
+		ClusterCIDRs:      o.ClusterCIDRs,
+		ExternalIPCIDRs:   o.ExternalIPCIDRs,
 		Limits: compile.Limits{
 			MaxFrontendsPerService:     o.MaxFrontendsPerService,
 			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,

@@ -38,6 +38,35 @@ type claimTable struct {
 	// affected: ports whose claims may differ from the previous call's (the first
 	// holder of one of their keys changed), filled by each update
 	affected map[*model.ServicePort]bool
+
+	// What else refusals depend on (see claimTable.refusal), kept from the changes:
+	// nodePorts counts every service port's node port and health-check node port (a
+	// health-check port as TCP), whatever its family or state; watch counts the
+	// claimants of each external address, and occupants holds, for each watched
+	// address, the endpoints of every service port there, by protocol, port and
+	// namespace.
+	nodePorts map[nodePortKey]int
+	watch     map[netip.Addr]int
+	occupants map[netip.Addr]map[occupant]int
+	unwatched []netip.Addr // whose watch count fell to zero during an update
+}
+
+// occupant is an endpoint's protocol and port, and the service port it is an endpoint
+// of, with its Service's creation time.
+type occupant struct {
+	proto   uint8
+	port    uint16
+	of      model.ServicePortName
+	created int64 // UnixNano
+}
+
+func occupantOf(sp *model.ServicePort, e *model.Endpoint) occupant {
+	return occupant{sp.Name.Protocol, e.Port, sp.Name, sp.Created.UnixNano()}
+}
+
+// before reports whether the occupant's Service is older than sp's (byAge's order).
+func (o occupant) before(sp *model.ServicePort) bool {
+	return cmp.Or(cmp.Compare(o.created, sp.Created.UnixNano()), o.of.Compare(sp.Name)) < 0
 }
 
 // newClaimTable returns an empty table for about n service ports.
@@ -49,6 +78,9 @@ func newClaimTable(n int) *claimTable {
 		withExternal: map[*model.ServicePort]struct{}{},
 		refused:      map[*model.ServicePort][]model.Problem{},
 		affected:     map[*model.ServicePort]bool{},
+		nodePorts:    map[nodePortKey]int{},
+		watch:        map[netip.Addr]int{},
+		occupants:    map[netip.Addr]map[occupant]int{},
 	}
 }
 
@@ -178,7 +210,7 @@ func (c *compiler) externalAddrs(sp *model.ServicePort, f func(what string, ip n
 		if k == 0 && c.cfg.NoExternalIPs {
 			continue
 		}
-		what := [2]string{"externalIP", "load-balancer IP"}[k]
+		what := [2]string{whatExternalIP, "load-balancer IP"}[k]
 		for _, ip := range ips {
 			if ip.Is6() == c.v6 {
 				f(what, ip)
@@ -186,6 +218,9 @@ func (c *compiler) externalAddrs(sp *model.ServicePort, f func(what string, ip n
 		}
 	}
 }
+
+// whatExternalIP is what externalAddrs calls an externalIP.
+const whatExternalIP = "externalIP"
 
 func frontendOf(sp *model.ServicePort, ip netip.Addr) frontendKey {
 	return frontendKey{ip.As16(), sp.Name.Protocol, sp.Port}
@@ -205,7 +240,8 @@ func (t *claimTable) add(c *compiler, sp *model.ServicePort) {
 	external := false
 	c.externalAddrs(sp, func(what string, ip netip.Addr) {
 		external = true
-		if reason := c.refusal(sp, what, ip); reason != "" {
+		t.watch[ip]++
+		if reason := t.refusal(c, sp, what, ip); reason != "" {
 			refused = append(refused, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
 			return
 		}
@@ -232,7 +268,12 @@ func (t *claimTable) remove(c *compiler, sp *model.ServicePort) {
 	if !c.claimsExternal(sp) {
 		return
 	}
-	c.externalAddrs(sp, func(_ string, ip netip.Addr) { t.external.remove(frontendOf(sp, ip), sp, t.affected) })
+	c.externalAddrs(sp, func(_ string, ip netip.Addr) {
+		t.external.remove(frontendOf(sp, ip), sp, t.affected)
+		if t.watch[ip]--; t.watch[ip] <= 0 {
+			t.unwatched = append(t.unwatched, ip)
+		}
+	})
 	delete(t.withExternal, sp)
 	delete(t.refused, sp)
 	if sp.NodePort != 0 {
@@ -242,8 +283,16 @@ func (t *claimTable) remove(c *compiler, sp *model.ServicePort) {
 
 // fill enters the claims of every service port that claims (state is stateHas) into an
 // empty table, ordering each contested key's claimants once at the end.
-func (t *claimTable) fill(c *compiler, services []*model.ServicePort, state []uint8) {
+func (t *claimTable) fill(c *compiler, services []*model.ServicePort, state []uint8, eps *addrCounts) {
 	t.cluster.filling, t.external.filling, t.nodePort.filling = true, true, true
+	var addrs []netip.Addr
+	for i, sp := range services {
+		t.countNodePorts(sp, +1)
+		if state[i] == stateHas && c.claimsExternal(sp) {
+			c.externalAddrs(sp, func(_ string, ip netip.Addr) { addrs = append(addrs, ip) })
+		}
+	}
+	t.look(c, addrs, services, eps)
 	for i, sp := range services {
 		if state[i] == stateHas {
 			t.add(c, sp)
@@ -259,18 +308,21 @@ func (t *claimTable) fill(c *compiler, services []*model.ServicePort, state []ui
 // this call's states; a port whose external or load-balancer IP became or stopped
 // being a cluster IP (moved) is entered again, since its refusals may differ. The
 // ports whose claims may have changed are left in t.affected.
-func (t *claimTable) update(c *compiler, changes []portChange, state []uint8, moved map[netip.Addr]bool) {
+func (t *claimTable) update(c *compiler, changes []portChange, state []uint8, moved map[netip.Addr]bool, services []*model.ServicePort, eps *addrCounts) {
 	clear(t.affected)
 	for _, ch := range changes {
 		if ch.old != nil && ch.oldState == stateHas {
 			t.remove(c, ch.old)
 		}
 	}
+	// what the refusals of ports staying in the table depend on: endpoints at their
+	// addresses, node ports at their ports
+	shifted, ports := t.follow(c, changes)
 	var again []*model.ServicePort
-	if len(moved) > 0 {
+	if len(moved)+len(shifted)+len(ports) > 0 {
 		for sp := range t.withExternal {
-			hit := false
-			c.externalAddrs(sp, func(_ string, ip netip.Addr) { hit = hit || moved[ip] })
+			hit := ports[nodePortKey{sp.Name.Protocol, sp.Port}]
+			c.externalAddrs(sp, func(_ string, ip netip.Addr) { hit = hit || moved[ip] || shifted[ip] })
 			if hit {
 				again = append(again, sp)
 			}
@@ -279,6 +331,16 @@ func (t *claimTable) update(c *compiler, changes []portChange, state []uint8, mo
 			t.remove(c, sp)
 		}
 	}
+	var addrs []netip.Addr
+	for _, ch := range changes {
+		if ch.new != nil && state[ch.at] == stateHas && c.claimsExternal(ch.new) {
+			c.externalAddrs(ch.new, func(_ string, ip netip.Addr) { addrs = append(addrs, ip) })
+		}
+	}
+	for _, sp := range again {
+		c.externalAddrs(sp, func(_ string, ip netip.Addr) { addrs = append(addrs, ip) })
+	}
+	t.look(c, addrs, services, eps)
 	for _, ch := range changes {
 		if ch.new != nil && state[ch.at] == stateHas {
 			t.add(c, ch.new)
@@ -287,6 +349,122 @@ func (t *claimTable) update(c *compiler, changes []portChange, state []uint8, mo
 	for _, sp := range again {
 		t.add(c, sp)
 		t.affected[sp] = true
+	}
+	for _, ip := range t.unwatched {
+		if t.watch[ip] <= 0 {
+			delete(t.watch, ip)
+			delete(t.occupants, ip)
+		}
+	}
+	t.unwatched = t.unwatched[:0]
+}
+
+// countNodePorts counts sp's node port and health-check node port d (+1 or -1) times,
+// and returns the keys whose count went from zero to one or from one to zero.
+func (t *claimTable) countNodePorts(sp *model.ServicePort, d int) (flipped []nodePortKey) {
+	for _, k := range [2]nodePortKey{{sp.Name.Protocol, sp.NodePort}, {model.ProtoTCP, sp.HealthCheckNodePort}} {
+		if k.port == 0 {
+			continue
+		}
+		n := t.nodePorts[k] + d
+		if n <= 0 {
+			delete(t.nodePorts, k)
+		} else {
+			t.nodePorts[k] = n
+		}
+		if (d > 0 && n == 1) || (d < 0 && n == 0) {
+			flipped = append(flipped, k)
+		}
+	}
+	return flipped
+}
+
+// follow brings the node port counts and the watched addresses' occupants up to date
+// with the changes (every service port that came, went or was replaced, in any state),
+// and returns the watched addresses where a namespace's endpoints at some port came or
+// went, and the node ports that came or went.
+func (t *claimTable) follow(c *compiler, changes []portChange) (shifted map[netip.Addr]bool, ports map[nodePortKey]bool) {
+	flip := func(ks []nodePortKey) {
+		for _, k := range ks {
+			if ports == nil {
+				ports = map[nodePortKey]bool{}
+			}
+			ports[k] = true
+		}
+	}
+	occupy := func(sp *model.ServicePort, d int) {
+		for i := range sp.Endpoints {
+			e := &sp.Endpoints[i]
+			if e.Addr.Is6() != c.v6 {
+				continue
+			}
+			occ, ok := t.occupants[e.Addr]
+			if !ok {
+				continue
+			}
+			k := occupantOf(sp, e)
+			n := occ[k] + d
+			if n <= 0 {
+				delete(occ, k)
+			} else {
+				occ[k] = n
+			}
+			if (d > 0 && n == 1) || (d < 0 && n == 0) {
+				if shifted == nil {
+					shifted = map[netip.Addr]bool{}
+				}
+				shifted[e.Addr] = true
+			}
+		}
+	}
+	for _, ch := range changes {
+		if ch.old != nil {
+			flip(t.countNodePorts(ch.old, -1))
+		}
+		if ch.new != nil {
+			flip(t.countNodePorts(ch.new, +1))
+		}
+		if len(t.occupants) == 0 || (ch.old != nil && ch.new != nil && same(ch.old.Endpoints, ch.new.Endpoints) && ch.old.Created.Equal(ch.new.Created)) {
+			continue
+		}
+		if ch.old != nil {
+			occupy(ch.old, -1)
+		}
+		if ch.new != nil {
+			occupy(ch.new, +1)
+		}
+	}
+	return shifted, ports
+}
+
+// look finds the occupants of the addresses among addrs that are not watched yet, with
+// one pass over every service port's endpoints, skipped when eps (the endpoint
+// addresses' counts) says none of them can be an endpoint's.
+func (t *claimTable) look(c *compiler, addrs []netip.Addr, services []*model.ServicePort, eps *addrCounts) {
+	var fresh map[netip.Addr]map[occupant]int
+	held := false
+	for _, ip := range addrs {
+		if _, ok := t.occupants[ip]; ok {
+			continue
+		}
+		occ := map[occupant]int{}
+		t.occupants[ip] = occ
+		if *eps.bucket(ip) > 0 {
+			if fresh == nil {
+				fresh = map[netip.Addr]map[occupant]int{}
+			}
+			fresh[ip], held = occ, true
+		}
+	}
+	if !held {
+		return
+	}
+	for _, sp := range services {
+		for i := range sp.Endpoints {
+			if occ, ok := fresh[sp.Endpoints[i].Addr]; ok {
+				occ[occupantOf(sp, &sp.Endpoints[i])]++
+			}
+		}
 	}
 }
 
@@ -355,7 +533,34 @@ func compareProblems(a, b model.Problem) int {
 	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Reason, b.Reason))
 }
 
-// refusal says why ip may not be an external frontend of sp ("" if it may).
+// refusal says why ip may not be an external frontend of sp ("" if it may): the
+// compiler's reasons, then what depends on other service ports. On this node's
+// addresses, node ports and health-check node ports come first: an externalIP or
+// load-balancer IP there never takes one. And no external frontend takes the address,
+// protocol and port of an endpoint of an older Service in another namespace (a pod's,
+// or a host-network pod's on a node address): the pod's own node would send that
+// Service's traffic to the tenant. (Older: an endpoint a tenant writes into a slice of
+// a newer Service cannot take an existing externalIP away.) The reasons name no other
+// Service or namespace.
+func (t *claimTable) refusal(c *compiler, sp *model.ServicePort, what string, ip netip.Addr) string {
+	if reason := c.refusal(sp, what, ip); reason != "" {
+		return reason
+	}
+	if c.ownAddr(ip) && t.nodePorts[nodePortKey{sp.Name.Protocol, sp.Port}] > 0 {
+		return fmt.Sprintf("port %q: %s %s is this node's address and %s port %d is a node port or health-check node port, refused",
+			sp.Name.Port, what, ip, model.ProtoString(sp.Name.Protocol), sp.Port)
+	}
+	for k, n := range t.occupants[ip] {
+		if n > 0 && k.proto == sp.Name.Protocol && k.port == sp.Port && k.of.Namespace != sp.Name.Namespace && k.before(sp) {
+			return fmt.Sprintf("port %q: %s %s %s port %d is an endpoint of a Service in another namespace, refused",
+				sp.Name.Port, what, ip, model.ProtoString(sp.Name.Protocol), sp.Port)
+		}
+	}
+	return ""
+}
+
+// refusal says why ip may not be an external frontend of sp whatever the other service
+// ports are ("" if it may).
 func (c *compiler) refusal(sp *model.ServicePort, what string, ip netip.Addr) string {
 	switch {
 	case model.SpecialAddr(ip) != "":
@@ -368,8 +573,33 @@ func (c *compiler) refusal(sp *model.ServicePort, what string, ip netip.Addr) st
 			return fmt.Sprintf("%s %s is inside the service CIDR %s, refused", what, ip, cidr)
 		}
 	}
+	if what == whatExternalIP && len(c.cfg.ExternalIPCIDRs) > 0 && !slices.ContainsFunc(c.cfg.ExternalIPCIDRs, func(p netip.Prefix) bool { return p.Contains(ip) }) {
+		return fmt.Sprintf("%s %s is outside the ranges the node allows externalIPs in (--external-ip-cidrs), refused", what, ip)
+	}
+	for _, cidr := range c.cfg.ClusterCIDRs {
+		if cidr.Contains(ip) {
+			return fmt.Sprintf("%s %s is inside the cluster CIDR %s (pod addresses), refused", what, ip, cidr)
+		}
+	}
+	for _, cidr := range c.node.PodCIDRs {
+		if cidr.Contains(ip) {
+			return fmt.Sprintf("%s %s is inside this node's pod CIDR %s, refused", what, ip, cidr)
+		}
+	}
 	if sp.Name.Protocol == model.ProtoTCP && slices.Contains(c.cfg.ServedPorts, sp.Port) && c.ownAddr(ip) {
 		return fmt.Sprintf("port %q: %s %s is this node's address and TCP port %d is served by nftproxy itself, refused", sp.Name.Port, what, ip, sp.Port)
 	}
 	return ""
+}
+
+// Won calls f with every service port of protocol proto that holds a frontend in the
+// ruleset compiled last (this family's): the cluster, external and load-balancer IPs
+// it won (a new slice, f's to keep) and its node port (0: none).
+func (cc *Compiler) Won(proto uint8, f func(name model.ServicePortName, ips []netip.Addr, nodePort uint16)) {
+	for _, cp := range cc.parts {
+		w := cp.claims
+		if cp.in.Name.Protocol == proto && (len(w.internal)+len(w.external) > 0 || w.nodePort != 0) {
+			f(cp.in.Name, slices.Concat(w.internal, w.external), w.nodePort)
+		}
+	}
 }

@@ -82,6 +82,13 @@ type Config struct {
 	// OwnAddrs are addresses of this node besides Node.IPs and NodePortAddrs that
 	// ServedPorts are protected on (the servers' bind addresses).
 	OwnAddrs []netip.Addr
+	// ClusterCIDRs are the pods' ranges (--cluster-cidr, whatever --detect-local-mode
+	// is): no externalIP or load-balancer IP in them is programmed, nor in the node's
+	// podCIDRs.
+	ClusterCIDRs []netip.Prefix
+	// ExternalIPCIDRs, when not empty, are the only ranges externalIPs are programmed
+	// in (--external-ip-cidrs); load-balancer IPs are not affected.
+	ExternalIPCIDRs []netip.Prefix
 	// Limits bound what one Service, and the whole table, may cost.
 	Limits Limits
 }
@@ -498,10 +505,10 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	if renew {
 		table = newClaimTable(bytes.Count(state, []byte{stateHas})) // its claimants
 		sc.internal, sc.external = make([]netip.Addr, 0, len(services)), nil
-		table.fill(c, services, state)
+		table.fill(c, services, state, &cc.endpointAddrs)
 		cc.claims, cc.serviceCIDRs, cc.aside = table, snap.ServiceCIDRs, aside
 	} else {
-		table.update(c, changes, state, moved)
+		table.update(c, changes, state, moved, services, &cc.endpointAddrs)
 	}
 	c.problems = append(c.problems, table.problems(c)...)
 	sc.internal, sc.external = sc.internal[:0], sc.external[:0]

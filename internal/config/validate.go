@@ -35,6 +35,27 @@ func ParseClusterCIDRs(s string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
+// ParseCIDRs parses a list of CIDRs (--external-ip-cidrs): any number, of either
+// family. An IPv4-mapped IPv6 CIDR is refused (the API stores IPv4 addresses as such).
+func ParseCIDRs(list []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, part := range list {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(part)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a CIDR", part)
+		}
+		if p.Addr().Is4In6() {
+			return nil, fmt.Errorf("%q is an IPv4-mapped IPv6 CIDR; give the IPv4 CIDR", part)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
 // Keywords of nodePortAddresses, as kube-proxy's.
 const (
 	NodePortPrimary   = "primary"

@@ -24,26 +24,63 @@ func Usable(sp *model.ServicePort) []model.Endpoint {
 // clients.
 func Serving(sp *model.ServicePort) []model.Endpoint { return model.ServingEndpoints(sp.Endpoints) }
 
+// Frontends are the frontends a service port holds in the ruleset: the cluster,
+// external and load-balancer IPs it won (all families) and its node port (0: none).
+type Frontends struct {
+	IPs      []netip.Addr
+	NodePort uint16
+}
+
+// Won maps each service port that holds a frontend to its frontends (see
+// compile.Compiler.Won): what the ruleset really sends to its endpoints. A service port
+// that is not in it holds none (set aside, or every frontend refused or lost).
+type Won map[model.ServicePortName]Frontends
+
+// Programmed is a snapshot and the frontends each of its service ports won in the
+// rulesets compiled from it. Won nil stands for the frontends every service port
+// declares (tools and tests without a ruleset).
+type Programmed struct {
+	Snap *model.Snapshot
+	Won  Won
+}
+
+// frontends returns sp's frontends in one family.
+func (p Programmed) frontends(sp *model.ServicePort, v6 bool) ([]netip.Addr, uint16) {
+	if p.Won == nil {
+		return frontendIPs(sp, v6), sp.NodePort
+	}
+	f := p.Won[sp.Name]
+	return model.AddrsOf(f.IPs, v6), f.NodePort
+}
+
 // Stale returns the conntrack entries to delete after the proxy moved from prev to cur
-// (either may be nil: no services), with Usable deciding which endpoints are in use.
-// See StaleWith.
+// (either may be nil: no services), with Usable deciding which endpoints are in use and
+// the frontends every service port declares. See StaleFrom.
 func Stale(prev, cur *model.Snapshot) []Flow { return StaleWith(prev, cur, Usable) }
 
-// StaleWith returns the conntrack entries to delete after the proxy moved from prev to
+// StaleWith is Stale with usable deciding which endpoints are in use.
+func StaleWith(prev, cur *model.Snapshot, usable UsableFunc) []Flow {
+	return StaleFrom(Programmed{Snap: prev}, Programmed{Snap: cur}, usable)
+}
+
+// StaleFrom returns the conntrack entries to delete after the proxy moved from prev to
 // cur, for UDP service ports only, sorted and without duplicates:
 //
 //   - for each endpoint usable in prev and no longer usable in cur (removed, not ready,
-//     or its service port deleted), the entries from one of the port's frontends in prev
-//     (cluster, external and load-balancer IP:port, node port on any address) that are
-//     DNATed to it;
+//     or its service port deleted), the entries from one of the frontends the port held
+//     in prev (cluster, external and load-balancer IP:port, node port on any address)
+//     that are DNATed to it;
 //   - for each address family in which a port had no usable endpoint in prev and has
-//     one in cur, the entries to its frontends in cur that nothing DNATed (their reply
-//     source is the frontend itself): they were created while the service had no
-//     endpoint and would keep their packets away from the new ones.
+//     one in cur, the entries to the frontends it holds in cur that nothing DNATed
+//     (their reply source is the frontend itself): they were created while the service
+//     had no endpoint and would keep their packets away from the new ones.
 //
-// Entries DNATed to endpoints that stay usable are never selected, so with prev nil (a
-// restart) only the un-DNATed entries of ports with endpoints are.
-func StaleWith(prev, cur *model.Snapshot, usable UsableFunc) []Flow {
+// Only the frontends a port won count: an address it declares but another Service
+// holds (or that was refused, such as another Service's cluster IP) carries the other
+// Service's flows, which a change of this port's endpoints must never delete. Entries
+// DNATed to endpoints that stay usable are never selected, so with prev nil (a restart)
+// only the un-DNATed entries of ports with endpoints are.
+func StaleFrom(prev, cur Programmed, usable UsableFunc) []Flow {
 	before, after := udpPorts(prev, usable), udpPorts(cur, usable)
 	var flows []Flow
 	for name, old := range before {
@@ -60,6 +97,7 @@ func StaleWith(prev, cur *model.Snapshot, usable UsableFunc) []Flow {
 type portState struct {
 	sp     *model.ServicePort
 	usable []model.Endpoint
+	in     Programmed // whose frontends
 }
 
 func (p *portState) uses(ap netip.AddrPort) bool {
@@ -70,14 +108,14 @@ func (p *portState) usesFamily(v6 bool) bool {
 	return p != nil && slices.ContainsFunc(p.usable, func(e model.Endpoint) bool { return e.Addr.Is6() == v6 })
 }
 
-func udpPorts(snap *model.Snapshot, usable UsableFunc) map[model.ServicePortName]*portState {
+func udpPorts(p Programmed, usable UsableFunc) map[model.ServicePortName]*portState {
 	ports := map[model.ServicePortName]*portState{}
-	if snap == nil {
+	if p.Snap == nil {
 		return ports
 	}
-	for _, sp := range snap.Services {
+	for _, sp := range p.Snap.Services {
 		if sp.Name.Protocol == model.ProtoUDP {
-			ports[sp.Name] = &portState{sp: sp, usable: usable(sp)}
+			ports[sp.Name] = &portState{sp: sp, usable: usable(sp), in: p}
 		}
 	}
 	return ports
@@ -89,22 +127,23 @@ func goneEndpoints(old, now *portState) []Flow {
 	var flows []Flow
 	for _, e := range old.usable {
 		if !now.uses(e.AddrPort()) {
-			flows = append(flows, toEndpoint(old.sp, e)...)
+			flows = append(flows, toEndpoint(old, e)...)
 		}
 	}
 	return flows
 }
 
-// toEndpoint selects the entries from any frontend of sp to endpoint e.
-func toEndpoint(sp *model.ServicePort, e model.Endpoint) []Flow {
-	v6 := e.Addr.Is6()
+// toEndpoint selects the entries from any frontend the port held to endpoint e.
+func toEndpoint(p *portState, e model.Endpoint) []Flow {
+	sp, v6 := p.sp, e.Addr.Is6()
+	ips, nodePort := p.in.frontends(sp, v6)
 	var flows []Flow
-	for _, ip := range frontendIPs(sp, v6) {
+	for _, ip := range ips {
 		flows = append(flows, Flow{Protocol: sp.Name.Protocol, IPv6: v6, OrigDstIP: ip, OrigDstPort: sp.Port,
 			ReplySrcIP: e.Addr, ReplySrcPort: e.Port})
 	}
-	if sp.NodePort != 0 {
-		flows = append(flows, Flow{Protocol: sp.Name.Protocol, IPv6: v6, OrigDstPort: sp.NodePort,
+	if nodePort != 0 {
+		flows = append(flows, Flow{Protocol: sp.Name.Protocol, IPv6: v6, OrigDstPort: nodePort,
 			ReplySrcIP: e.Addr, ReplySrcPort: e.Port})
 	}
 	return flows
@@ -116,24 +155,26 @@ func firstEndpoints(old, now *portState) []Flow {
 	var flows []Flow
 	for _, v6 := range []bool{false, true} {
 		if now.usesFamily(v6) && !old.usesFamily(v6) {
-			flows = append(flows, notDNATed(now.sp, v6)...)
+			flows = append(flows, notDNATed(now, v6)...)
 		}
 	}
 	return flows
 }
 
-// notDNATed selects the entries to the frontends of sp in one family whose replies come
-// from the frontend itself: nothing DNATed them.
-func notDNATed(sp *model.ServicePort, v6 bool) []Flow {
+// notDNATed selects the entries to the frontends the port holds in one family whose
+// replies come from the frontend itself: nothing DNATed them.
+func notDNATed(p *portState, v6 bool) []Flow {
+	sp := p.sp
+	ips, nodePort := p.in.frontends(sp, v6)
 	var flows []Flow
-	for _, ip := range frontendIPs(sp, v6) {
+	for _, ip := range ips {
 		flows = append(flows, notDNATedTo(sp, ip))
 	}
-	if sp.NodePort != 0 {
+	if nodePort != 0 {
 		// The node port is open on any node address, so the address is not known here;
 		// the reply port still tells un-DNATed entries from DNATed ones.
-		flows = append(flows, Flow{Protocol: sp.Name.Protocol, IPv6: v6, OrigDstPort: sp.NodePort,
-			ReplySrcPort: sp.NodePort})
+		flows = append(flows, Flow{Protocol: sp.Name.Protocol, IPv6: v6, OrigDstPort: nodePort,
+			ReplySrcPort: nodePort})
 	}
 	return flows
 }

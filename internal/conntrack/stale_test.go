@@ -277,3 +277,34 @@ func show(flows []Flow) string {
 	}
 	return "[" + strings.Join(s, "") + "]"
 }
+
+// Only the frontends a port won select flows: a tenant port declaring kube-dns's
+// cluster IP as an externalIP (refused) and a node port it lost, whose endpoint is the
+// DNS pod, deletes none of kube-dns's entries when it drops that endpoint; the
+// declared frontends (Won nil) would.
+func TestStaleFromWonFrontends(t *testing.T) {
+	pod, own := ready("10.244.1.53", 53), ready("10.244.9.9", 53)
+	tenant := func(eps ...model.Endpoint) model.ServicePort {
+		return model.ServicePort{
+			Name:       model.ServicePortName{Namespace: "tenant", Name: "evil", Port: "dns", Protocol: model.ProtoUDP},
+			ClusterIPs: addrs("10.96.0.99"), ExternalIPs: addrs("10.96.0.10"), NodePort: 30053, Port: 53, Endpoints: eps,
+		}
+	}
+	won := Won{
+		{Namespace: "kube-system", Name: "dns", Port: "dns", Protocol: model.ProtoUDP}: {IPs: addrs("10.96.0.10")},
+		{Namespace: "tenant", Name: "evil", Port: "dns", Protocol: model.ProtoUDP}:     {IPs: addrs("10.96.0.99")},
+	}
+	prev, cur := snap(dns(pod), tenant(pod, own)), snap(dns(pod), tenant(own))
+	got := StaleFrom(Programmed{prev, won}, Programmed{cur, won}, Usable)
+	if want := []Flow{toEp("10.96.0.99", 53, "10.244.1.53", 53)}; !slices.Equal(got, want) {
+		t.Errorf("with the won frontends:\n got  %v\n want %v", got, want)
+	}
+	declared := StaleWith(prev, cur, Usable)
+	if !slices.Contains(declared, toEp("10.96.0.10", 53, "10.244.1.53", 53)) || !slices.Contains(declared, nodePortToEp(30053, "10.244.1.53", 53)) {
+		t.Errorf("the declared frontends do not select kube-dns's entries (the case is moot): %v", declared)
+	}
+	// a port that won nothing (set aside) selects nothing
+	if got := StaleFrom(Programmed{prev, Won{}}, Programmed{cur, Won{}}, Usable); len(got) != 0 {
+		t.Errorf("a port without frontends selects %v", got)
+	}
+}

@@ -83,6 +83,11 @@ type Config struct {
 	// the node's addresses takes them (see compile.Config).
 	ServedPorts []uint16
 	OwnAddrs    []netip.Addr
+	// ClusterCIDRs are the pods' ranges (--cluster-cidr, whatever DetectLocal's mode)
+	// and ExternalIPCIDRs the only ranges externalIPs are programmed in
+	// (--external-ip-cidrs; empty: anywhere): see compile.Config.
+	ClusterCIDRs    []netip.Prefix
+	ExternalIPCIDRs []netip.Prefix
 	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
 	// zero: no limits).
 	Limits compile.Limits
@@ -127,6 +132,7 @@ type Proxy struct {
 	pending   *pending               // names of Services and EndpointSlices changed since the last sync (pending.go)
 	triggers  *triggers              // EndpointSlice trigger times not yet programmed
 	prevSnap  *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
+	prevWon   conntrack.Won          // the UDP frontends its rulesets hold
 	healthErr string                 // last health-check server error, logged once
 	reported  map[model.Problem]bool // problems already logged, so each is logged once
 
@@ -500,12 +506,12 @@ func (p *Proxy) sync(periodic bool) error {
 // Failures are logged: the rules are right, only some clients may wait for their
 // entries to time out.
 func (p *Proxy) cleanConntrack(snap *model.Snapshot, repaired string) {
-	prev := p.prevSnap
-	p.prevSnap = snap
+	prev, prevWon := p.prevSnap, p.prevWon
+	p.prevSnap, p.prevWon = snap, p.pipeline.won
 	if p.cfg.Conntrack == nil {
 		return
 	}
-	stale := conntrack.StaleWith(prev, snap, conntrack.Serving)
+	stale := conntrack.StaleFrom(conntrack.Programmed{Snap: prev, Won: prevWon}, conntrack.Programmed{Snap: snap, Won: p.prevWon}, conntrack.Serving)
 	var escaped []conntrack.Flow
 	if repaired != "" {
 		escaped = conntrack.Escaped(snap)
@@ -621,6 +627,10 @@ type pipeline struct {
 	models    *model.Cache // nil: build from scratch
 	slots     map[nft.Family]*compile.Slots
 	compilers map[nft.Family]*compiler
+	// won holds the frontends every UDP service port won in the rulesets compiled
+	// last, all families: the stale UDP flows are those of the addresses a port really
+	// has, never of one another Service holds
+	won conntrack.Won
 }
 
 type compiler struct {
@@ -678,6 +688,8 @@ func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 			NoExternalIPs:    cfg.NoExternalIPs,
 			ServedPorts:      cfg.ServedPorts,
 			OwnAddrs:         cfg.OwnAddrs,
+			ClusterCIDRs:     cfg.ClusterCIDRs,
+			ExternalIPCIDRs:  cfg.ExternalIPCIDRs,
 			Limits:           cfg.Limits,
 			DetectLocal:      cfg.DetectLocal,
 		}
@@ -699,6 +711,15 @@ func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 	for _, r := range results {
 		problems = append(problems, r.conflicts...)
 		out = append(out, r.rs)
+	}
+	pl.won = conntrack.Won{}
+	for _, fam := range Families {
+		pl.compilers[fam].c.Won(model.ProtoUDP, func(name model.ServicePortName, ips []netip.Addr, nodePort uint16) {
+			f := pl.won[name]
+			f.IPs = append(f.IPs, ips...)
+			f.NodePort = max(f.NodePort, nodePort)
+			pl.won[name] = f
+		})
 	}
 	return snap, out, problems, nil
 }

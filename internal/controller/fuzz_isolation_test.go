@@ -1,11 +1,15 @@
 package controller_test
 
-// The isolation invariant (issue 13): whatever a second namespace adds or changes, the
-// first namespace's cluster IPs keep leading to exactly its endpoints. FuzzIsolation
-// takes the fuzz input format of fuzz_input_test.go as the tenant's objects, moves them
-// into the tenant's namespace (namespaced write is all a tenant has), and compares the
-// victim's compiled mapping with the one compiled without the tenant, at every sync and
-// through both the fresh and the incremental compiler.
+// The isolation invariant: whatever a second namespace adds or changes, the first
+// namespace's traffic keeps leading to exactly its endpoints, on every node: its
+// cluster IPs, its node port on each node's own address, and its pods' addresses (a
+// packet a pod's node receives for the pod, after another node DNATed it to that
+// endpoint or straight from a client). FuzzIsolation takes the fuzz input format of
+// fuzz_input_test.go as the tenant's objects, moves them into the tenant's namespace
+// (namespaced write is all a tenant has), and compares the victim's compiled mapping on
+// two nodes (each with its own address and podCIDR, the victim's pods on both) with
+// the one compiled without the tenant, at every sync and through both the fresh and
+// the incremental compiler.
 
 import (
 	"bytes"
@@ -61,7 +65,7 @@ func victim() ([]*v1.Service, []*discovery.EndpointSlice) {
 		s := &discovery.EndpointSlice{ObjectMeta: meta(name), AddressType: typ, Ports: ports}
 		s.Labels = map[string]string{discovery.LabelServiceName: svc}
 		for _, a := range addrs {
-			s.Endpoints = append(s.Endpoints, discovery.Endpoint{Addresses: []string{a}, NodeName: ptr("node-1")})
+			s.Endpoints = append(s.Endpoints, discovery.Endpoint{Addresses: []string{a}, NodeName: ptr(podNode(netip.MustParseAddr(a)))})
 		}
 		return s
 	}
@@ -77,8 +81,32 @@ func victim() ([]*v1.Service, []*discovery.EndpointSlice) {
 	}
 }
 
-// isolationConfig is the node's configuration: fixed, since a tenant cannot change it.
-// The limits are small so that inputs reach them.
+// isolationNodes are the two nodes: name, addresses, podCIDRs.
+var isolationNodes = []struct {
+	name     string
+	addrs    []string
+	podCIDRs []string
+}{
+	{"node-1", []string{"192.0.2.10", "2001:db8::10"}, []string{"10.244.1.0/24", "fd00:244::/64"}},
+	{"node-2", []string{"192.0.2.11", "2001:db8::11"}, []string{"10.244.2.0/24", "fd00:244:0:1::/64"}},
+}
+
+// podNode is the node whose podCIDR holds a victim pod's address.
+func podNode(a netip.Addr) string {
+	for _, n := range isolationNodes {
+		for _, c := range n.podCIDRs {
+			if netip.MustParsePrefix(c).Contains(a) {
+				return n.name
+			}
+		}
+	}
+	return ""
+}
+
+// isolationConfig is node-1's configuration: fixed, since a tenant cannot change it.
+// The limits are small so that inputs reach them. No --cluster-cidr reaches the
+// refusals (ClusterCIDRs), so that a pod on the other node is protected by what every
+// node sees (its endpoints), not by a range.
 func isolationConfig() controller.Config {
 	return controller.Config{
 		NodeName:          "node-1",
@@ -92,10 +120,87 @@ func isolationConfig() controller.Config {
 	}
 }
 
-func isolationNode() *v1.Node {
-	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}
-	n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "192.0.2.10"}, {Type: v1.NodeInternalIP, Address: "2001:db8::10"}}
+func isolationNode() *v1.Node { return isolationNodeN(0) }
+
+// isolationNodeN is the Node object of isolationNodes[i].
+func isolationNodeN(i int) *v1.Node {
+	in := isolationNodes[i]
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: in.name}}
+	for _, a := range in.addrs {
+		n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: a})
+	}
+	n.Spec.PodCIDRs = in.podCIDRs
 	return n
+}
+
+// isolationConfigN is node i's configuration: node-1's with the node's name and
+// addresses.
+func isolationConfigN(i int) controller.Config {
+	cfg := isolationConfig()
+	cfg.NodeName = isolationNodes[i].name
+	var local []netip.Addr
+	for _, a := range isolationNodes[i].addrs {
+		local = append(local, netip.MustParseAddr(a))
+	}
+	local = append(local, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1"))
+	cfg.LocalAddrs = func() ([]netip.Addr, error) { return local, nil }
+	return cfg
+}
+
+// probe is a new connection the isolation check traces.
+type probe struct {
+	saddr, daddr netip.Addr
+	proto        uint8
+	port         uint16
+}
+
+// victimProbes are the connections whose fate the tenant must not change on node i,
+// for the victim's objects: from a pod on the node to every victim cluster IP on each
+// victim port; from a pod on the other node to every victim endpoint (address,
+// protocol, port: what the pod's node receives once the other node DNATed a cluster IP
+// connection to it); and from a client outside to the victim's node ports on the
+// node's own addresses.
+func victimProbes(i int, svcs []*v1.Service, eps []*discovery.EndpointSlice, victimIPs map[netip.Addr]bool) []probe {
+	pod := func(node int, v6 bool) netip.Addr {
+		p := netip.MustParsePrefix(isolationNodes[node].podCIDRs[map[bool]int{false: 0, true: 1}[v6]])
+		a := p.Addr().As16()
+		a[15] = 9
+		if v6 {
+			return netip.AddrFrom16(a)
+		}
+		return netip.AddrFrom16(a).Unmap()
+	}
+	client := map[bool]netip.Addr{false: netip.MustParseAddr("198.51.100.99"), true: netip.MustParseAddr("2001:db8:99::9")}
+	var out []probe
+	for ip := range victimIPs {
+		for _, p := range []struct {
+			proto uint8
+			port  uint16
+		}{{model.ProtoTCP, 80}, {model.ProtoUDP, 53}, {model.ProtoTCP, 53}} {
+			out = append(out, probe{pod(i, ip.Is6()), ip, p.proto, p.port})
+		}
+	}
+	for _, s := range eps {
+		for _, e := range s.Endpoints {
+			a := netip.MustParseAddr(e.Addresses[0])
+			for _, p := range s.Ports {
+				proto, _ := map[v1.Protocol]uint8{v1.ProtocolTCP: model.ProtoTCP, v1.ProtocolUDP: model.ProtoUDP}[*p.Protocol]
+				out = append(out, probe{pod(1-i, a.Is6()), a, proto, uint16(*p.Port)})
+			}
+		}
+	}
+	for _, s := range svcs {
+		for _, p := range s.Spec.Ports {
+			if p.NodePort == 0 {
+				continue
+			}
+			for _, a := range isolationNodes[i].addrs {
+				ip := netip.MustParseAddr(a)
+				out = append(out, probe{client[ip.Is6()], ip, map[v1.Protocol]uint8{v1.ProtocolTCP: model.ProtoTCP, v1.ProtocolUDP: model.ProtoUDP}[p.Protocol], uint16(p.NodePort)})
+			}
+		}
+	}
+	return out
 }
 
 // tenantObjects moves a fuzz world's Services and slices into the tenant's namespace,
@@ -149,52 +254,44 @@ func tenantObjects(w world, victimIPs map[netip.Addr]bool) ([]*v1.Service, []*di
 // victimMapping describes, for every victim cluster IP, every element of the ruleset
 // keyed by it and, for service-ips verdicts, the endpoints the target chain picks from;
 // and, whatever the shape (a chain of its own or the flat path's shared chains), where
-// a pod's new connection to each of the victim's ports at that IP goes, traced.
-func victimMapping(rs *nft.Ruleset, victimIPs map[netip.Addr]bool) string {
-	return victimElements(rs, victimIPs) + "\n" + victimTraces(rs, victimIPs)
+// each probe (victimProbes) goes, traced on a node whose own addresses are local.
+func victimMapping(rs *nft.Ruleset, victimIPs map[netip.Addr]bool, probes []probe, local []netip.Addr) string {
+	return victimElements(rs, victimIPs) + "\n" + victimTraces(rs, probes, local)
 }
 
-// victimTraces traces a pod's new connection to every victim cluster IP of the
-// ruleset's family on each port the victim's services have, and lists the outcomes with
+// victimTraces traces the probes of the ruleset's family and lists the outcomes with
 // their probabilities.
-func victimTraces(rs *nft.Ruleset, victimIPs map[netip.Addr]bool) string {
-	pod := netip.MustParseAddr("10.244.0.9")
-	if rs.Family == nft.IPv6 {
-		pod = netip.MustParseAddr("fd00:244::9")
-	}
+func victimTraces(rs *nft.Ruleset, probes []probe, local []netip.Addr) string {
+	ctx := trace.Context{IsLocal: func(a netip.Addr) bool { return slices.Contains(local, a) }}
 	var lines []string
-	for ip := range victimIPs {
-		if ip.Is6() != (rs.Family == nft.IPv6) {
+	for _, pr := range probes {
+		if pr.daddr.Is6() != (rs.Family == nft.IPv6) {
 			continue
 		}
-		for _, port := range []struct {
-			proto uint8
-			port  uint16
-		}{{model.ProtoTCP, 80}, {model.ProtoUDP, 53}, {model.ProtoTCP, 53}} {
-			pkt := trace.Packet{Family: rs.Family, Saddr: pod, Daddr: ip, L4Proto: port.proto, Dport: port.port, Hook: nft.Prerouting}
-			res, err := trace.Trace(rs, pkt, trace.Context{})
-			if err != nil {
-				lines = append(lines, fmt.Sprintf("trace %s %d/%d: %v", ip, port.port, port.proto, err))
-				continue
-			}
-			probs := map[string]float64{}
-			for _, o := range res.Outcomes {
-				k := o.Verdict.String()
-				if o.DNAT.IsValid() {
-					k += " " + o.DNAT.String()
-				}
-				if o.Masquerade {
-					k += " masquerade"
-				}
-				probs[k] += o.Probability
-			}
-			var out []string
-			for k, p := range probs {
-				out = append(out, fmt.Sprintf("%s %.6f", k, p))
-			}
-			sort.Strings(out)
-			lines = append(lines, fmt.Sprintf("trace %s %d/%d: %s", ip, port.port, port.proto, strings.Join(out, ", ")))
+		what := fmt.Sprintf("trace %s → %s %d/%d", pr.saddr, pr.daddr, pr.port, pr.proto)
+		pkt := trace.Packet{Family: rs.Family, Saddr: pr.saddr, Daddr: pr.daddr, L4Proto: pr.proto, Dport: pr.port, Hook: nft.Prerouting}
+		res, err := trace.Trace(rs, pkt, ctx)
+		if err != nil {
+			lines = append(lines, fmt.Sprintf("%s: %v", what, err))
+			continue
 		}
+		probs := map[string]float64{}
+		for _, o := range res.Outcomes {
+			k := o.Verdict.String()
+			if o.DNAT.IsValid() {
+				k += " " + o.DNAT.String()
+			}
+			if o.Masquerade {
+				k += " masquerade"
+			}
+			probs[k] += o.Probability
+		}
+		var out []string
+		for k, p := range probs {
+			out = append(out, fmt.Sprintf("%s %.6f", k, p))
+		}
+		sort.Strings(out)
+		lines = append(lines, fmt.Sprintf("%s: %s", what, strings.Join(out, ", ")))
 	}
 	sort.Strings(lines)
 	return strings.Join(lines, "\n")
@@ -277,64 +374,83 @@ func FuzzIsolation(f *testing.F) {
 	for _, data := range seeds() {
 		f.Add(data)
 	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		cfg, node := isolationConfig(), isolationNode()
-		vsvcs, vslices := victim()
-		victimIPs := map[netip.Addr]bool{}
-		for _, s := range vsvcs {
-			for _, a := range s.Spec.ClusterIPs {
-				victimIPs[netip.MustParseAddr(a)] = true
-			}
+	f.Fuzz(func(t *testing.T, data []byte) { checkIsolation(t, data) })
+}
+
+// checkIsolation runs FuzzIsolation's check of one input.
+func checkIsolation(t *testing.T, data []byte) {
+	vsvcs, vslices := victim()
+	victimIPs := map[netip.Addr]bool{}
+	for _, s := range vsvcs {
+		for _, a := range s.Spec.ClusterIPs {
+			victimIPs[netip.MustParseAddr(a)] = true
 		}
-		_, alone, _, err := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, vsvcs, vslices, node)
+	}
+	type nodeState struct {
+		cfg       controller.Config
+		node      *v1.Node
+		local     []netip.Addr
+		probes    []probe
+		want      []string
+		slots     map[nft.Family]*compile.Slots
+		cache     *model.Cache
+		compilers map[nft.Family]*compile.Compiler
+	}
+	nodes := make([]*nodeState, len(isolationNodes))
+	for n := range nodes {
+		ns := &nodeState{cfg: isolationConfigN(n), node: isolationNodeN(n), slots: map[nft.Family]*compile.Slots{},
+			cache: model.NewCache(), compilers: map[nft.Family]*compile.Compiler{}}
+		ns.local, _ = ns.cfg.LocalAddrs()
+		ns.probes = victimProbes(n, vsvcs, vslices, victimIPs)
+		_, alone, _, err := controller.Compile(ns.cfg, map[nft.Family]*compile.Slots{}, vsvcs, vslices, ns.node)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := make([]string, len(alone))
-		for i, rs := range alone {
-			want[i] = victimMapping(rs, victimIPs)
-			if !strings.Contains(want[i], "10.244.") && !strings.Contains(want[i], "fd00:244::") {
-				t.Fatalf("the victim alone has no endpoints in %s:\n%s", rs.Family, want[i])
+		for _, rs := range alone {
+			want := victimMapping(rs, victimIPs, ns.probes, ns.local)
+			if !strings.Contains(want, "10.244.") && !strings.Contains(want, "fd00:244::") {
+				t.Fatalf("the victim alone has no endpoints in %s:\n%s", rs.Family, want)
 			}
-			if !strings.Contains(want[i], "accept 10.244.") && !strings.Contains(want[i], "accept [fd00:244::") {
-				t.Fatalf("the victim alone: no traced connection reaches an endpoint in %s:\n%s", rs.Family, want[i])
+			if !strings.Contains(want, "accept 10.244.") && !strings.Contains(want, "accept [fd00:244::") {
+				t.Fatalf("the victim alone: no traced connection reaches an endpoint in %s:\n%s", rs.Family, want)
 			}
+			ns.want = append(ns.want, want)
 		}
-		slots := map[nft.Family]*compile.Slots{}
-		cache := model.NewCache()
-		compilers := map[nft.Family]*compile.Compiler{}
-		for step, w := range decode(data) {
-			tsvcs, tslices := tenantObjects(w, victimIPs)
-			svcs, eps := slices.Concat(vsvcs, tsvcs), slices.Concat(vslices, tslices)
-			snap, rulesets, _, err := controller.Compile(cfg, slots, svcs, eps, node)
+		nodes[n] = ns
+	}
+	for step, w := range decode(data) {
+		tsvcs, tslices := tenantObjects(w, victimIPs)
+		svcs, eps := slices.Concat(vsvcs, tsvcs), slices.Concat(vslices, tslices)
+		for _, ns := range nodes {
+			cfg, node := ns.cfg, ns.node
+			snap, rulesets, _, err := controller.Compile(cfg, ns.slots, svcs, eps, node)
 			if err != nil {
 				t.Fatal(err)
 			}
 			// the incremental path: the model cache and one compiler per family
-			isnap, _ := cache.BuildFrom(model.Inputs{Services: svcs, Slices: eps, Node: node, ServiceCIDRs: cfg.ServiceCIDRs})
+			isnap, _ := ns.cache.BuildFrom(model.Inputs{Services: svcs, Slices: eps, Node: node, ServiceCIDRs: cfg.ServiceCIDRs})
 			for i, rs := range rulesets {
-				what := fmt.Sprintf("sync %d, %s", step, rs.Family)
-				if got := victimMapping(rs, victimIPs); got != want[i] {
-					t.Fatalf("%s: the tenant moved the victim's traffic\n%s\n--- victim alone:\n%s\n--- with the tenant:\n%s",
-						what, describeTenant(tsvcs, tslices), want[i], got)
+				what := fmt.Sprintf("sync %d, %s, %s", step, node.Name, rs.Family)
+				if got := victimMapping(rs, victimIPs, ns.probes, ns.local); got != ns.want[i] {
+					t.Fatalf("%s: the tenant moved the victim's traffic\n%s\n%s", what, describeTenant(tsvcs, tslices), "--- victim alone (-) vs with the tenant (+):"+strings.TrimPrefix(diffLines(ns.want[i], got), "--- fresh (-) vs incremental (+):"))
 				}
 				if taken := ownPortsTaken(rs, cfg, node); len(taken) > 0 {
 					t.Fatalf("%s: a service answers on the node's own served ports: %v\n%s", what, taken, describeTenant(tsvcs, tslices))
 				}
 				fam := rs.Family
-				if compilers[fam] == nil {
+				if ns.compilers[fam] == nil {
 					cc := compileConfig(cfg, snap.Node, fam)
 					cc.NoExternalIPs, cc.ServedPorts, cc.OwnAddrs, cc.Limits = cfg.NoExternalIPs, cfg.ServedPorts, cfg.OwnAddrs, cfg.Limits
-					compilers[fam] = compile.NewCompiler(cc, compile.NewSlots())
+					cc.ClusterCIDRs, cc.ExternalIPCIDRs = cfg.ClusterCIDRs, cfg.ExternalIPCIDRs
+					ns.compilers[fam] = compile.NewCompiler(cc, compile.NewSlots())
 				}
-				inc, _ := compilers[fam].Compile(isnap)
-				if got := victimMapping(inc.Flatten(), victimIPs); got != want[i] {
-					t.Fatalf("%s (incremental): the tenant moved the victim's traffic\n%s\n--- victim alone:\n%s\n--- with the tenant:\n%s",
-						what, describeTenant(tsvcs, tslices), want[i], got)
+				inc, _ := ns.compilers[fam].Compile(isnap)
+				if got := victimMapping(inc.Flatten(), victimIPs, ns.probes, ns.local); got != ns.want[i] {
+					t.Fatalf("%s (incremental): the tenant moved the victim's traffic\n%s\n%s", what, describeTenant(tsvcs, tslices), "--- victim alone (-) vs with the tenant (+):"+strings.TrimPrefix(diffLines(ns.want[i], got), "--- fresh (-) vs incremental (+):"))
 				}
 			}
 		}
-	})
+	}
 }
 
 func describeTenant(svcs []*v1.Service, eps []*discovery.EndpointSlice) string {
@@ -378,6 +494,14 @@ func isolationSeeds() map[string][]byte {
 		"externalip-node-address": seed(h,
 			addSvc(svc("x", "a", v1.ServiceTypeClusterIP, "10.96.0.2").port("http", v1.ProtocolTCP, 80, 0).port("dns", v1.ProtocolUDP, 53, 0).external("192.0.2.10", "2001:db8::10")),
 			addSlice(sl("x", "a", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 8080).port("dns", v1.ProtocolUDP, 53).ep(ready, "10.244.2.2"))),
+		"externalip-on-victim-pod-ip": seed(h,
+			addSvc(svc("x", "a", v1.ServiceTypeClusterIP, "10.96.0.2").port("http", v1.ProtocolTCP, 8080, 0).external("10.244.1.2")),
+			addSlice(sl("x", "a", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 80).ep(ready, "10.244.1.3"))),
+		"externalip-on-victim-pod-ip-without-endpoints": seed(h,
+			addSvc(svc("x", "a", v1.ServiceTypeClusterIP, "10.96.0.2").port("http", v1.ProtocolTCP, 8080, 0).external("10.244.1.2"))),
+		"externalip-node-address-at-victim-nodeport": seed(h,
+			addSvc(svc("x", "a", v1.ServiceTypeClusterIP, "10.96.0.2").port("http", v1.ProtocolTCP, 30080, 0).external("192.0.2.10")),
+			addSlice(sl("x", "a", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 80).ep(ready, "10.244.1.3"))),
 		"victim-externalip-and-nodeport": seed(h,
 			addSvc(svc("x", "b", lb, "10.96.0.2", "fd00:96::2").port("http", v1.ProtocolTCP, 80, 30080).external("203.0.113.7").ingress("", "10.96.0.1 ", "::ffff:10.96.0.1")),
 			addSlice(sl("x", "b", "s1", discovery.AddressTypeIPv4).port("http", v1.ProtocolTCP, 8080).ep(ready, "10.244.1.2"))),
@@ -420,7 +544,8 @@ func TestIsolationCheckCatchesHijack(t *testing.T) {
 		AddressType: discovery.AddressTypeIPv4, Ports: []discovery.EndpointPort{{Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr(int32(8080))}},
 		Endpoints: []discovery.Endpoint{{Addresses: []string{"10.244.66.6"}}}}
 	_, with, _, _ := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, append(vsvcs, hijack), append(vslices, hslice), node)
-	a, b := victimMapping(alone[0], victimIPs), victimMapping(with[0], victimIPs)
+	probes, local := victimProbes(0, vsvcs, vslices, victimIPs), []netip.Addr{netip.MustParseAddr("192.0.2.10")}
+	a, b := victimMapping(alone[0], victimIPs, probes, local), victimMapping(with[0], victimIPs, probes, local)
 	if a == b || !strings.Contains(b, "10.244.66.6") {
 		t.Errorf("victimMapping did not see the hijack:\n--- alone:\n%s\n--- with:\n%s", a, b)
 	}

@@ -65,6 +65,9 @@ type Options struct {
 	MaxEndpointsPerServicePort int
 	MaxEndpointsPerService     int
 	MaxTableElements           int
+	// ExternalIPCIDRsFlag: --external-ip-cidrs, the only ranges Service externalIPs
+	// are programmed in (nftproxy only; empty: anywhere).
+	ExternalIPCIDRsFlag []string
 	// ServiceCounters: export per-service counters (nftproxy only);
 	// ServiceCountersMinInterval is the least time one kernel read of them serves.
 	ServiceCounters            bool
@@ -76,10 +79,12 @@ type Options struct {
 	Conntrack config.Conntrack
 
 	// The typed values, parsed once by Complete from the flags or the --config file.
-	ClusterCIDRs []netip.Prefix           // --cluster-cidr (clusterCIDR)
-	ServiceCIDRs []netip.Prefix           // --service-cluster-ip-range
-	NodePorts    config.NodePortAddresses // --nodeport-addresses (nodePortAddresses)
-	DetectLocal  compile.DetectLocal      // --detect-local-mode and its inputs
+	ClusterCIDRs []netip.Prefix // --cluster-cidr (clusterCIDR)
+	ServiceCIDRs []netip.Prefix // --service-cluster-ip-range
+	// ExternalIPCIDRs: --external-ip-cidrs
+	ExternalIPCIDRs []netip.Prefix
+	NodePorts       config.NodePortAddresses // --nodeport-addresses (nodePortAddresses)
+	DetectLocal     compile.DetectLocal      // --detect-local-mode and its inputs
 
 	healthzPort, metricsPort int32 // kube-proxy's deprecated --healthz-port, --metrics-port
 	iptablesMasqueradeBit    int32 // --iptables-masquerade-bit: no effect (kube-proxy's nftables mode)
@@ -128,6 +133,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.IntVar(&o.MaxEndpointsPerServicePort, "max-endpoints-per-service-port", compile.DefaultMaxEndpointsPerServicePort, "The most endpoints one port of a Service may have; a Service with a port over it is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxEndpointsPerService, "max-endpoints-per-service", compile.DefaultMaxEndpointsPerService, "The most endpoints one Service may have, summed over its ports; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, it is shared fairly between namespaces; a namespace within its share keeps every Service, one over it loses its newest, which get a Warning event. 0: no limit. (nftproxy only)")
+	fs.StringSliceVar(&o.ExternalIPCIDRsFlag, "external-ip-cidrs", nil, "CIDR ranges (comma-separated, any number, both families) Service externalIPs must lie in to be programmed; an externalIP outside them is refused with a Warning event. Empty: externalIPs anywhere (kube-proxy's behaviour). Listing the addresses you route to the nodes for externalIPs is the secure setting. Load-balancer IPs are not affected. Also applies with --config. (nftproxy only)")
 	fs.BoolVar(&o.ServiceCounters, "service-counters", true, "Export per-service packet and byte counters (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total) on the metrics server's /metrics/services; /metrics never has them. false: the kernel's counter sets are never read and /metrics/services answers 404. (nftproxy only)")
 	fs.DurationVar(&o.ServiceCountersMinInterval, "service-counters-min-interval", 0, "Least time one read of the kernel's per-service counters serves scrapes for; a read always serves for 20 times as long as it took. (nftproxy only)")
 	fs.BoolVar(&o.Profiling, "profiling", false, "If true enables profiling via web interface on /debug/pprof handler of the metrics server (--metrics-bind-address).")
@@ -452,6 +458,9 @@ func (o *Options) parse() error {
 	}
 	if o.ServiceCIDRs, err = config.ParseClusterCIDRs(o.ServiceCIDR); err != nil {
 		return fmt.Errorf("--service-cluster-ip-range: %w", err)
+	}
+	if o.ExternalIPCIDRs, err = config.ParseCIDRs(o.ExternalIPCIDRsFlag); err != nil {
+		return fmt.Errorf("--external-ip-cidrs: %w", err)
 	}
 	o.notes = append(o.notes, o.NodePorts.Notes()...)
 	o.DetectLocal = compile.DetectLocal{Mode: compile.LocalMode(o.DetectLocalMode), ClusterCIDRs: o.ClusterCIDRs}
