@@ -1000,7 +1000,7 @@ func (c *compiler) affinity(cp *compiledPart, ch *nft.Chain, sp *model.ServicePo
 		epChain := fmt.Sprintf("%s/%d", ch.Name, i)
 		set := &nft.Set{
 			Name: "affinity-" + strings.TrimPrefix(epChain, "svc-"), Key: []nft.Datatype{c.addrType()},
-			Dynamic: true, Timeout: sp.AffinityTimeout, Size: 65535,
+			Dynamic: true, Timeout: sp.AffinityTimeout,
 			Comment: "ClientIP affinity to " + e.AddrPort().String(),
 			Epoch:   e.AddrPort().String(), // clients learned for another endpoint are dropped
 		}
@@ -1022,7 +1022,9 @@ func (c *compiler) affinity(cp *compiledPart, ch *nft.Chain, sp *model.ServicePo
 }
 
 // firewall restricts who may use a service's load-balancer IPs (loadBalancerSourceRanges):
-// other sources are dropped before DNAT.
+// other sources are dropped before DNAT. The admitted sources are one interval set per
+// service port, so that a packet costs one lookup (logarithmic in the ranges) however
+// many ranges the Service lists; kube-proxy does the same with an anonymous set.
 func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []netip.Addr, comment string) {
 	var ranges []netip.Prefix
 	for _, r := range sp.SourceRanges {
@@ -1044,15 +1046,26 @@ func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []net
 	ch := &nft.Chain{Name: name}
 	allowNode := false
 	for _, r := range ranges {
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: r}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(PurposeSourceRangeAllow)})
 		for _, n := range c.node.IPs {
 			allowNode = allowNode || r.Contains(n)
 		}
 	}
 	if allowNode { // the node reaching a VIP it holds locally uses the VIP as source
 		for _, ip := range lbIPs {
-			ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(PurposeSourceRangeAllow)})
+			ranges = append(ranges, netip.PrefixFrom(ip, ip.BitLen()))
 		}
+	}
+	if len(ranges) > 0 {
+		set := &nft.Set{Name: name, Key: []nft.Datatype{c.addrType()}, Interval: true,
+			Comment: truncateComment(comment + " source ranges")}
+		cp.part.Sets = append(cp.part.Sets, set)
+		elems := nft.MergeRanges(ranges)
+		tag := cp.tag(PurposeSourceRangeAllow)
+		for i := range elems {
+			elems[i].Tag = tag
+		}
+		cp.add(set.Name, elems...)
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: set.Name}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(PurposeSourceRangeAllow)})
 	}
 	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: truncateComment(comment + " source ranges"), Tag: cp.tag(PurposeSourceRangeDrop)})
 	cp.part.Chains = append(cp.part.Chains, ch)
