@@ -327,6 +327,7 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 		Limits: compile.Limits{
 			MaxFrontendsPerService:     o.MaxFrontendsPerService,
 			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,
+			MaxSourceRangesPerService:  o.MaxSourceRangesPerService,
 			MaxElements:                o.MaxTableElements,
 		},
 	}, nil

@@ -95,6 +95,9 @@ type Limits struct {
 	MaxFrontendsPerService int
 	// MaxEndpointsPerServicePort caps the endpoints of any one port of a Service.
 	MaxEndpointsPerServicePort int
+	// MaxSourceRangesPerService caps a Service's loadBalancerSourceRanges (each is an
+	// element of every port's source-range set).
+	MaxSourceRangesPerService int
 	// MaxElements is the table's element budget, checked against an estimate (see
 	// ElementCost) before compiling: Services are admitted oldest first, and those
 	// that no longer fit are set aside.
@@ -102,10 +105,12 @@ type Limits struct {
 }
 
 // Default limits (flags --max-frontends-per-service, --max-endpoints-per-service-port,
-// --max-table-elements). docs/security.md gives their reasons and costs.
+// --max-source-ranges-per-service, --max-table-elements). docs/security.md gives their
+// reasons and costs.
 const (
 	DefaultMaxFrontendsPerService     = 1000
 	DefaultMaxEndpointsPerServicePort = 10000
+	DefaultMaxSourceRangesPerService  = 10000
 	DefaultMaxElements                = 2000000
 )
 
@@ -114,6 +119,7 @@ func DefaultLimits() Limits {
 	return Limits{
 		MaxFrontendsPerService:     DefaultMaxFrontendsPerService,
 		MaxEndpointsPerServicePort: DefaultMaxEndpointsPerServicePort,
+		MaxSourceRangesPerService:  DefaultMaxSourceRangesPerService,
 		MaxElements:                DefaultMaxElements,
 	}
 }
@@ -123,6 +129,11 @@ func DefaultLimits() Limits {
 // entry and a hairpin element, two for a node port, and on the flat path (flat.go) a
 // copy of the endpoint entries for every further frontend. The flat path's copies are
 // bounded by maxFlatElements per service port.
+//
+// Kernel objects that are not elements are counted in elements of about the same
+// memory: with ClientIP affinity each endpoint has its own set, chain and rules
+// (affinityCost), and with loadBalancerSourceRanges each load-balancer IP a
+// firewall-ips entry and each range two interval elements (its start and its end).
 func ElementCost(sp *model.ServicePort) int {
 	fronts, eps := frontends(sp), len(sp.Endpoints)
 	if sp.NodePort != 0 {
@@ -132,8 +143,20 @@ func ElementCost(sp *model.ServicePort) int {
 	if fronts > 1 && eps <= maxFlatEndpoints && fronts*eps <= maxFlatElements {
 		n += (fronts - 1) * eps
 	}
+	if sp.AffinityTimeout > 0 {
+		n += affinityCost * eps
+	}
+	if lbs := len(sp.LoadBalancerIPs); lbs > 0 && (len(sp.SourceRanges) > 0 || sp.SourceRangesBroken) {
+		n += lbs + 2*len(sp.SourceRanges)
+	}
 	return n
 }
+
+// affinityCost is what an endpoint under ClientIP affinity costs beside its entries, in
+// elements: its set (a small hash table that grows with the clients it records), its
+// chain and three rules take about as much kernel memory as this many map elements
+// (measured by TestKernelMemoryAffinity).
+const affinityCost = 24
 
 // frontends is the number of frontends a service port has (all families).
 func frontends(sp *model.ServicePort) int {

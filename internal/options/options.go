@@ -63,6 +63,7 @@ type Options struct {
 	// only; 0: no limit).
 	MaxFrontendsPerService     int
 	MaxEndpointsPerServicePort int
+	MaxSourceRangesPerService  int
 	MaxTableElements           int
 	// ServiceCounters: export per-service counters (nftproxy only);
 	// ServiceCountersMinInterval is the least time one kernel read of them serves.
@@ -125,6 +126,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.Var(&gatesValue{o: o}, "feature-gates", "A set of key=value pairs that describe feature gates, as kube-proxy's. Only AllowServiceExternalIPs has an effect: false programs no Service externalIPs at all. Others are reported and ignored.")
 	fs.IntVar(&o.MaxFrontendsPerService, "max-frontends-per-service", compile.DefaultMaxFrontendsPerService, "The most frontends (ports × cluster, external and load-balancer IPs) one Service may have; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxEndpointsPerServicePort, "max-endpoints-per-service-port", compile.DefaultMaxEndpointsPerServicePort, "The most endpoints one port of a Service may have; a Service with a port over it is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
+	fs.IntVar(&o.MaxSourceRangesPerService, "max-source-ranges-per-service", compile.DefaultMaxSourceRangesPerService, "The most loadBalancerSourceRanges one Service may list; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, the newest ones are not programmed and get a Warning event. 0: no limit. (nftproxy only)")
 	fs.BoolVar(&o.ServiceCounters, "service-counters", true, "Export per-service packet and byte counters (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total) on the metrics server's /metrics/services; /metrics never has them. false: the kernel's counter sets are never read and /metrics/services answers 404. (nftproxy only)")
 	fs.DurationVar(&o.ServiceCountersMinInterval, "service-counters-min-interval", 0, "Least time one read of the kernel's per-service counters serves scrapes for; a read always serves for 20 times as long as it took. (nftproxy only)")
@@ -403,7 +405,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--vmodule works with --logging-format=text only (as kube-proxy's)")
 	}
 	for flag, n := range map[string]int{"--max-frontends-per-service": o.MaxFrontendsPerService,
-		"--max-endpoints-per-service-port": o.MaxEndpointsPerServicePort, "--max-table-elements": o.MaxTableElements} {
+		"--max-endpoints-per-service-port": o.MaxEndpointsPerServicePort, "--max-table-elements": o.MaxTableElements,
+		"--max-source-ranges-per-service": o.MaxSourceRangesPerService} {
 		if n < 0 {
 			return fmt.Errorf("%s: %d must not be negative (0: no limit)", flag, n)
 		}
