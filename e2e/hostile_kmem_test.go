@@ -26,9 +26,10 @@ import (
 )
 
 const (
-	// kmemAffinityEndpoints is the size of the tenant's ClientIP Service: each endpoint's
-	// set preallocated a 131072-bucket hash table when declared with size 65535, about
-	// 0.66 MiB of kernel memory each (330 MiB here); without a size, about 3 KB.
+	// kmemAffinityEndpoints is the size of the tenant's ClientIP Service: declared with
+	// size 65535, each endpoint's set had its hash table sized for 65,535 clients up
+	// front, about 0.66 MiB of kernel memory each (330 MiB here); without a size, about
+	// 3 KB.
 	kmemAffinityEndpoints = 500
 	// kmemAffinityBound bounds the node's kernel memory growth for that Service.
 	kmemAffinityBound = 64 << 20

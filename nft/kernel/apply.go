@@ -746,6 +746,11 @@ func (d *elemDelta) removeElements(oldSets, sets map[string]*nft.Set, old *nft.P
 		if s == nil {
 			s = sets[se.Set] // same definition (checked), set kept or gone
 		}
+		if s == nil { // the part's own set (a source-range set)
+			if i := slices.IndexFunc(old.Sets, func(o *nft.Set) bool { return o.Name == se.Set }); i >= 0 {
+				s = old.Sets[i]
+			}
+		}
 		if s == nil {
 			return fmt.Errorf("part %s: elements for set %s, which the ruleset does not define", old.Owner, se.Set)
 		}
