@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"weak"
@@ -151,6 +152,18 @@ func (rs *Ruleset) Flatten() *Ruleset {
 		byName[s.Name] = &c
 		out.Sets = append(out.Sets, &c)
 	}
+	// a part's own sets (a source-range set) take its elements too
+	var partSets []*Set
+	for _, p := range rs.Parts {
+		for _, s := range p.Sets {
+			c := *s
+			c.Elements = slices.Clip(s.Elements)
+			if byName[s.Name] == nil {
+				byName[s.Name] = &c
+			}
+			partSets = append(partSets, &c)
+		}
+	}
 	seen := map[string]map[string]bool{}
 	for _, p := range rs.Parts {
 		for _, se := range p.Elements {
@@ -182,8 +195,8 @@ func (rs *Ruleset) Flatten() *Ruleset {
 		}
 	}
 	out.Chains = regular
+	out.Sets = append(out.Sets, partSets...)
 	for _, p := range rs.Parts {
-		out.Sets = append(out.Sets, p.Sets...)
 		out.Chains = append(out.Chains, p.Chains...)
 	}
 	out.Chains = append(out.Chains, base...)

@@ -44,6 +44,8 @@ func renderSet(b *strings.Builder, fam Family, s *Set) {
 		fmt.Fprintf(b, "\t\tsize %d\n", s.Size)
 	}
 	switch {
+	case s.Interval:
+		b.WriteString("\t\tflags interval\n")
 	case s.Dynamic && s.Timeout > 0:
 		b.WriteString("\t\tflags dynamic,timeout\n")
 	case s.Dynamic:
@@ -146,6 +148,9 @@ func typeName(t Datatype) string {
 }
 
 func renderElement(s *Set, e Element) string {
+	if s.Interval {
+		return RenderElementKey(s, e)
+	}
 	out := renderValues(s.Key, e.Key)
 	if s.Counter {
 		out += " counter packets 0 bytes 0"
@@ -162,8 +167,20 @@ func renderElement(s *Set, e Element) string {
 	return out
 }
 
-// RenderElementKey renders an element's key, for messages.
-func RenderElementKey(s *Set, e Element) string { return renderValues(s.Key, e.Key) }
+// RenderElementKey renders an element's key, for messages: an interval set's range as a
+// prefix when it is one, else as "first-last".
+func RenderElementKey(s *Set, e Element) string {
+	if s.Interval && len(e.Key) == 1 && len(e.Data) == 1 {
+		if p, ok := RangePrefix(e.Key[0].Addr(), e.Data[0].Addr()); ok {
+			if p.Bits() == p.Addr().BitLen() {
+				return p.Addr().String()
+			}
+			return p.String()
+		}
+		return e.Key[0].Addr().String() + "-" + e.Data[0].Addr().String()
+	}
+	return renderValues(s.Key, e.Key)
+}
 
 func renderValues(types []Datatype, vals []Value) string {
 	parts := make([]string, len(vals))

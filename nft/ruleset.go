@@ -133,6 +133,12 @@ type Set struct {
 	Epoch   string
 	// Counter gives every element packet and byte counters, updated by lookups.
 	Counter bool
+	// Interval sets (of one address field) hold ranges: each element's Key is a range's
+	// first address and its Data (one value of the key's type) the last, inclusive.
+	// Ranges must not overlap or touch (see MergeRanges). A lookup takes logarithmic
+	// time in the number of ranges; the kernel stores a range as two elements, its
+	// start and the address after its end (none when it ends at the last address).
+	Interval bool
 }
 
 // IsMap reports whether the set carries values.

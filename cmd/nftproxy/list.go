@@ -302,11 +302,22 @@ func listServices(rs *nft.Ruleset) []listedPort {
 			f.SourceRanges = []string{} // closed unless a rule admits a range
 			if c := chains[e.Verdict.Chain]; c != nil {
 				for _, r := range c.Rules {
-					if len(r.Stmts) == 2 {
-						m, ok1 := r.Stmts[0].(nft.MatchPrefix)
-						v, ok2 := r.Stmts[1].(nft.Verdict)
-						if ok1 && ok2 && m.Field == nft.FieldSaddr && m.Op == nft.OpEq && v.Kind == nft.Return {
+					if len(r.Stmts) != 2 {
+						continue
+					}
+					if v, ok := r.Stmts[1].(nft.Verdict); !ok || v.Kind != nft.Return {
+						continue
+					}
+					switch m := r.Stmts[0].(type) {
+					case nft.MatchPrefix: // a table written by an older nftproxy
+						if m.Field == nft.FieldSaddr && m.Op == nft.OpEq {
 							f.SourceRanges = append(f.SourceRanges, m.Prefix.String())
+						}
+					case nft.Lookup: // the interval set of admitted sources
+						if rs := sets[m.Set]; rs != nil && rs.Interval && len(m.Fields) == 1 && m.Fields[0] == nft.FieldSaddr {
+							for _, el := range rs.Elements {
+								f.SourceRanges = append(f.SourceRanges, sourceRange(rs, el))
+							}
 						}
 					}
 				}
@@ -611,4 +622,16 @@ func endpointLines(f listedFrontend) []string {
 		out = append(out, l)
 	}
 	return out
+}
+
+// sourceRange shows a range of a source-range set as a prefix when it is one (a single
+// address with its full length, as loadBalancerSourceRanges writes it), else as
+// "first-last".
+func sourceRange(s *nft.Set, e nft.Element) string {
+	if len(e.Key) == 1 && len(e.Data) == 1 {
+		if p, ok := nft.RangePrefix(e.Key[0].Addr(), e.Data[0].Addr()); ok {
+			return p.String()
+		}
+	}
+	return nft.RenderElementKey(s, e)
 }

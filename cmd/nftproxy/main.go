@@ -335,6 +335,7 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 			MaxFrontendsPerService:     o.MaxFrontendsPerService,
 			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,
 			MaxEndpointsPerService:     o.MaxEndpointsPerService,
+			MaxSourceRangesPerService:  o.MaxSourceRangesPerService,
 			MaxElements:                o.MaxTableElements,
 		},
 	}, nil

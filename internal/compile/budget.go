@@ -44,6 +44,10 @@ func (lim Limits) group(services []*model.ServicePort, from int) (to, cost int, 
 		fronts += frontends(sp)
 		eps += len(sp.Endpoints)
 		cost += ElementCost(sp)
+		if n := len(sp.SourceRanges); lim.MaxSourceRangesPerService > 0 && n > lim.MaxSourceRangesPerService && reason == "" {
+			reason = fmt.Sprintf("%d loadBalancerSourceRanges, more than --max-source-ranges-per-service=%d: the Service is not programmed",
+				n, lim.MaxSourceRangesPerService)
+		}
 		if n := len(sp.Endpoints); lim.MaxEndpointsPerServicePort > 0 && n > lim.MaxEndpointsPerServicePort && reason == "" {
 			reason = fmt.Sprintf("port %q has %d endpoints, more than --max-endpoints-per-service-port=%d: the Service is not programmed",
 				sp.Name.Port, n, lim.MaxEndpointsPerServicePort)

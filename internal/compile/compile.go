@@ -104,6 +104,9 @@ type Limits struct {
 	MaxEndpointsPerServicePort int
 	// MaxEndpointsPerService caps a Service's endpoints summed over its ports.
 	MaxEndpointsPerService int
+	// MaxSourceRangesPerService caps a Service's loadBalancerSourceRanges (each is an
+	// element of every port's source-range set).
+	MaxSourceRangesPerService int
 	// MaxElements is the table's element budget, checked against an estimate (see
 	// ElementCost) before compiling. Over it the budget is shared between namespaces
 	// (budget.go): one within its fair share keeps every Service, and one over it
@@ -112,12 +115,14 @@ type Limits struct {
 }
 
 // Default limits (flags --max-frontends-per-service, --max-endpoints-per-service-port,
-// --max-endpoints-per-service, --max-table-elements). docs/security.md gives their
+// --max-endpoints-per-service, --max-source-ranges-per-service, --max-table-elements).
+// docs/security.md gives their
 // reasons and costs.
 const (
 	DefaultMaxFrontendsPerService     = 1000
 	DefaultMaxEndpointsPerServicePort = 10000
 	DefaultMaxEndpointsPerService     = 100000
+	DefaultMaxSourceRangesPerService  = 10000
 	DefaultMaxElements                = 2000000
 )
 
@@ -127,6 +132,7 @@ func DefaultLimits() Limits {
 		MaxFrontendsPerService:     DefaultMaxFrontendsPerService,
 		MaxEndpointsPerServicePort: DefaultMaxEndpointsPerServicePort,
 		MaxEndpointsPerService:     DefaultMaxEndpointsPerService,
+		MaxSourceRangesPerService:  DefaultMaxSourceRangesPerService,
 		MaxElements:                DefaultMaxElements,
 	}
 }
@@ -136,6 +142,11 @@ func DefaultLimits() Limits {
 // entry and a hairpin element, two for a node port, and on the flat path (flat.go) a
 // copy of the endpoint entries for every further frontend. The flat path's copies are
 // bounded by maxFlatElements per service port.
+//
+// Kernel objects that are not elements are counted in elements of about the same
+// memory: with ClientIP affinity each endpoint has its own set, chain and rules
+// (affinityCost), and with loadBalancerSourceRanges each load-balancer IP a
+// firewall-ips entry and each range two interval elements (its start and its end).
 func ElementCost(sp *model.ServicePort) int {
 	fronts, eps := frontends(sp), len(sp.Endpoints)
 	if sp.NodePort != 0 {
@@ -145,8 +156,20 @@ func ElementCost(sp *model.ServicePort) int {
 	if fronts > 1 && eps <= maxFlatEndpoints && fronts*eps <= maxFlatElements {
 		n += (fronts - 1) * eps
 	}
+	if sp.AffinityTimeout > 0 {
+		n += affinityCost * eps
+	}
+	if lbs := len(sp.LoadBalancerIPs); lbs > 0 && (len(sp.SourceRanges) > 0 || sp.SourceRangesBroken) {
+		n += lbs + 2*len(sp.SourceRanges)
+	}
 	return n
 }
+
+// affinityCost is what an endpoint under ClientIP affinity costs beside its entries, in
+// elements: its set (a small hash table that grows with the clients it records), its
+// chain and three rules take about as much kernel memory as this many map elements
+// (measured by TestKernelMemoryAffinity).
+const affinityCost = 24
 
 // frontends is the number of frontends a service port has (all families).
 func frontends(sp *model.ServicePort) int {
@@ -1013,7 +1036,7 @@ func (c *compiler) affinity(cp *compiledPart, ch *nft.Chain, sp *model.ServicePo
 		epChain := fmt.Sprintf("%s/%d", ch.Name, i)
 		set := &nft.Set{
 			Name: "affinity-" + strings.TrimPrefix(epChain, "svc-"), Key: []nft.Datatype{c.addrType()},
-			Dynamic: true, Timeout: sp.AffinityTimeout, Size: 65535,
+			Dynamic: true, Timeout: sp.AffinityTimeout,
 			Comment: "ClientIP affinity to " + e.AddrPort().String(),
 			Epoch:   e.AddrPort().String(), // clients learned for another endpoint are dropped
 		}
@@ -1035,7 +1058,9 @@ func (c *compiler) affinity(cp *compiledPart, ch *nft.Chain, sp *model.ServicePo
 }
 
 // firewall restricts who may use a service's load-balancer IPs (loadBalancerSourceRanges):
-// other sources are dropped before DNAT.
+// other sources are dropped before DNAT. The admitted sources are one interval set per
+// service port, so that a packet costs one lookup (logarithmic in the ranges) however
+// many ranges the Service lists; kube-proxy does the same with an anonymous set.
 func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []netip.Addr, comment string) {
 	var ranges []netip.Prefix
 	for _, r := range sp.SourceRanges {
@@ -1057,15 +1082,26 @@ func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []net
 	ch := &nft.Chain{Name: name}
 	allowNode := false
 	for _, r := range ranges {
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: r}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(PurposeSourceRangeAllow)})
 		for _, n := range c.node.IPs {
 			allowNode = allowNode || r.Contains(n)
 		}
 	}
 	if allowNode { // the node reaching a VIP it holds locally uses the VIP as source
 		for _, ip := range lbIPs {
-			ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(PurposeSourceRangeAllow)})
+			ranges = append(ranges, netip.PrefixFrom(ip, ip.BitLen()))
 		}
+	}
+	if len(ranges) > 0 {
+		set := &nft.Set{Name: name, Key: []nft.Datatype{c.addrType()}, Interval: true,
+			Comment: truncateComment(comment + " source ranges")}
+		cp.part.Sets = append(cp.part.Sets, set)
+		elems := nft.MergeRanges(ranges)
+		tag := cp.tag(PurposeSourceRangeAllow)
+		for i := range elems {
+			elems[i].Tag = tag
+		}
+		cp.add(set.Name, elems...)
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: set.Name}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(PurposeSourceRangeAllow)})
 	}
 	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: truncateComment(comment + " source ranges"), Tag: cp.tag(PurposeSourceRangeDrop)})
 	cp.part.Chains = append(cp.part.Chains, ch)

@@ -114,6 +114,10 @@ func checkReferences(t *testing.T, rs *nft.Ruleset) {
 				if len(e.Data) != len(s.Data) {
 					t.Errorf("%s: value has %d fields, map has %d", where, len(e.Data), len(s.Data))
 				}
+			case s.Interval:
+				if len(e.Data) != 1 || e.Data[0].Addr().Less(e.Key[0].Addr()) {
+					t.Errorf("%s: not a range", where)
+				}
 			case e.Verdict != nil || e.Data != nil:
 				t.Errorf("%s: value in a plain set", where)
 			}

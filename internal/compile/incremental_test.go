@@ -97,7 +97,7 @@ func TestCompilerIncremental(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/limits=%v", fam, limited), func(t *testing.T) {
 				cfg := configFor(fam)
 				if limited {
-					cfg.Limits = Limits{MaxFrontendsPerService: 4, MaxEndpointsPerServicePort: 6, MaxElements: 150}
+					cfg.Limits = Limits{MaxFrontendsPerService: 4, MaxEndpointsPerServicePort: 6, MaxElements: 300}
 				}
 				walkIncremental(t, fam, cfg)
 			})

@@ -3,6 +3,7 @@ package compile
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -274,17 +275,17 @@ func TestSourceRangesFailClosed(t *testing.T) {
 	fw := ChainName("fw", lb.Name)
 	drop := nft.Verdict{Kind: nft.Drop}
 	for _, tc := range []struct {
-		fam  nft.Family
-		want [][]nft.Stmt
+		fam    nft.Family
+		want   [][]nft.Stmt
+		ranges []string // the admitted sources' set
 	}{
-		// IPv4 has a usable range (and the node's address is in it)
+		// IPv4 has a usable range (and the node's address is in it, so the VIP too)
 		{nft.IPv4, [][]nft.Stmt{
-			{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.MustParsePrefix("192.0.2.0/24")}, nft.Verdict{Kind: nft.Return}},
-			{nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpEq, Prefix: netip.MustParsePrefix("198.51.100.30/32")}, nft.Verdict{Kind: nft.Return}},
+			{nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: fw}, nft.Verdict{Kind: nft.Return}},
 			{drop},
-		}},
+		}, []string{"192.0.2.0/24", "198.51.100.30"}},
 		// IPv6 has none: closed
-		{nft.IPv6, [][]nft.Stmt{{drop}}},
+		{nft.IPv6, [][]nft.Stmt{{drop}}, nil},
 	} {
 		snap := snapshot(lb)
 		rs, _ := compileChecked(t, snap, configFor(tc.fam), NewSlots())
@@ -299,6 +300,17 @@ func TestSourceRangesFailClosed(t *testing.T) {
 		}
 		if rulesString(tc.fam, got) != rulesString(tc.fam, tc.want) {
 			t.Errorf("%s: firewall\n got %s\nwant %s", tc.fam, rulesString(tc.fam, got), rulesString(tc.fam, tc.want))
+		}
+		var ranges []string
+		for _, s := range rs.Sets {
+			if s.Name == fw {
+				for _, e := range s.Elements {
+					ranges = append(ranges, nft.RenderElementKey(s, e))
+				}
+			}
+		}
+		if !slices.Equal(ranges, tc.ranges) {
+			t.Errorf("%s: admitted sources %v, want %v", tc.fam, ranges, tc.ranges)
 		}
 		if len(elements(t, rs, mapFirewallIPs)) != 1 {
 			t.Errorf("%s: firewall-ips %v, want the load-balancer IP", tc.fam, elements(t, rs, mapFirewallIPs))

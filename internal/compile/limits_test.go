@@ -494,3 +494,64 @@ func BenchmarkBudgetAddOneService(b *testing.B) {
 		})
 	}
 }
+
+// A Service's source ranges are one set lookup per port, however many there are: an
+// off-range packet used to walk a rule per range (20,000 ranges: 1.2 ms a packet).
+func TestSourceRangesOneLookup(t *testing.T) {
+	sps := rangesService(2, 20000)
+	// a range holding another and two neighbours merge with it
+	sps[0].SourceRanges = append(slices.Clone(sps[0].SourceRanges), netip.MustParsePrefix("100.64.0.0/31"), netip.MustParsePrefix("100.64.0.1/32"))
+	sps[1].SourceRanges = sps[0].SourceRanges
+	rs, problems := Compile(snapshot(sps...), testConfig(), NewSlots())
+	if len(problems) > 0 {
+		t.Fatal(problems)
+	}
+	checkReferences(t, rs)
+	for _, sp := range sps {
+		fw := ChainName("fw", sp.Name)
+		ch := chainNamed(rs, fw)
+		if ch == nil || len(ch.Rules) != 2 {
+			t.Fatalf("%s: firewall chain %v, want a lookup and a drop", sp.Name, ch)
+		}
+		if l, ok := ch.Rules[0].Stmts[0].(nft.Lookup); !ok || l.Set != fw {
+			t.Errorf("%s: first rule %v, want a lookup of the set %s", sp.Name, ch.Rules[0].Stmts, fw)
+		}
+		s := setNamed(rs, fw)
+		if s == nil || !s.Interval || len(s.Elements) != 20000-1 {
+			t.Fatalf("%s: source set %+v, want an interval set of 19999 ranges", sp.Name, s)
+		}
+		if got := nft.RenderElementKey(s, s.Elements[0]); got != "100.64.0.0-100.64.0.2" {
+			t.Errorf("%s: first range %s, want 100.64.0.0-100.64.0.2 (merged)", sp.Name, got)
+		}
+	}
+}
+
+// What affinity and source ranges cost the kernel is counted in the budget, and a
+// Service with more ranges than the cap is set aside.
+func TestSourceRangesAndAffinityCost(t *testing.T) {
+	plain := affinityService(100)
+	plain[0].AffinityTimeout = 0
+	sticky := affinityService(100)
+	if d := ElementCost(&sticky[0]) - ElementCost(&plain[0]); d != 100*affinityCost {
+		t.Errorf("affinity adds %d elements to 100 endpoints, want %d", d, 100*affinityCost)
+	}
+	fenced := rangesService(1, 500)
+	open := fenced[0]
+	open.SourceRanges = nil
+	if d := ElementCost(&fenced[0]) - ElementCost(&open); d != 1+2*500 {
+		t.Errorf("500 source ranges add %d elements, want %d", d, 1+2*500)
+	}
+
+	cfg := testConfig()
+	cfg.Limits = Limits{MaxSourceRangesPerService: 499}
+	web := nsPort("shop", "web", tcp, 80, "10.96.0.20", 0, "10.244.1.80")
+	rs, problems := Compile(snapshot(append(rangesService(3, 500), web)...), cfg, NewSlots())
+	checkProblems(t, problems, []string{"Service default/fenced: 500 loadBalancerSourceRanges, more than --max-source-ranges-per-service=499: the Service is not programmed"})
+	if got := elements(t, rs, mapServiceIPs); len(got) != 1 || got["10.96.0.20 . 6 . 80"] == "" {
+		t.Errorf("service-ips %v, want only shop/web", got)
+	}
+	cfg.Limits.MaxSourceRangesPerService = 500
+	if _, problems := Compile(snapshot(rangesService(3, 500)...), cfg, NewSlots()); len(problems) > 0 {
+		t.Errorf("at the cap: %v", problems)
+	}
+}

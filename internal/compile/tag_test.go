@@ -76,7 +76,7 @@ func TestTagPurposes(t *testing.T) {
 	// a cluster IP, a load-balancer IP and a node port; one local and one remote endpoint
 	want := map[Purpose]int{
 		PurposeClusterIP: 1, PurposeDispatch: 3, PurposeCount: 3, PurposeSourceRanges: 1,
-		PurposeSourceRangeAllow: 2 /* the range, and the node via the VIP */, PurposeSourceRangeDrop: 1, PurposeMarkOffCluster: 1,
+		PurposeSourceRangeAllow: 3 /* the lookup rule; the range, and the node via the VIP, in its set */, PurposeSourceRangeDrop: 1, PurposeMarkOffCluster: 1,
 		PurposeShortCircuitPods: 1, PurposeMarkLocalSource: 1, PurposeShortCircuitLocal: 1, PurposeToEndpoints: 1,
 		PurposeEndpointDNAT: 2, PurposeEndpointSlot: 3, PurposeHairpin: 3,
 	}

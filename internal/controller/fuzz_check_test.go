@@ -70,8 +70,11 @@ func checkParts(rs *nft.Ruleset) []string {
 		owners[p.Owner] = true
 		for _, se := range p.Elements {
 			s := shared[se.Set]
+			if i := slices.IndexFunc(p.Sets, func(o *nft.Set) bool { return o.Name == se.Set }); s == nil && i >= 0 {
+				s = p.Sets[i] // the part's own set (a source-range set)
+			}
 			if s == nil {
-				bad("part %q adds %d elements to set %q, which is not a shared set", p.Owner, se.Len(), se.Set)
+				bad("part %q adds %d elements to set %q, which is neither shared nor its own", p.Owner, se.Len(), se.Set)
 				continue
 			}
 			for _, e := range se.All() {
@@ -206,6 +209,10 @@ func checkRuleset(rs *nft.Ruleset, fam nft.Family) []string {
 			case s.IsMap():
 				if e.Verdict != nil || !valuesOK(s.Data, e.Data, addrOK) {
 					bad("%s: data %+v (verdict %v) does not fit type %v", where, e.Data, e.Verdict, s.Data)
+				}
+			case s.Interval: // a range: its first address is the key, its last the data
+				if e.Verdict != nil || !valuesOK(s.Key, e.Data, addrOK) || e.Data[0].Addr().Less(e.Key[0].Addr()) {
+					bad("%s: not a range of type %v: %s", where, s.Key, nft.RenderElementKey(s, e))
 				}
 			default:
 				if e.Verdict != nil || len(e.Data) > 0 {

@@ -64,6 +64,7 @@ type Options struct {
 	MaxFrontendsPerService     int
 	MaxEndpointsPerServicePort int
 	MaxEndpointsPerService     int
+	MaxSourceRangesPerService  int
 	MaxTableElements           int
 	// ExternalIPCIDRsFlag: --external-ip-cidrs, the only ranges Service externalIPs
 	// are programmed in (nftproxy only; empty: anywhere).
@@ -134,6 +135,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.IntVar(&o.MaxEndpointsPerService, "max-endpoints-per-service", compile.DefaultMaxEndpointsPerService, "The most endpoints one Service may have, summed over its ports; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, it is shared fairly between namespaces; a namespace within its share keeps every Service, one over it loses its newest, which get a Warning event. 0: no limit. (nftproxy only)")
 	fs.StringSliceVar(&o.ExternalIPCIDRsFlag, "external-ip-cidrs", nil, "CIDR ranges (comma-separated, any number, both families) Service externalIPs must lie in to be programmed; an externalIP outside them is refused with a Warning event. Empty: externalIPs anywhere (kube-proxy's behaviour). Listing the addresses you route to the nodes for externalIPs is the secure setting. Load-balancer IPs are not affected. Also applies with --config. (nftproxy only)")
+	fs.IntVar(&o.MaxSourceRangesPerService, "max-source-ranges-per-service", compile.DefaultMaxSourceRangesPerService, "The most loadBalancerSourceRanges one Service may list; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.BoolVar(&o.ServiceCounters, "service-counters", true, "Export per-service packet and byte counters (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total) on the metrics server's /metrics/services; /metrics never has them. false: the kernel's counter sets are never read and /metrics/services answers 404. (nftproxy only)")
 	fs.DurationVar(&o.ServiceCountersMinInterval, "service-counters-min-interval", 0, "Least time one read of the kernel's per-service counters serves scrapes for; a read always serves for 20 times as long as it took. (nftproxy only)")
 	fs.BoolVar(&o.Profiling, "profiling", false, "If true enables profiling via web interface on /debug/pprof handler of the metrics server (--metrics-bind-address).")
@@ -412,7 +414,7 @@ func (o *Options) Validate() error {
 	}
 	for flag, n := range map[string]int{"--max-frontends-per-service": o.MaxFrontendsPerService,
 		"--max-endpoints-per-service-port": o.MaxEndpointsPerServicePort, "--max-endpoints-per-service": o.MaxEndpointsPerService,
-		"--max-table-elements": o.MaxTableElements} {
+		"--max-table-elements": o.MaxTableElements, "--max-source-ranges-per-service": o.MaxSourceRangesPerService} {
 		if n < 0 {
 			return fmt.Errorf("%s: %d must not be negative (0: no limit)", flag, n)
 		}

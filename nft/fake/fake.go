@@ -429,7 +429,7 @@ func (t *table) missing(set, chain string) error {
 
 func sameDef(a, b *nft.Set) bool {
 	return a.Comment == b.Comment && a.Dynamic == b.Dynamic && a.Timeout == b.Timeout && a.Size == b.Size &&
-		a.Counter == b.Counter && slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data)
+		a.Counter == b.Counter && a.Interval == b.Interval && slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data)
 }
 
 // sameElem: the kernel keeps an existing element when the value is the same (a

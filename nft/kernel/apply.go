@@ -534,7 +534,7 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 		return err
 	}
 	for _, s := range cur.rs.Sets {
-		if m := cur.elems[s.Name]; m != nil && m.len() >= presizeMin && !s.Dynamic && s.Size == 0 && !cur.unsized[s.Name] {
+		if m := cur.elems[s.Name]; m != nil && m.len() >= presizeMin && !s.Dynamic && !s.Interval && s.Size == 0 && !cur.unsized[s.Name] {
 			cur.caps[s.Name] = capacityFor(m.len())
 		}
 	}
@@ -746,6 +746,11 @@ func (d *elemDelta) removeElements(oldSets, sets map[string]*nft.Set, old *nft.P
 		if s == nil {
 			s = sets[se.Set] // same definition (checked), set kept or gone
 		}
+		if s == nil { // the part's own set (a source-range set)
+			if i := slices.IndexFunc(old.Sets, func(o *nft.Set) bool { return o.Name == se.Set }); i >= 0 {
+				s = old.Sets[i]
+			}
+		}
 		if s == nil {
 			return fmt.Errorf("part %s: elements for set %s, which the ruleset does not define", old.Owner, se.Set)
 		}
@@ -929,7 +934,7 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 func sameSetDef(a, b *nft.Set) bool {
 	return a != nil && b != nil && a.Comment == b.Comment &&
 		a.Dynamic == b.Dynamic && a.Timeout == b.Timeout && a.Size == b.Size && a.Counter == b.Counter &&
-		slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data)
+		a.Interval == b.Interval && slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data)
 }
 
 // threadCPU is the calling thread's CPU time (0 if the clock cannot be read).

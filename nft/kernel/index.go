@@ -163,8 +163,12 @@ func sameValue(s *nft.Set, a, b *nft.Element) bool {
 	if len(a.Data) == 0 && len(b.Data) == 0 {
 		return true
 	}
+	types := s.Data
+	if s.Interval { // a range's last address
+		types = s.Key
+	}
 	var ab, bb [maxKeyLen]byte
-	ad, errA := wire.AppendValues(ab[:0], s.Data, a.Data)
-	bd, errB := wire.AppendValues(bb[:0], s.Data, b.Data)
+	ad, errA := wire.AppendValues(ab[:0], types, a.Data)
+	bd, errB := wire.AppendValues(bb[:0], types, b.Data)
 	return errA == nil && errB == nil && string(ad) == string(bd)
 }

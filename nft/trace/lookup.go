@@ -58,8 +58,19 @@ func (t *thread) field(f nft.Field, want nft.Datatype) (nft.Value, error) {
 	return v, nil
 }
 
-// find returns the element with exactly this key, or nil.
+// find returns the element with exactly this key (in an interval set, the range holding
+// it), or nil.
 func find(s *nft.Set, key []nft.Value) *nft.Element {
+	if s.Interval && len(key) == 1 {
+		a := key[0].Addr()
+		for i := range s.Elements {
+			e := &s.Elements[i]
+			if len(e.Key) == 1 && len(e.Data) == 1 && e.Key[0].Addr().Compare(a) <= 0 && a.Compare(e.Data[0].Addr()) <= 0 {
+				return e
+			}
+		}
+		return nil
+	}
 	for i := range s.Elements {
 		if equalKey(s.Key, s.Elements[i].Key, key) {
 			return &s.Elements[i]
@@ -95,7 +106,7 @@ func match(fam nft.Family, s *nft.Set, e nft.Element) Match {
 	switch {
 	case e.Verdict != nil:
 		text += " : " + nft.RenderStmt(fam, *e.Verdict)
-	case len(e.Data) > 0:
+	case len(e.Data) > 0 && !s.Interval:
 		text += " : " + renderData(s, e)
 	}
 	return Match{Set: s, Element: e, Text: text}

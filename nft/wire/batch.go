@@ -286,6 +286,9 @@ func (b *Batch) AddSet(s *nft.Set) {
 	if s.Dynamic {
 		flags |= unix.NFT_SET_EVAL
 	}
+	if s.Interval {
+		flags |= unix.NFT_SET_INTERVAL
+	}
 	b.u32(unix.NFTA_SET_FLAGS, flags)
 	b.u32(unix.NFTA_SET_KEY_TYPE, keyType)
 	b.u32(unix.NFTA_SET_KEY_LEN, keyLen)
@@ -401,8 +404,13 @@ func (w *ElemWriter) Close() {
 }
 
 // element encodes one list element: its key, and unless keyOnly its value, comment and
-// counter.
+// counter. A range of an interval set is two kernel elements: its first address, and
+// the address after its last, flagged as the interval's end (none when the range ends
+// at the family's last address), as nft sends them.
 func (b *Batch) element(s *nft.Set, e *nft.Element, keyOnly bool) error {
+	if s.Interval {
+		return b.interval(s, e, keyOnly)
+	}
 	el := b.nest(unix.NFTA_LIST_ELEM)
 	if err := b.data(unix.NFTA_SET_ELEM_KEY, s.Key, e.Key); err != nil {
 		return err
@@ -436,6 +444,34 @@ func (b *Batch) element(s *nft.Set, e *nft.Element, keyOnly bool) error {
 		}
 	}
 	b.close(el)
+	return nil
+}
+
+func (b *Batch) interval(s *nft.Set, e *nft.Element, keyOnly bool) error {
+	if len(e.Key) != 1 || len(e.Data) != 1 {
+		return fmt.Errorf("a range needs a first and a last address")
+	}
+	first, last := e.Key[0].Addr(), e.Data[0].Addr()
+	if !first.IsValid() || !last.IsValid() || first.Is4() != last.Is4() || last.Less(first) {
+		return fmt.Errorf("range %s-%s is not one", first, last)
+	}
+	el := b.nest(unix.NFTA_LIST_ELEM)
+	if err := b.data(unix.NFTA_SET_ELEM_KEY, s.Key, e.Key); err != nil {
+		return err
+	}
+	if !keyOnly && e.Comment != "" {
+		b.scratch = udataString(b.scratch[:0], udataComment, e.Comment)
+		b.attr(unix.NFTA_SET_ELEM_USERDATA, b.scratch)
+	}
+	b.close(el)
+	if end := last.Next(); end.IsValid() {
+		el := b.nest(unix.NFTA_LIST_ELEM)
+		if err := b.data(unix.NFTA_SET_ELEM_KEY, s.Key, []nft.Value{nft.Addr(end)}); err != nil {
+			return err
+		}
+		b.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
+		b.close(el)
+	}
 	return nil
 }
 

@@ -58,13 +58,14 @@ func Decode(st *TableState) (rs *nft.Ruleset, undecoded []string) {
 // type are left empty and their elements keep no values.
 func decodeSet(s *SetState) *nft.Set {
 	out := &nft.Set{
-		Name:    s.Name,
-		Key:     TypesOf(s.KeyType, s.KeyLen),
-		Comment: udataStringTLV(s.UserData, udataSetComment),
-		Dynamic: s.Flags&unix.NFT_SET_EVAL != 0,
-		Timeout: uint32(s.Timeout / 1000),
-		Size:    s.Size,
-		Counter: slices.Contains(s.Exprs, "counter"),
+		Name:     s.Name,
+		Key:      TypesOf(s.KeyType, s.KeyLen),
+		Comment:  udataStringTLV(s.UserData, udataSetComment),
+		Dynamic:  s.Flags&unix.NFT_SET_EVAL != 0,
+		Timeout:  uint32(s.Timeout / 1000),
+		Size:     s.Size,
+		Counter:  slices.Contains(s.Exprs, "counter"),
+		Interval: s.Flags&unix.NFT_SET_INTERVAL != 0,
 	}
 	switch {
 	case s.Flags&unix.NFT_SET_MAP == 0:
@@ -75,6 +76,10 @@ func decodeSet(s *SetState) *nft.Set {
 	}
 	keys := sortedKeys(s.Elements)
 	slices.SortFunc(keys, func(a, b string) int { return bytes.Compare([]byte(a), []byte(b)) })
+	if out.Interval {
+		out.Elements = decodeRanges(out.Key, s, keys)
+		return out
+	}
 	for _, k := range keys {
 		e := s.Elements[k]
 		el := nft.Element{Comment: CommentOf(e.UserData)}
@@ -89,6 +94,47 @@ func decodeSet(s *SetState) *nft.Set {
 		out.Elements = append(out.Elements, el)
 	}
 	return out
+}
+
+// decodeRanges pairs an interval set's elements, in address order, into ranges: a start
+// runs to the address before the next element (an interval's end), or to the family's
+// last address when none follows.
+func decodeRanges(key []nft.Datatype, s *SetState, keys []string) []nft.Element {
+	var out []nft.Element
+	for i := 0; i < len(keys); i++ {
+		e := s.Elements[keys[i]]
+		if e.Flags&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
+			continue // an end without a start (the kernel's own zero element, if any)
+		}
+		first, _ := decodeValues(key, e.Key)
+		if len(first) != 1 {
+			continue
+		}
+		last := lastOf(first[0].Addr())
+		if i+1 < len(keys) {
+			if n := s.Elements[keys[i+1]]; n.Flags&unix.NFT_SET_ELEM_INTERVAL_END != 0 {
+				end, _ := decodeValues(key, n.Key)
+				if len(end) == 1 {
+					last = end[0].Addr().Prev()
+					i++
+				}
+			}
+		}
+		out = append(out, nft.Element{Key: first, Data: []nft.Value{nft.Addr(last)}, Comment: CommentOf(e.UserData)})
+	}
+	return out
+}
+
+// lastOf is the last address of a's family.
+func lastOf(a netip.Addr) netip.Addr {
+	if a.Is4() {
+		return netip.AddrFrom4([4]byte{255, 255, 255, 255})
+	}
+	var b [16]byte
+	for i := range b {
+		b[i] = 0xff
+	}
+	return netip.AddrFrom16(b)
 }
 
 // udataStringTLV returns the string TLV typ of set userdata.
