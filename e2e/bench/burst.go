@@ -91,8 +91,9 @@ func (s *suite) bursts(ctx context.Context, p Proxy, proc *cluster.Process, n in
 			res := s.oneBurst(ctx, idx, o.Gap, errf)
 			window := time.Since(t0)
 			cpu1, _ := cpuSeconds(proc.PID())
+			after, afterErr := s.scrape(ctx)
 			if stopChurn != nil {
-				br.Written += stopChurn()
+				br.Written += stopChurn() // and its restoring writes, outside the window
 			}
 			for _, r := range res {
 				if r.err != nil {
@@ -104,7 +105,7 @@ func (s *suite) bursts(ctx context.Context, p Proxy, proc *cluster.Process, n in
 			}
 			br.Seconds += window.Seconds()
 			br.CPUSeconds += cpu1 - cpu0
-			if after, err := s.scrape(ctx); err == nil && before != nil {
+			if afterErr == nil && before != nil {
 				sh := "kubeproxy_sync_proxy_rules_duration_seconds"
 				hs := after.histogram(sh).sub(before.histogram(sh))
 				hk := after.histogram(p.KernelMetric).sub(before.histogram(p.KernelMetric))
