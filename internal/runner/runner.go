@@ -36,7 +36,8 @@ const (
 // The bound is a budget of idle time, as kube-proxy's MinInterval is one of idle time: it
 // grows by the time between the end of one sync and the start of the next (never during
 // a sync), up to Saved × MinInterval, and a sync of duration d spends d × MinInterval /
-// Share of it, the budget never going below −MinInterval. A requested sync starts once
+// Share of it (d: its duration, or the CPU time used meanwhile if smaller, see
+// MeasureCPU), the budget never going below −MinInterval. A requested sync starts once
 // the budget is not negative and Coalesce has passed since the first request it carries.
 // So:
 //
@@ -61,6 +62,8 @@ type Runner struct {
 	// MinIntervals of idle saved up at most.
 	coalesce, share time.Duration
 	saved           int
+	// cpu, if set, is the process's CPU time (see MeasureCPU).
+	cpu func() time.Duration
 
 	mu      sync.Mutex
 	pending time.Time // first request not yet taken by a sync; zero: none
@@ -132,6 +135,13 @@ func (r *Runner) earliest(since time.Time) time.Time {
 	}
 	return t
 }
+
+// MeasureCPU makes a sync's cost the smaller of its duration and the CPU time the process
+// used meanwhile (cpu returns the process's CPU time so far, e.g. ProcessCPU; a negative
+// value when it cannot tell, and the duration counts): on a machine whose CPUs are
+// busy with other work a sync takes longer without costing more, and is not paced as if
+// it did. Call it before Loop.
+func (r *Runner) MeasureCPU(cpu func() time.Duration) { r.cpu = cpu }
 
 // OnPanic sets a function called with the value of a recovered panic in fn.
 func (r *Runner) OnPanic(f func(any)) { r.onPanic = f }
@@ -205,15 +215,25 @@ func (r *Runner) Loop(stop <-chan struct{}) {
 		r.lastStart = r.clock.Now()
 		r.budget = r.available(r.lastStart)
 		first := !r.ran
+		var cpu0 time.Duration
+		if r.cpu != nil {
+			cpu0 = r.cpu()
+		}
 		err := r.safeRun(!requested)
 		r.lastEnd = r.clock.Now()
 		r.ran = true
+		took := r.lastEnd.Sub(r.lastStart)
+		if r.cpu != nil {
+			if cpu1 := r.cpu(); cpu0 >= 0 && cpu1 >= 0 {
+				took = min(took, max(0, cpu1-cpu0))
+			}
+		}
 		// Every requested run and every retry spends its cost. A periodic run does not:
 		// it comes only after MaxInterval without any run, and spending the budget then
 		// would make the next change wait behind a sync nobody asked for. Nor does the
 		// first (the cold start's full sync, once).
 		if periodic := !requested && r.failures == 0; !periodic && !first {
-			r.budget = max(-r.min, r.budget-r.cost(r.lastEnd.Sub(r.lastStart)))
+			r.budget = max(-r.min, r.budget-r.cost(took))
 		}
 		if err != nil {
 			r.failures++

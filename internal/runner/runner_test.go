@@ -519,3 +519,44 @@ func (h *harness) expectDone() {
 		h.t.Fatal("Loop did not return after stop")
 	}
 }
+
+// TestCostIsCPUTimeWhenSmaller: with MeasureCPU, a sync of 100 ms that used 5 ms of CPU
+// (the machine busy with other work) costs 5 ms: a pause of 100 ms, not the whole period;
+// one that used more CPU than its duration (two cores) costs its duration.
+func TestCostIsCPUTimeWhenSmaller(t *testing.T) {
+	h := newHarness(t)
+	h.took = 100 * time.Millisecond
+	h.r.saved = 0 // every sync pays its pause at once
+	var cpu atomic.Int64
+	per := atomic.Int64{}
+	per.Store(int64(5 * time.Millisecond))
+	h.during = func() { cpu.Add(per.Load()) }
+	h.r.MeasureCPU(func() time.Duration { return time.Duration(cpu.Load()) })
+	h.loop()
+	h.expectRun(false) // the first: spends nothing
+	h.expectWait(30*time.Second - h.took)
+	h.request()
+	h.expectWait(coalesce)
+	h.fire()
+	h.expectRun(false) // 5 ms of CPU: 100 ms of pause
+	h.expectWait(30*time.Second - h.took)
+	h.request()
+	h.expectWait(100 * time.Millisecond)
+	per.Store(int64(40 * time.Millisecond))
+	h.took = 20 * time.Millisecond // read by the next run, which the clock's timer orders after this
+	h.fire()
+	h.expectRun(false) // 40 ms of CPU in 20 ms: costs 20 ms, a pause of 400 ms
+	h.expectWait(30*time.Second - h.took)
+	h.request()
+	h.expectWait(400 * time.Millisecond)
+}
+
+func TestProcessCPU(t *testing.T) {
+	a := ProcessCPU()
+	for x := 0; ProcessCPU() == a; x++ { // spin until the kernel's accounting moves
+		_ = x * x
+	}
+	if b := ProcessCPU(); a < 0 || b <= a {
+		t.Fatalf("ProcessCPU went from %v to %v", a, b)
+	}
+}
