@@ -56,6 +56,8 @@ type Options struct {
 	// scenario), each written ExposeGap after the previous pair.
 	ExposeRepeats int
 	ExposeGap     time.Duration
+	// Burst is the burst scenario (burst.go); Services 0: none.
+	Burst BurstOpts
 	// Scenarios restricts what is measured after each cold start (names in
 	// AllScenarios); empty: all of them.
 	Scenarios    []string
@@ -91,7 +93,7 @@ func (z Size) String() string { return fmt.Sprintf("%dx%d", z.N, z.Endpoints) }
 
 // AllScenarios are the measurements Options.Scenarios can choose (the cold start always
 // runs: every other measurement needs a programmed proxy).
-var AllScenarios = []string{"footprint", "datapath", "onechange", "expose", "churn"}
+var AllScenarios = []string{"footprint", "datapath", "onechange", "expose", "burst", "churn"}
 
 func (o Options) has(scenario string) bool {
 	return len(o.Scenarios) == 0 || slices.Contains(o.Scenarios, scenario)
@@ -138,6 +140,8 @@ type Opts struct {
 	Expose       int      `json:"expose_repeats,omitempty"`
 	ExposeGapS   float64  `json:"expose_gap_seconds,omitempty"`
 	Scenarios    []string `json:"scenarios,omitempty"`
+
+	Burst *BurstOpts `json:"burst,omitempty"`
 }
 
 // Pop records how long writing the API objects took.
@@ -160,6 +164,7 @@ type Run struct {
 	// EndpointReplaced: one of E endpoints replaced by another pod, the count kept
 	EndpointReplaced *Latency  `json:"endpoint_replaced,omitempty"`
 	Expose           *Latency  `json:"expose,omitempty"` // new Service, then its EndpointSlice
+	Burst            *Burst    `json:"burst,omitempty"`
 	Churn            *Churn    `json:"churn,omitempty"`
 	Memory           *Memory   `json:"memory,omitempty"`
 	DataPath         *DataPath `json:"data_path,omitempty"`
@@ -343,6 +348,9 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 	if o.has("expose") {
 		s.res.Options.Expose, s.res.Options.ExposeGapS = o.ExposeRepeats, o.ExposeGap.Seconds()
 	}
+	if o.has("burst") && o.Burst.Services > 0 {
+		s.res.Options.Burst = &o.Burst
+	}
 	if err := s.setup(ctx); err != nil {
 		return nil, err
 	}
@@ -384,6 +392,7 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 				footprint: o.has("footprint"),
 				oneChange: o.has("onechange"),
 				expose:    o.has("expose") && o.ExposeRepeats > 0,
+				burst:     o.has("burst") && o.Burst.Services > 0,
 				dataPath:  o.has("datapath") && !wide && (n == o.SmallSize || n == maxN),
 				churn:     o.has("churn") && !wide && n == o.ChurnSize,
 			}
@@ -410,7 +419,7 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 			r := &Run{Proxy: p.Name, N: o.BigSize, Endpoints: ep}
 			s.res.Runs = append(s.res.Runs, r)
 			if err := s.runProxy(ctx, p, r, runOpts{footprint: o.has("footprint"), oneChange: o.has("onechange"),
-				expose: o.has("expose") && o.ExposeRepeats > 0}); err != nil {
+				expose: o.has("expose") && o.ExposeRepeats > 0, burst: o.has("burst") && o.Burst.Services > 0}); err != nil {
 				return s.res, err
 			}
 		}
@@ -504,7 +513,7 @@ func (s *suite) grow(ctx context.Context, from, to, eps int) error {
 	return nil
 }
 
-type runOpts struct{ footprint, oneChange, expose, dataPath, churn bool }
+type runOpts struct{ footprint, oneChange, expose, burst, dataPath, churn bool }
 
 // runProxy measures one proxy at the current size, then stops it and removes its rules.
 // Its error is fatal for the suite (the node could not be cleaned).
@@ -558,6 +567,9 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 		}
 		if o.expose {
 			r.Expose = s.expose(ctx, p, n, errf)
+		}
+		if o.burst {
+			r.Burst = s.bursts(ctx, p, proc, n, errf)
 		}
 		if o.churn {
 			if ch, err := s.churn(ctx, p, proc, n); err != nil {

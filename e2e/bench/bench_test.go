@@ -27,8 +27,9 @@ import (
 //	                  (default: these three), or nftproxy-list (see Proxies)
 //	BENCH_OUT         output directory (default docs/bench of the repository)
 //	BENCH_BOUND       per cold start (default 10m)
-//	BENCH_SCENARIOS   comma-separated subset of footprint,datapath,onechange,expose,churn (default all)
+//	BENCH_SCENARIOS   comma-separated subset of footprint,datapath,onechange,expose,burst,churn (default all)
 //	BENCH_EXPOSE_REPEATS  new Service + EndpointSlice pairs per proxy and N (default 20)
+//	BENCH_BURST_ROUNDS    bursts of 10 Services 100 ms apart per proxy and N, quiet and under churn (default 2)
 //	BENCH_NFTPROXY_BIN    a prebuilt nftproxy to measure instead of building the tree
 //	BENCH_HEAP_PROFILE    if set: nftproxy runs with --profiling, and its heap profile at the
 //	                      end of each size's measurements is saved in BENCH_OUT
@@ -47,6 +48,7 @@ func TestSideBySide(t *testing.T) {
 		ChurnSize: intEnv(t, "BENCH_CHURN_SIZE", 10000), ChurnRate: 50, ChurnFor: 60 * time.Second,
 		Repeats:       10,
 		ExposeRepeats: intEnv(t, "BENCH_EXPOSE_REPEATS", 20), ExposeGap: 3 * time.Second,
+		Burst:       BurstOpts{Services: 10, Gap: 100 * time.Millisecond, Rounds: intEnv(t, "BENCH_BURST_ROUNDS", 2), Idle: 5 * time.Second},
 		DataPathFor: 5 * time.Second, DataPathConc: 4,
 		Bound:   durEnv(t, "BENCH_BOUND", 10*time.Minute),
 		Samples: 22, ColdStarts: intEnv(t, "BENCH_COLD_STARTS", 3),
@@ -97,6 +99,7 @@ func TestSideBySideSmoke(t *testing.T) {
 		ChurnSize: 100, ChurnRate: 20, ChurnFor: 5 * time.Second,
 		Repeats:       2,
 		ExposeRepeats: 2, ExposeGap: 2 * time.Second,
+		Burst:       BurstOpts{Services: 3, Gap: 100 * time.Millisecond, Rounds: 1, Idle: time.Second},
 		DataPathFor: time.Second, DataPathConc: 2,
 		Bound:   2 * time.Minute,
 		Samples: 8, ColdStarts: 2,
@@ -157,6 +160,19 @@ func TestSideBySideSmoke(t *testing.T) {
 		if l := r.Expose; l == nil || l.Samples != o.ExposeRepeats || l.Failed != 0 || !(l.P50 > 0 && l.P99 >= l.P50) || l.Syncs < 1 || l.SyncMS <= 0 || l.WriteGapMS <= 0 {
 			t.Errorf("%s: expose %+v", r.Proxy, l)
 		}
+		if b := r.Burst; b == nil {
+			t.Errorf("%s: no burst measured", r.Proxy)
+		} else {
+			for name, br := range map[string]*BurstRun{"quiet": b.Quiet, "under churn": b.Churn} {
+				if br == nil || br.Samples != o.Burst.Services*o.Burst.Rounds || br.Failed != 0 || !(br.P50 > 0 && br.P99 >= br.P50) ||
+					br.Syncs < 1 || br.SyncMS <= 0 || br.CPUSeconds < 0 || br.Seconds <= 0 {
+					t.Errorf("%s: burst %s %+v", r.Proxy, name, br)
+				}
+			}
+			if b.Churn != nil && (b.Churn.ChurnRate != o.ChurnRate || b.Churn.Written == 0) {
+				t.Errorf("%s: burst under churn: %d writes at %d/s", r.Proxy, b.Churn.Written, b.Churn.ChurnRate)
+			}
+		}
 		for name, l := range map[string]*Latency{"add-service": r.AddService, "endpoint-change": r.EndpointChange, "endpoint-replaced": r.EndpointReplaced} {
 			if l == nil || l.Samples != o.Repeats || l.Failed != 0 || !(l.P50 > 0 && l.P99 >= l.P50) || l.KernelMS <= 0 || l.SyncMS <= 0 {
 				t.Errorf("%s: %s %+v", r.Proxy, name, l)
@@ -194,6 +210,9 @@ func TestSideBySideSmoke(t *testing.T) {
 		if !strings.Contains(string(md), "| "+p+" | 100 × 10 |") || !strings.Contains(string(md), "| "+p+" | 60 × 20 |") {
 			t.Errorf("results.md has no row for %s", p)
 		}
+	}
+	if !strings.Contains(string(md), "## Bursts") {
+		t.Error("results.md has no burst table")
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "chart.png"))
 	if err != nil {
@@ -425,7 +444,8 @@ func TestSampleAndPct(t *testing.T) {
 // The report and the chart render whatever the runs hold, timed-out and skipped runs
 // included.
 func TestReportRenders(t *testing.T) {
-	res := &Results{Host: Host{KubeProxy: "Kubernetes v1.37.0", CPUs: 2}, Options: Opts{Endpoints: 10, Repeats: 2}}
+	res := &Results{Host: Host{KubeProxy: "Kubernetes v1.37.0", CPUs: 2}, Options: Opts{Endpoints: 10, Repeats: 2,
+		Burst: &BurstOpts{Services: 10, Gap: 100 * time.Millisecond, Rounds: 2, Idle: 5 * time.Second}}}
 	for _, n := range []int{10, 1000} {
 		for i, p := range []string{"nftproxy", "kube-proxy-nftables", "kube-proxy-iptables"} {
 			f := float64(i + 1)
@@ -434,6 +454,8 @@ func TestReportRenders(t *testing.T) {
 				Footprint:      &Footprint{Tables: 2, Chains: n, Rules: n, Elements: n, PerService: 3, ListSeconds: 0.1},
 				AddService:     &Latency{Samples: 2, P50: 5 * f, P99: 9 * f, Max: 9 * f, KernelMS: f},
 				EndpointChange: &Latency{Samples: 2, P50: 6 * f, P99: 8 * f, Max: 8 * f, KernelMS: f},
+				Burst: &Burst{Quiet: &BurstRun{Latency: Latency{Samples: 20, P50: 20 * f, P99: 40 * f, Max: 40 * f}, Syncs: 10, Seconds: 1.1},
+					Churn: &BurstRun{Latency: Latency{Samples: 20, P50: 30 * f, P99: 60 * f, Max: 60 * f}, Syncs: 12, Seconds: 1.2, ChurnRate: 50, Written: 200}},
 			}
 			if n == 1000 && i == 2 {
 				r.ColdStart.TimedOut, r.ColdStart.AllProgrammed, r.ColdStart.Answered = true, 0, 1
@@ -453,8 +475,18 @@ func TestReportRenders(t *testing.T) {
 	if !lower {
 		t.Errorf("no lower-bound ratio for the timed-out run: %+v", res.Ratios)
 	}
+	var burst bool
+	for _, q := range res.Ratios {
+		if q.N == 10 && q.Upstream == "kube-proxy-nftables" && q.Metric == "burst under churn: Service → connection p50 (ms)" {
+			burst = math.Abs(q.Ratio-2) < 1e-9
+		}
+	}
+	if !burst {
+		t.Errorf("no burst ratio: %+v", res.Ratios)
+	}
 	md := res.Markdown()
-	for _, s := range []string{"> 600 s (1/2 answered)", "skipped: cold start exceeded", "| kube-proxy-nftables | 10 × 10 |"} {
+	for _, s := range []string{"> 600 s (1/2 answered)", "skipped: cold start exceeded", "| kube-proxy-nftables | 10 × 10 |",
+		"| nftproxy | 10 × 10 | under churn (50/s) | 30 ms / 60 ms / 60 ms |"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q:\n%s", s, md)
 		}

@@ -82,6 +82,8 @@ func ratios(runs []*Run) []Ratio {
 			}
 			return r.Expose.P99, true
 		}, ""},
+		{"burst: Service → connection p50 (ms)", burstP50(true), "quiet"},
+		{"burst under churn: Service → connection p50 (ms)", burstP50(false), ""},
 		{"churn packets p50 (ms)", func(r *Run) (float64, bool) {
 			if r.Churn == nil || r.Churn.PacketSamples == 0 {
 				return 0, false
@@ -282,6 +284,8 @@ func (r *Results) Markdown() string {
 			}
 		}
 	}
+
+	r.burstMarkdown(w)
 
 	w("\n## Churn\n\n")
 	w("| proxy | N | writes (rate) | programming p50 / p99 (histogram, obs.) | packets p50 / p99 (samples) | syncs | CPU | peak RSS |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")

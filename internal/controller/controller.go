@@ -180,6 +180,7 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	}
 	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod, max(cfg.MinSyncPeriod, time.Second), nil)
 	p.runner.OnPanic(func(v any) { log.Error(fmt.Errorf("%v", v), "Sync panicked; will retry") })
+	p.runner.MeasureCPU(runner.ProcessCPU)
 
 	p.apiErrs = &apiErrors{log: log, server: cfg.APIServer, now: time.Now}
 	p.discoveryBackoff = discoveryBackoffMin

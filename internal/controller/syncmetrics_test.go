@@ -209,6 +209,7 @@ func TestProgrammingLatencyFromTriggerTime(t *testing.T) {
 		t.Errorf("after the first sync: no local endpoints %v, programmed %v", n, rec.programmed)
 	}
 	rec.mu.Unlock()
+	waitQuiet(t, p)
 
 	dp.mu.Lock()
 	dp.fail = 1 // the next sync fails; the retry comes 1 s later
@@ -240,4 +241,25 @@ func TestProgrammingLatencyFromTriggerTime(t *testing.T) {
 		defer rec.mu.Unlock()
 		return rec.noLocal[metrics.IPv4] == [2]int{1, 0}
 	})
+}
+
+// waitQuiet waits until the proxy has synced every change it was told of and no sync ran
+// for 100 ms: the informers deliver their first events asynchronously, so one may come
+// after the first sync started and ask for another one, 10 ms after it.
+func waitQuiet(t *testing.T, p *Proxy) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	last := -1
+	for {
+		st := p.Status()
+		n := st.Syncs + st.Failures
+		if n == last && st.OldestPending.IsZero() {
+			return
+		}
+		last = n
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy did not become quiet")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
