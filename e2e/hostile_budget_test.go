@@ -235,22 +235,13 @@ func (e *env) clusterCost(t *testing.T) int {
 }
 
 // waitGone waits until the address is no longer in nftproxy's table.
-func (e *env) waitGone(t *testing.T, addr string) { e.waitTable(t, addr, false) }
+func (e *env) waitGone(t *testing.T, addr string) {
+	t.Helper()
+	e.waitTable(t, addr+" gone", func(table string) bool { return !inTable(table, addr) })
+}
 
 // waitIn waits until the address is in nftproxy's table.
-func (e *env) waitIn(t *testing.T, addr string) { e.waitTable(t, addr, true) }
-
-func (e *env) waitTable(t *testing.T, addr string, in bool) {
+func (e *env) waitIn(t *testing.T, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(converge)
-	for {
-		table, err := e.nftList(t.Context())
-		if err == nil && inTable(table, addr) == in {
-			return
-		}
-		if time.Now().After(deadline) || !e.proxy.Running() {
-			t.Fatalf("%s in the table %v, want %v, after %v (err %v); log:\n%s", addr, !in, in, converge, err, e.proxy.Tail(20))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	e.waitTable(t, addr, func(table string) bool { return inTable(table, addr) })
 }
