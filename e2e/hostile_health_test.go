@@ -1,9 +1,9 @@
 package e2e
 
 // TestHostileHealthServers: a tenant's pod holds more connections to the node's health
-// servers than their whole connection budgets (the healthz port 10256 and the
-// healthCheckNodePorts), keep-alive connections and unfinished requests both, and
-// keeps them. Throughout, the kubelet's liveness probe (127.0.0.1:10256/livez, from the
+// servers than their whole connection budgets (400 to the healthz port 10256, budget
+// 256; 800 to a healthCheckNodePort, budget 512 for all), keep-alive connections (300
+// and 600: each more than the budget) and unfinished requests, and keeps them. Throughout, the kubelet's liveness probe (127.0.0.1:10256/livez, from the
 // node), an external load balancer's probe of the healthz port and of a Local
 // load balancer's healthCheckNodePort are answered within 5 s, and nftproxy keeps
 // running. kube-proxy has no connection bound: none of this can starve it either.
@@ -48,7 +48,7 @@ func TestHostileHealthServers(t *testing.T) {
 	probes := []struct {
 		what, from, url, want string
 	}{
-		{"kubelet liveness probe (node, loopback)", c.NodeNS, "http://127.0.0.1:10256/livez", "ok"},
+		{"kubelet liveness probe (node, loopback)", c.NodeNS, "http://127.0.0.1:10256/livez", `"healthy":true`},
 		{"load balancer -> node healthz", c.ExternalNS, fmt.Sprintf("http://%s/healthz", hostPort(node, 10256)), "lastUpdated"},
 		{"load balancer -> healthCheckNodePort", c.ExternalNS, fmt.Sprintf("http://%s/", hostPort(node, hc)), `"localEndpoints":1`},
 	}
@@ -84,8 +84,8 @@ func TestHostileHealthServers(t *testing.T) {
 	// the attack: more than each budget (256 for healthz, 512 for all healthCheckNodePorts)
 	a := &holder{dial: cluster.NSDialer(attacker.NS)}
 	defer a.closeAll()
-	a.hold(t, hostPort(node, 10256), "/healthz", 300)
-	a.hold(t, hostPort(node, hc), "/", 600)
+	a.hold(t, hostPort(node, hc), "/", 800)
+	a.hold(t, hostPort(node, 10256), "/healthz", 400)
 	t.Logf("attacker %s: %d connections open, %d answered and kept alive, %d refused at once",
 		attacker.IP, a.open.Load(), a.keptAlive.Load(), a.refused.Load())
 	probeAll(t, "attacker holding its connections")
@@ -105,8 +105,8 @@ type holder struct {
 	open, keptAlive, refused atomic.Int64
 }
 
-// hold opens n connections to addr: the even ones send a keep-alive GET of path and
-// read its answer (then idle, as a keep-alive client does), the odd ones send an
+// hold opens n connections to addr: three in four send a keep-alive GET of path and
+// read its answer (then idle, as a keep-alive client does), the others send an
 // unfinished request. All answers are awaited at once, 3 s at most.
 func (h *holder) hold(t *testing.T, addr, path string, n int) {
 	t.Helper()
@@ -123,7 +123,7 @@ func (h *holder) hold(t *testing.T, addr, path string, n int) {
 		h.conns = append(h.conns, c)
 		h.mu.Unlock()
 		h.open.Add(1)
-		if i%2 == 1 {
+		if i%4 == 3 {
 			_, _ = io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n") // no final CRLF
 			continue
 		}
