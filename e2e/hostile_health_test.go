@@ -86,7 +86,7 @@ func TestHostileHealthServers(t *testing.T) {
 	defer a.closeAll()
 	a.hold(t, hostPort(node, hc), "/", 800)
 	a.hold(t, hostPort(node, 10256), "/healthz", 400)
-	t.Logf("attacker %s: %d connections open, %d answered and kept alive, %d refused at once",
+	t.Logf("attacker %s: %d connections made (the server may reset them after), %d answered and kept alive, %d reset before connect returned",
 		attacker.IP, a.open.Load(), a.keptAlive.Load(), a.refused.Load())
 	probeAll(t, "attacker holding its connections")
 	// and again, later in the keep-alive time the attacker's connections ask for
