@@ -109,8 +109,9 @@ func (e *env) testUpstreamMetrics(t *testing.T) {
 		t.Errorf("/debug/pprof/ served without --profiling:\n%.200s", body)
 	}
 
-	// verify with the API client's settings only: the rest comes from /configz
-	out, err := e.c.Exec(t.Context(), e.c.NodeNS, e.bin, "verify", "--kubeconfig", e.c.LeastPrivilegeKubeconfigT(t), "--wait", "30s")
+	// verify with the API client's settings only: the rest comes from /configz, asked
+	// for explicitly (it is unauthenticated)
+	out, err := e.c.Exec(t.Context(), e.c.NodeNS, e.bin, "verify", "--from-configz", "--kubeconfig", e.c.LeastPrivilegeKubeconfigT(t), "--wait", "30s")
 	if err != nil || !strings.Contains(string(out), "using the running proxy's settings from http://127.0.0.1:10249/configz") ||
 		!strings.Contains(string(out), "equal: ") {
 		t.Errorf("verify without the proxy's flags: %v\n%s", err, out)

@@ -88,6 +88,10 @@ type listedFrontend struct {
 	// dropped); empty: everyone.
 	SourceRanges []string         `json:"sourceRanges,omitempty"`
 	Endpoints    []listedEndpoint `json:"endpoints,omitempty"`
+	// Shadowed are the addresses where this frontend gets no new connections because
+	// another service port's frontend on the same address and port wins in the
+	// kernel's rules (an external IP on a node address at another Service's node port).
+	Shadowed []listedShadow `json:"shadowed,omitempty"`
 }
 
 // listedEndpoint is one endpoint a frontend can lead to.
@@ -324,6 +328,7 @@ func listServices(rs *nft.Ruleset) []listedPort {
 			}
 		}
 	}
+	(&shadowing{sets: sets, chains: chains}).mark(ports)
 	out := make([]listedPort, 0, len(ports))
 	for _, p := range ports {
 		for i := range p.Frontends {
@@ -587,6 +592,13 @@ func formatList(w io.Writer, ps []listedPort) error {
 					ranges = strings.Join(f.SourceRanges, ",")
 				}
 				lines = append(lines, "(source ranges: "+ranges+")")
+			}
+			for _, sh := range f.Shadowed {
+				if f.Type == frontendNodePort {
+					lines = append(lines, "(not on "+sh.Address+": "+sh.By+" takes it, "+sh.ByType+")")
+				} else {
+					lines = append(lines, "(shadowed: "+sh.By+" takes it, "+sh.ByType+")")
+				}
 			}
 			for i, l := range lines {
 				if i == 0 {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
@@ -213,5 +214,93 @@ func TestListFlatMissingEntry(t *testing.T) {
 		if !slices.Contains(lines, want) {
 			t.Errorf("no line %q in\n%s", want, out.String())
 		}
+	}
+}
+
+// TestListShowsWhoWinsANodePort: the tenant's externalIP is the node's address
+// (192.0.2.10) on the port that is the victim's node port. list shows, from the table's
+// rules, which of the two frontends the kernel sends new connections to there, and
+// marks the other: as compiled, and with the services chain's node-port rules moved
+// ahead of the frontend rules (node ports then win on node addresses).
+func TestListShowsWhoWinsANodePort(t *testing.T) {
+	victim := listPort("web", "10.96.0.1", 30080, 0, 2)
+	victim.Name.Namespace = "victim"
+	tenant := listPort("x", "10.96.0.2", 0, 10, 1)
+	tenant.Name.Namespace = "tenant"
+	tenant.Port = 30080
+	tenant.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.0.2.10")}
+	tenant.Created = victim.Created.Add(time.Hour)
+	snap := &model.Snapshot{
+		Node:     model.Node{Name: "node-1", IPs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}},
+		Services: model.Ports([]model.ServicePort{victim, tenant}),
+	}
+	compiled, _ := compile.Compile(snap, listConfig(), compile.NewSlots())
+	list := func(rs *nft.Ruleset) map[string]listedFrontend {
+		t.Helper()
+		var out, errs bytes.Buffer
+		if code := listCommand([]string{"-o", "json"}, encodedTables{nft.IPv4: rs}, &out, &errs); code != 0 {
+			t.Fatalf("exit %d: %s", code, errs.String())
+		}
+		var ports []listedPort
+		if err := json.Unmarshal(out.Bytes(), &ports); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]listedFrontend{}
+		for _, p := range ports {
+			for _, f := range p.Frontends {
+				got[p.Service+" "+f.Type+" "+f.Address] = f
+			}
+		}
+		return got
+	}
+	nodePort, external := "victim/web:http NodePort ", "tenant/x:http External 192.0.2.10"
+	onNode := []listedShadow{{Address: "192.0.2.10", By: "tenant/x:http", ByType: "External"}}
+	byNodePort := []listedShadow{{Address: "192.0.2.10", By: "victim/web:http", ByType: "NodePort"}}
+
+	got := list(compiled)
+	var text, errText bytes.Buffer
+	listCommand(nil, encodedTables{nft.IPv4: compiled}, &text, &errText)
+	t.Logf("as compiled:\n%s", text.String())
+	if _, programmed := got[external]; programmed {
+		// the external frontend is programmed: its rule comes first in the services chain
+		if !slices.Equal(got[nodePort].Shadowed, onNode) || got[external].Shadowed != nil {
+			t.Errorf("as compiled (external frontends first): node port shadowed on %+v, external on %+v; want the node port shadowed on 192.0.2.10",
+				got[nodePort].Shadowed, got[external].Shadowed)
+		}
+	} else if got[nodePort].Shadowed != nil {
+		t.Errorf("as compiled (the externalIP refused): node port shadowed on %+v", got[nodePort].Shadowed)
+	}
+
+	// the same elements, node-port rules first: the node port wins on its addresses
+	rs, _ := compile.Compile(snap, listConfig(), compile.NewSlots())
+	for _, c := range rs.Chains {
+		if c.Name != listServicesChain {
+			continue
+		}
+		var port, other []nft.Rule
+		for _, r := range c.Rules {
+			if slices.ContainsFunc(r.Stmts, func(s nft.Stmt) bool { l, ok := s.(nft.Lookup); return ok && l.Set == listNodePortIPs }) {
+				port = append(port, r)
+			} else {
+				other = append(other, r)
+			}
+		}
+		if len(port) == 0 {
+			t.Fatal("no node-port rule in the services chain")
+		}
+		c.Rules = append(port, other...)
+	}
+	if _, ok := got[external]; !ok {
+		t.Skip("the compiler refuses the externalIP: nothing to shadow")
+	}
+	got = list(rs)
+	if !slices.Equal(got[external].Shadowed, byNodePort) || got[nodePort].Shadowed != nil {
+		t.Errorf("node-port rules first: external shadowed on %+v, node port on %+v; want the external shadowed by the node port",
+			got[external].Shadowed, got[nodePort].Shadowed)
+	}
+	var out, errs bytes.Buffer
+	listCommand(nil, encodedTables{nft.IPv4: rs}, &out, &errs)
+	if !strings.Contains(out.String(), "(shadowed: victim/web:http takes it, NodePort)") {
+		t.Errorf("text listing lacks the shadow:\n%s", out.String())
 	}
 }

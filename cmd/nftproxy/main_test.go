@@ -68,3 +68,19 @@ func TestConfigureErrors(t *testing.T) {
 		}
 	}
 }
+
+// A security feature gate given as a flag that contradicts --config (whose value is
+// the one used) stops nftproxy before it starts: one line naming both, exit code 2.
+func TestConfigureRefusesContradictingSecurityGate(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 10.1.0.0/16\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	fs, o := options.NewFlagSet()
+	code, exit := configure(fs, o, []string{"--config", file, "--feature-gates=AllowServiceExternalIPs=false"}, &stderr)
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	if code != 2 || !exit || len(lines) != 1 || !strings.Contains(lines[0], "--feature-gates AllowServiceExternalIPs=false contradicts --config "+file) {
+		t.Errorf("code %d exit %v stderr %q; want 2, one line naming the flag and the file", code, exit, stderr.String())
+	}
+}

@@ -67,21 +67,23 @@ func runVerify(args []string, stdout, stderr io.Writer) int {
 	return verifyLoop(ctx, client, cfg, readback.Reader{}, wait, stdout, stderr)
 }
 
-// verifySettings parses verify's command line and reads the running proxy's settings
-// (see proxySettings): the options, the proxy's controller configuration and --wait.
+// verifySettings parses verify's command line into the reference settings: --config or
+// the flags given, or with --from-configz the running proxy's /configz (see
+// proxySettings). It returns the options, the controller configuration and --wait.
 // On --help or an error it returns nil options and the exit code.
 func verifySettings(args []string, stderr io.Writer) (*options.Options, controller.Config, time.Duration, int) {
 	var none controller.Config
 	fs, o := options.NewFlagSet()
 	wait := fs.Duration("wait", 0, "Keep comparing (listing the API again each second) for up to this long until the kernel matches: the proxy may not have synced the latest changes yet. 0: compare once.")
-	fromProxy := fs.Bool("from-configz", true, "Read the running proxy's settings from its /configz on --metrics-bind-address (default the local 127.0.0.1:10249), so its flags need not be repeated; flags given here override them. Not with --config.")
+	fromProxy := fs.Bool("from-configz", false, "Take the reference settings from /configz on --metrics-bind-address (default 127.0.0.1:10249) instead of repeating the proxy's flags; flags given here override them. Not with --config. /configz is unauthenticated: whatever process serves that port decides what the kernel is compared with. Prefer --config with the proxy's own file.")
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		subcommandUsage(stderr, "usage: nftproxy verify [flags]\n\n"+
 			"Compares nftproxy's tables in the kernel with what the Services, EndpointSlices and\n"+
-			"Node in the API compile to, with the running proxy's settings (read from its\n"+
-			"/configz; flags given here override them, --config replaces them, except\n"+
-			"--kubeconfig, which verify always uses as given). Prints every\n"+
+			"Node in the API compile to, with the settings given here: --config (the proxy's\n"+
+			"own file, as in the DaemonSet's container) or flags, as the proxy reads them,\n"+
+			"except --kubeconfig, which verify always uses as given (--from-configz reads\n"+
+			"them from the running proxy's unauthenticated /configz instead). Prints every\n"+
 			"difference, rules and elements in nft syntax as the kernel holds them (a rule\n"+
 			"nftproxy never writes by its expressions); exits 0 when equal, 1 when different,\n"+
 			"2 on error.\n", fs, "wait", "from-configz")
@@ -97,8 +99,16 @@ func verifySettings(args []string, stderr io.Writer) (*options.Options, controll
 		fmt.Fprintf(stderr, "nftproxy verify: unexpected arguments %q\n", fs.Args())
 		return nil, none, 0, verifyError
 	}
-	if *fromProxy && !fs.Changed("config") {
+	switch {
+	case *fromProxy && fs.Changed("config"):
+		fmt.Fprintln(stderr, "nftproxy verify: --from-configz and --config: give one of them")
+		return nil, none, 0, verifyError
+	case *fromProxy:
 		defer proxySettings(o, stderr)()
+	case fs.Changed("config"):
+		fmt.Fprintf(stderr, "nftproxy verify: comparing with the settings of --config %s\n", o.ConfigFile)
+	default:
+		fmt.Fprintln(stderr, "nftproxy verify: comparing with the flags given here (kube-proxy's defaults for the rest); give the proxy's --config for its settings")
 	}
 	// verify talks to the API as whoever runs it: a --kubeconfig given here is used even
 	// with --config, whose clientConnection.kubeconfig is the proxy pod's path.
@@ -213,6 +223,10 @@ func proxySettings(o *options.Options, stderr io.Writer) (cleanup func()) {
 		return cleanup
 	}
 	url := "http://" + dialable(addr) + "/configz"
+	// nothing authenticates the answer: a process that holds the port (the proxy
+	// restarting, or any other on the node) can serve settings under which a tampered
+	// kernel compares equal
+	fmt.Fprintf(stderr, "nftproxy verify: warning: %s is unauthenticated: the comparison is only as good as whatever serves it; prefer --config with the proxy's own file\n", url)
 	c, err := fetchConfigz(url)
 	if err != nil {
 		fmt.Fprintf(stderr, "nftproxy verify: could not read the running proxy's settings (%v); comparing with the flags given alone\n", err)

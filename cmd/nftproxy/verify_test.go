@@ -155,10 +155,11 @@ func TestVerifyOnce(t *testing.T) {
 	}
 }
 
-// TestVerifyReadsRunningProxySettings: verify given only the proxy's metrics address
-// reads its settings from /configz (here a non-default --cluster-cidr and the node
-// name) and finds no difference; flags given override them; an unreachable /configz is
-// said and the flags alone count.
+// TestVerifyReadsRunningProxySettings: verify given --from-configz and the proxy's
+// metrics address reads its settings from /configz (here a non-default --cluster-cidr
+// and the node name), with a warning that nothing authenticates them, and finds no
+// difference; flags given override them; an unreachable /configz is said and the flags
+// alone count. Without --from-configz /configz is never asked.
 func TestVerifyReadsRunningProxySettings(t *testing.T) {
 	ctx := context.Background()
 	srv := httptest.NewUnstartedServer(nil)
@@ -198,24 +199,86 @@ func TestVerifyReadsRunningProxySettings(t *testing.T) {
 		}
 		return res.diff, stderr.String()
 	}
-	diff, msg := compare("--metrics-bind-address", addr)
-	if !diff.Empty() || !strings.Contains(msg, "using the running proxy's settings from http://"+addr+"/configz") {
+	diff, msg := compare("--from-configz", "--metrics-bind-address", addr)
+	if !diff.Empty() || !strings.Contains(msg, "using the running proxy's settings from http://"+addr+"/configz") ||
+		!strings.Contains(msg, "warning: http://"+addr+"/configz is unauthenticated") {
 		t.Errorf("settings from /configz: %q, differences:\n%s", msg, diff)
 	}
 	// an explicit flag wins over /configz: the proxy's cluster CIDR is not the default
-	if diff, _ := compare("--metrics-bind-address", addr, "--cluster-cidr", "10.244.0.0/16,fd00:244::/56"); diff.Empty() {
+	if diff, _ := compare("--from-configz", "--metrics-bind-address", addr, "--cluster-cidr", "10.244.0.0/16,fd00:244::/56"); diff.Empty() {
 		t.Error("--cluster-cidr given to verify was not used")
 	}
-	// without /configz (switched off, or the proxy unreachable), the flags alone count
-	if diff, _ := compare("--metrics-bind-address", addr, "--from-configz=false", "--hostname-override", "node-1"); diff.Empty() {
-		t.Error("--from-configz=false still read the proxy's settings")
+	// without --from-configz, the flags alone count
+	if diff, msg := compare("--metrics-bind-address", addr, "--hostname-override", "node-1"); diff.Empty() || strings.Contains(msg, "/configz") {
+		t.Errorf("without --from-configz the proxy's /configz was read: %q", msg)
 	} else {
 		t.Logf("flags alone: %d false differences", len(diff))
 	}
 	srv.Close()
-	diff, msg = compare("--metrics-bind-address", addr, "--hostname-override", "node-1")
+	diff, msg = compare("--from-configz", "--metrics-bind-address", addr, "--hostname-override", "node-1")
 	if diff.Empty() || !strings.Contains(msg, "could not read the running proxy's settings") || !strings.Contains(msg, "comparing with the flags given alone") {
 		t.Errorf("unreachable /configz: %q, %d differences", msg, len(diff))
+	}
+}
+
+// TestVerifyIgnoresFakeConfigz: the kernel masquerades everything (what a tampered
+// proxy would program: every endpoint loses the client's address) and a process on the
+// metrics port serves a /configz that says --masquerade-all. verify given the proxy's
+// real settings must report the difference, not take the fake ones as its reference.
+func TestVerifyIgnoresFakeConfigz(t *testing.T) {
+	ctx := context.Background()
+	srv := httptest.NewUnstartedServer(nil)
+	addr := srv.Listener.Addr().String()
+	tampered := []string{"--hostname-override", "node-1", "--masquerade-all", "--metrics-bind-address", addr}
+	fs, o := options.NewFlagSet()
+	if err := fs.Parse(tampered); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Complete(fs); err != nil {
+		t.Fatal(err)
+	}
+	srv.Config.Handler = serve.MetricsPages{Metrics: http.NotFoundHandler(), Config: o.EffectiveConfig()}.Handler()
+	srv.Start()
+	defer srv.Close()
+	client := fake.NewClientset(cluster()...)
+	state, err := listAPI(ctx, client, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, programmed, _, err := state.compile(proxyFlags(t, tampered...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fakeKernel(t, programmed)
+	// the real proxy's settings, as its file holds them
+	file := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(file, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhostnameOverride: node-1\nmetricsBindAddress: "+addr+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--hostname-override", "node-1", "--metrics-bind-address", addr}, // the flags
+		{"--config", file},
+	} {
+		var stderr bytes.Buffer
+		o, cfg, _, code := verifySettings(args, &stderr)
+		if o == nil {
+			t.Fatalf("%q: exit %d: %s", args, code, stderr.String())
+		}
+		res, err := verifyOnce(ctx, client, cfg, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.diff.Empty() {
+			t.Errorf("%q: a masquerade-all kernel compared equal (stderr %q)", args, stderr.String())
+		}
+		if strings.Contains(stderr.String(), "using the running proxy's settings") {
+			t.Errorf("%q: read /configz without --from-configz: %q", args, stderr.String())
+		}
+	}
+	// asked for explicitly, /configz is used, with a warning
+	var stderr bytes.Buffer
+	if _, _, _, code := verifySettings([]string{"--from-configz", "--config", file}, &stderr); code != verifyError {
+		t.Errorf("--from-configz with --config: exit %d, want %d", code, verifyError)
 	}
 }
 

@@ -37,11 +37,12 @@ func keepAlive(t *testing.T, port uint16) (net.Conn, *bufio.Reader) {
 }
 
 // All healthCheckNodePorts together hold at most the shared budget of connections: a
-// client beyond it is served once another connection closes.
+// client beyond it is closed at once (never left waiting), and served once another
+// connection closed.
 func TestHealthCheckNodePortConnectionBudget(t *testing.T) {
 	s, _ := newServer(t)
 	s.limits = httplimit.Limits{ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute}
-	s.pool = httplimit.NewPool(2)
+	s.pool = httplimit.NewPool(httplimit.Limits{MaxConns: 2})
 	p1, p2 := freePort(t), freePort(t)
 	if err := s.Sync(map[ServiceName]Service{{"ns", "a"}: {Port: p1, LocalEndpoints: 1}, {"ns", "b"}: {Port: p2, LocalEndpoints: 1}}); err != nil {
 		t.Fatal(err)
@@ -49,27 +50,27 @@ func TestHealthCheckNodePortConnectionBudget(t *testing.T) {
 	c1, _ := keepAlive(t, p1)
 	keepAlive(t, p2)
 
-	third := make(chan error, 1)
-	go func() {
-		resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Get("http://127.0.0.1:" + strconv.Itoa(int(p1)) + "/")
-		if err == nil {
-			resp.Body.Close()
-		}
-		third <- err
-	}()
-	select {
-	case err := <-third:
-		t.Fatalf("a third connection was served while the budget of 2 was held across both ports (err %v)", err)
-	case <-time.After(300 * time.Millisecond):
+	third, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(int(p1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	_ = third.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := bufio.NewReader(third).ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a third connection, over the budget of 2 held across both ports, was not closed at once: %v", err)
 	}
 	c1.Close()
-	select {
-	case err := <-third:
-		if err != nil {
-			t.Fatalf("third connection: %v", err)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(int(p1)) + "/")
+		if err == nil {
+			resp.Body.Close()
+			break
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the third connection was not served after one closed")
+		if time.Now().After(deadline) {
+			t.Fatalf("no connection served within 5 s after one of the budget closed: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -77,6 +78,7 @@ func TestHealthCheckNodePortConnectionBudget(t *testing.T) {
 func TestHealthCheckNodePortIdleTimeout(t *testing.T) {
 	s, _ := newServer(t)
 	s.limits = httplimit.Limits{ReadHeaderTimeout: time.Second, IdleTimeout: 300 * time.Millisecond}
+	s.pool = httplimit.NewPool(httplimit.Limits{LoopbackConns: 100})
 	p := freePort(t)
 	if err := s.Sync(map[ServiceName]Service{{"ns", "a"}: {Port: p, LocalEndpoints: 1}}); err != nil {
 		t.Fatal(err)

@@ -57,8 +57,10 @@ type Server struct {
 // New returns a Server that opens its listeners with listen (net.Listen in production)
 // on bindIP ("" for every address of the node).
 func New(listen func(network, addr string) (net.Listener, error), bindIP string, log logr.Logger) *Server {
+	pool := httplimit.NewPool(httplimit.HealthCheckNodePorts)
+	pool.SetLog(log, "healthCheckNodePorts")
 	return &Server{listen: listen, bindIP: bindIP, log: log, services: map[ServiceName]*instance{},
-		limits: httplimit.HealthCheckNodePorts, pool: httplimit.NewPool(httplimit.HealthCheckNodePorts.MaxConns)}
+		limits: httplimit.HealthCheckNodePorts, pool: pool}
 }
 
 // SetProxyHealth makes every health check answer 503 while healthy returns false, as
@@ -145,8 +147,10 @@ func (s *Server) open(name ServiceName, svc Service) (*instance, error) {
 	}
 	inst := &instance{name: name, port: svc.Port, done: make(chan struct{})}
 	inst.localEndpoints.Store(int64(svc.LocalEndpoints))
-	// Load balancers' probes come from outside the cluster: timeouts and a connection
-	// budget shared by every service's listener bound what clients can hold open.
+	// Load balancers' probes come from outside the cluster: timeouts, no keep-alive and
+	// a connection budget shared by every service's listener (with a cap per source
+	// address and an allowance of its own for loopback) bound what clients can hold
+	// open, and a connection over the bound is closed at once, never left waiting.
 	inst.srv = httplimit.Server(s.handler(inst), s.limits)
 	s.log.V(2).Info("Opening health check", "service", name, "address", ln.Addr())
 	go s.serve(inst, s.pool.Listener(ln))

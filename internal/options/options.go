@@ -325,6 +325,9 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 			return err
 		}
 		o.file = f
+		if err := gateConflict(fs, o.FeatureGates, o.ConfigFile, f); err != nil {
+			return err
+		}
 		for _, b := range bindings {
 			changed := slices.ContainsFunc(b.flags, fs.Changed)
 			if changed && flagsOverFile[b.flags[0]] && (b.flags[0] != "hostname-override" || o.HostnameOverride != "") { // changed: b.flags is not empty
@@ -349,6 +352,31 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 	o.HealthzBindAddress = config.AppendPortIfNeeded(o.HealthzBindAddress, config.HealthzPort)
 	o.MetricsBindAddress = config.AppendPortIfNeeded(o.MetricsBindAddress, config.MetricsPort)
 	return o.parse()
+}
+
+// securityGates are the feature gates that change what a tenant can reach, each with
+// its value under a set of gates (its default where they do not name it). Given as a
+// flag, each must agree with the configuration file, whose value is the one used.
+var securityGates = []struct {
+	name  string
+	value func(gates map[string]bool) bool
+}{{config.GateAllowServiceExternalIPs, config.ExternalIPsAllowed}}
+
+// gateConflict returns an error when --feature-gates sets a security gate to another
+// value than the file at path gives it (in its featureGates, or by default): with
+// --config the file's value is used, and the flag would make the operator believe the
+// switch is set when it is not. flagGates are the flag's gates.
+func gateConflict(fs *pflag.FlagSet, flagGates map[string]bool, path string, f *config.File) error {
+	if !fs.Changed("feature-gates") {
+		return nil
+	}
+	for _, g := range securityGates {
+		fv, given := flagGates[g.name]
+		if file := g.value(f.Values.FeatureGates); given && fv != file {
+			return fmt.Errorf("--feature-gates %s=%t contradicts --config %s, which makes it %t (the file's value is used): set the gate in the file, or drop it from the flag", g.name, fv, path, file)
+		}
+	}
+	return nil
 }
 
 // Values returns the effective settings that a configuration file can hold.

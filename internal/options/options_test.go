@@ -323,8 +323,28 @@ func TestFeatureGateAllowServiceExternalIPs(t *testing.T) {
 	if c := o.EffectiveConfig(); c.FeatureGates["AllowServiceExternalIPs"] {
 		t.Errorf("effective config lost the gate: %v", c.FeatureGates)
 	}
-	if o, _ = parse(t, "--config="+file, "--feature-gates=AllowServiceExternalIPs=true"); o.ExternalIPsAllowed() {
-		t.Errorf("the flag wins over the file (kube-proxy ignores --feature-gates with --config)")
+	// with --config the file's value is used (as kube-proxy): a flag that says otherwise
+	// is refused rather than ignored, in either direction
+	if _, err = parse(t, "--config="+file, "--feature-gates=AllowServiceExternalIPs=true"); err == nil ||
+		!strings.Contains(err.Error(), "--feature-gates AllowServiceExternalIPs=true contradicts --config") {
+		t.Errorf("a flag contradicting the file's gate: err %v, want the contradiction named", err)
+	}
+	unset := filepath.Join(dir, "unset.yaml")
+	if err := os.WriteFile(unset, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = parse(t, "--config="+unset, "--feature-gates=AllowServiceExternalIPs=false"); err == nil {
+		t.Error("--feature-gates AllowServiceExternalIPs=false with a file that leaves it true (the default) was accepted")
+	}
+	// agreeing, or another gate: accepted
+	for _, args := range [][]string{
+		{"--config=" + file, "--feature-gates=AllowServiceExternalIPs=false"},
+		{"--config=" + unset, "--feature-gates=AllowServiceExternalIPs=true"},
+		{"--config=" + unset, "--feature-gates=SomeOtherGate=false"},
+	} {
+		if _, err := parse(t, args...); err != nil {
+			t.Errorf("%q: %v", args, err)
+		}
 	}
 }
 

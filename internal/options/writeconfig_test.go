@@ -42,11 +42,12 @@ var writeConfigCases = []struct {
 		"--feature-gates=AllowServiceExternalIPs=false",
 	}},
 	// --config with flags: kube-proxy v1.37's precedence, the file's values except -v,
-	// --logging-format and --hostname-override
+	// --logging-format and --hostname-override (a security gate flag that contradicts
+	// the file is refused, TestFeatureGateAllowServiceExternalIPs: this one agrees)
 	{name: "config-and-flags", args: []string{
 		"--cluster-cidr=10.9.0.0/16", "--detect-local-mode=BridgeInterface", "--pod-bridge-interface=br9",
 		"--iptables-sync-period=45s", "--conntrack-min=9", "--masquerade-all", "--kubeconfig=/flag/kc",
-		"--nodeport-addresses=all", "--feature-gates=AllowServiceExternalIPs=false",
+		"--nodeport-addresses=all", "--feature-gates=AllowServiceExternalIPs=true",
 		"-v=4", "--hostname-override=From-Flag",
 	}, file: `apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration

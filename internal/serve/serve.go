@@ -209,7 +209,9 @@ func Start(ctx context.Context, log logr.Logger, name, addr string, h http.Handl
 		return fmt.Errorf("%s server on %s: %w", name, addr, err)
 	}
 	srv := httplimit.Server(h, limits)
-	ln = httplimit.Listen(ln, limits)
+	pool := httplimit.NewPool(limits)
+	pool.SetLog(log, name)
+	ln = pool.Listener(ln)
 	go func() {
 		<-ctx.Done()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -112,7 +113,8 @@ func TestSlowHeadersAreCutOff(t *testing.T) {
 	}
 }
 
-// At MaxConns open connections a new one is not served until one of them closes.
+// At MaxConns open connections a new one is closed at once, not left waiting, and one
+// after a held connection closed is served.
 func TestConnectionBound(t *testing.T) {
 	const max = 4
 	addr := serve(t, Limits{ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: max})
@@ -128,34 +130,47 @@ func TestConnectionBound(t *testing.T) {
 		}
 		held = append(held, c)
 	}
-	extra, err := net.Dial("tcp", addr) // completes in the kernel's backlog
-	if err != nil {
+	// completes in the kernel's backlog; the server's reset may come before the dial
+	// returns
+	extra, err := net.Dial("tcp", addr)
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatal(err)
 	}
-	defer extra.Close()
-	answered := make(chan error, 1)
-	go func() { answered <- request(extra, bufio.NewReader(extra)) }()
-	select {
-	case err := <-answered:
-		t.Fatalf("connection %d served while %d were open (err %v)", max+1, max, err)
-	case <-time.After(300 * time.Millisecond):
+	if err == nil {
+		defer extra.Close()
+		if !closedByPeer(extra, bufio.NewReader(extra), 5*time.Second) {
+			t.Fatalf("connection %d neither served nor closed within 5 s while %d were open: it waits", max+1, max)
+		}
 	}
 	held[0].Close()
-	select {
-	case err := <-answered:
-		if err != nil {
-			t.Fatal(err)
+	// the release follows the server's read of the close: retry for a bounded while
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			err = request(c, bufio.NewReader(c))
+			c.Close()
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the waiting connection was not served after one closed")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no connection served within 5 s after one of %d closed: %v", max, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-// The limits nftproxy runs with are all set.
+// The limits nftproxy runs with are all set, and the probe servers close each
+// connection after its answer.
 func TestDefaultsAreBounded(t *testing.T) {
 	for name, l := range map[string]Limits{"Health": Health, "Metrics": Metrics, "HealthCheckNodePorts": HealthCheckNodePorts} {
-		if l.ReadHeaderTimeout <= 0 || l.ReadTimeout <= 0 || l.WriteTimeout <= 0 || l.IdleTimeout <= 0 || l.MaxHeaderBytes <= 0 || l.MaxConns <= 0 {
+		if l.ReadHeaderTimeout <= 0 || l.ReadTimeout <= 0 || l.WriteTimeout <= 0 || l.IdleTimeout <= 0 || l.MaxHeaderBytes <= 0 ||
+			l.MaxConns <= 0 || l.MaxConnsPerSource <= 0 || l.LoopbackConns <= 0 {
 			t.Errorf("%s has an unbounded limit: %+v", name, l)
+		}
+		if l.MaxConnsPerSource*2 > l.MaxConns {
+			t.Errorf("%s: one source may hold %d of %d connections", name, l.MaxConnsPerSource, l.MaxConns)
 		}
 		s := Server(nil, l)
 		if s.IdleTimeout != l.IdleTimeout || s.ReadTimeout != l.ReadTimeout || s.WriteTimeout != l.WriteTimeout ||
@@ -163,12 +178,32 @@ func TestDefaultsAreBounded(t *testing.T) {
 			t.Errorf("%s: Server does not carry the limits: %+v", name, s)
 		}
 	}
+	if !Health.NoKeepAlive || !HealthCheckNodePorts.NoKeepAlive {
+		t.Error("the probe servers keep connections alive")
+	}
+}
+
+// With NoKeepAlive the server closes a connection after its answer.
+func TestNoKeepAlive(t *testing.T) {
+	addr := serve(t, Limits{ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute, NoKeepAlive: true, MaxConns: 10})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if err := request(c, r); err != nil {
+		t.Fatal(err)
+	}
+	if !closedByPeer(c, r, 5*time.Second) {
+		t.Fatal("the connection is still open 5 s after its answer")
+	}
 }
 
 // A pool shared by more listeners than it has slots still serves every listener: a
 // listener waiting for a client holds no slot.
 func TestPoolSharedByMoreListenersThanSlots(t *testing.T) {
-	pool := NewPool(2)
+	pool := NewPool(Limits{MaxConns: 2})
 	var addrs []string
 	for range 5 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -194,11 +229,58 @@ func TestPoolSharedByMoreListenersThanSlots(t *testing.T) {
 	}
 }
 
-// pipeListener hands out in-memory connections that claim to come from a given address.
-type pipeListener struct {
-	conns  chan net.Conn
-	closed chan struct{}
-	once   sync.Once
+// The budget's accounting, without sockets: per-source cap, loopback apart, eviction of
+// the largest holder's oldest connection for a source holding fewer.
+func TestBudgetAccounting(t *testing.T) {
+	p := NewPool(Limits{MaxConns: 4, MaxConnsPerSource: 3, LoopbackConns: 1})
+	var open []net.Conn
+	from := func(ip string) net.Conn {
+		server, client := net.Pipe()
+		t.Cleanup(func() { client.Close(); server.Close() })
+		c := p.admit(fromConn{server, &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}})
+		if c != nil {
+			open = append(open, c)
+		}
+		return c
+	}
+	for range 3 {
+		if from("10.0.0.1") == nil {
+			t.Fatal("refused under the per-source cap")
+		}
+	}
+	if from("10.0.0.1") != nil {
+		t.Error("a fourth connection from one source admitted over the per-source cap of 3")
+	}
+	if from("10.0.0.2") == nil { // 4 of 4
+		t.Fatal("refused under the budget")
+	}
+	// full: 10.0.0.3 (none) takes 10.0.0.1's oldest (3 > 0+1)
+	if from("10.0.0.3") == nil {
+		t.Fatal("a new source was refused while one source held 3 of 4 slots")
+	}
+	if r, e := p.Closed(); r != 1 || e != 1 {
+		t.Errorf("closed: %d refused, %d evicted; want 1, 1", r, e)
+	}
+	// 10.0.0.1: 2, .2: 1, .3: 1 — full; .4 (none) takes another of .1's (2 > 1)
+	if from("10.0.0.4") == nil {
+		t.Fatal("a new source was refused while one source held 2 of 4 slots")
+	}
+	// now 1 each: no source may take another's
+	if from("10.0.0.5") != nil {
+		t.Error("admitted over a full budget held one connection per source")
+	}
+	// loopback apart: its own slot, then refused; remote closes don't matter to it
+	if from("127.0.0.1") == nil {
+		t.Fatal("loopback refused while remote sources held the whole remote budget")
+	}
+	if from("127.0.0.1") != nil {
+		t.Error("loopback admitted over its allowance of 1")
+	}
+	// a closed connection frees its slot
+	open[len(open)-2].Close() // 10.0.0.4's
+	if from("10.0.0.5") == nil {
+		t.Error("refused after a connection closed")
+	}
 }
 
 type fromConn struct {
@@ -207,60 +289,3 @@ type fromConn struct {
 }
 
 func (c fromConn) RemoteAddr() net.Addr { return c.from }
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-}
-func (l *pipeListener) Close() error   { l.once.Do(func() { close(l.closed) }); return nil }
-func (l *pipeListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4zero, Port: 10256} }
-
-// dial queues a connection from ip and returns the client's end.
-func (l *pipeListener) dial(ip string) net.Conn {
-	server, client := net.Pipe()
-	l.conns <- fromConn{server, &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}}
-	return client
-}
-
-// With LoopbackExempt, clients from elsewhere holding the whole budget do not make a
-// client on loopback (the kubelet's probe) wait; without it, they do.
-func TestLoopbackExempt(t *testing.T) {
-	for _, exempt := range []bool{true, false} {
-		ln := &pipeListener{conns: make(chan net.Conn), closed: make(chan struct{})}
-		l := Limits{ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: 2, LoopbackExempt: exempt}
-		srv := Server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }), l)
-		done := make(chan struct{})
-		go func() { _ = srv.Serve(Listen(ln, l)); close(done) }()
-		for _, ip := range []string{"10.244.1.5", "10.244.2.7"} { // take the budget and keep it
-			c := ln.dial(ip)
-			defer c.Close()
-			if err := request(c, bufio.NewReader(c)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		answered := make(chan error, 1)
-		go func() {
-			c := ln.dial("127.0.0.1")
-			defer c.Close()
-			answered <- request(c, bufio.NewReader(c))
-		}()
-		select {
-		case err := <-answered:
-			if !exempt {
-				t.Errorf("not exempt: the probe from 127.0.0.1 was served over the budget (err %v)", err)
-			} else if err != nil {
-				t.Error(err)
-			}
-		case <-time.After(300 * time.Millisecond):
-			if exempt {
-				t.Error("loopback exempt: the probe from 127.0.0.1 waited behind the budget")
-			}
-		}
-		srv.Close()
-		<-done
-	}
-}
