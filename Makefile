@@ -68,7 +68,7 @@ manifests:
 # End-to-end: real etcd + kube-apiserver and real packets between network namespaces.
 # One package at a time (-p 1): each runs its own clusters and traffic needs the CPU.
 # Includes e2e/realcluster's TestRealClusterSmoke: a real two-node kubelet cluster with
-# nftproxy applied from manifests/ and one upstream [Conformance] spec (~1.5 min warm).
+# nftproxy installed with helm from charts/nftproxy, its metrics scraped, and one upstream [Conformance] spec (~1.5 min warm).
 e2e:
 	NFTPROXY_E2E=1 $(GO) test -count=1 -p 1 -timeout 60m -v ./e2e/...
 
