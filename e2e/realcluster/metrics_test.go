@@ -167,4 +167,3 @@ func exposedSeries(text string) []string {
 	}
 	return out
 }
-
