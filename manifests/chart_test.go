@@ -217,6 +217,11 @@ func TestChartDefaults(t *testing.T) {
 	if chart["version"] != "0.1.0" || chart["appVersion"] != "v0.1.0" {
 		t.Errorf("Chart.yaml version %v appVersion %v", chart["version"], chart["appVersion"])
 	}
+	// The release's version, where the repository keeps it in a file, is the image tag
+	// the chart installs by default.
+	if v, err := os.ReadFile(filepath.Join(repoRoot, "VERSION")); err == nil && strings.TrimSpace(string(v)) != chart["appVersion"] {
+		t.Errorf("VERSION is %q, Chart.yaml's appVersion %v: the chart would install another release's image", strings.TrimSpace(string(v)), chart["appVersion"])
+	}
 	ds := objs["DaemonSet/nftproxy"]
 	if ds == nil {
 		t.Fatalf("no DaemonSet/nftproxy in %q", keys(objs))
