@@ -5,7 +5,7 @@ GO       ?= go
 BIN      := $(CURDIR)/bin
 PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
 
-.PHONY: all build image release deps test lint unit e2e soak demo bench shapes fuzz conformance clean
+.PHONY: all build image release deps test lint unit chart-test manifests e2e soak demo bench shapes fuzz conformance clean
 
 all: build
 
@@ -45,7 +45,7 @@ deps:
 	e2e/hack/install-deps.sh
 
 # Everything CI runs.
-test: deps lint unit e2e
+test: deps lint unit chart-test e2e
 
 lint:
 	@unformatted="$$(gofmt -l cmd internal nft e2e manifests)"; if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
@@ -59,12 +59,40 @@ unit:
 	e2e/hack/nft-roots.sh >/dev/null
 	NFTPROXY_KERNEL_TESTS=1 $(GO) test -count=1 $(PKGS)
 
+# The Helm chart (charts/nftproxy) and its monitoring files, with helm and promtool
+# from bin/ (make deps): lint, render with and without the required values (without
+# must fail, naming them), the values schema, the alert rules and their unit tests.
+# manifests/ is checked against the chart by `make unit` (manifests_test.go).
+HELM     := $(BIN)/helm
+PROMTOOL := $(BIN)/promtool
+CHART    := charts/nftproxy
+chart-test:
+	$(HELM) lint --strict $(CHART) --set apiServer.host=192.0.2.1 --set apiServer.port=6443
+	$(HELM) template t $(CHART) --set apiServer.host=192.0.2.1 --set apiServer.port=6443 \
+		--set serviceMonitor.enabled=true --set podMonitor.enabled=true --set prometheusRule.enabled=true \
+		--set dashboards.enabled=true >/dev/null
+	@out="$$($(HELM) template t $(CHART) 2>&1)"; rc=$$?; \
+		if [ $$rc -eq 0 ] || ! grep -q 'apiServer.host is required' <<<"$$out"; then \
+			echo "helm template without apiServer.host: exit $$rc, want a failure naming it:"; echo "$$out"; exit 1; fi; \
+		echo "without apiServer.host: $$(grep -o 'apiServer.host is required[^:]*' <<<"$$out")"
+	@out="$$($(HELM) template t $(CHART) --set apiServer.host=192.0.2.1 --set apiServer.port=99999 2>&1)"; rc=$$?; \
+		if [ $$rc -eq 0 ] || ! grep -q 'values don.t meet the specifications of the schema' <<<"$$out"; then \
+			echo "helm template with apiServer.port=99999: exit $$rc, want the schema to refuse it:"; echo "$$out"; exit 1; fi; \
+		echo "apiServer.port=99999: refused by values.schema.json"
+	$(PROMTOOL) check rules $(CHART)/files/nftproxy.rules.yaml
+	$(PROMTOOL) test rules $(CHART)/tests/nftproxy.rules.test.yaml
+
+# manifests/*.yaml from the chart (see manifests/generate.sh).
+manifests:
+	HELM=$(HELM) manifests/generate.sh
+
 # End-to-end: real etcd + kube-apiserver and real packets between network namespaces.
 # One package at a time (-p 1): each runs its own clusters and traffic needs the CPU.
 # Includes e2e/realcluster's TestRealClusterSmoke: a real two-node kubelet cluster with
-# nftproxy applied from manifests/ and one upstream [Conformance] spec (~1.5 min warm),
-# and e2e/release's TestRelease: make release twice, compared byte for byte, the binaries
-# checked static, the image imported into a throwaway containerd (~1.5 min warm).
+# nftproxy installed with helm from charts/nftproxy, its metrics scraped, and one upstream
+# [Conformance] spec (~1.5 min warm), and e2e/release's TestRelease: make release twice,
+# compared byte for byte, the binaries checked static, the image imported into a
+# throwaway containerd (~1.5 min warm).
 e2e:
 	NFTPROXY_E2E=1 $(GO) test -count=1 -p 1 -timeout 60m -v ./e2e/...
 

@@ -300,7 +300,7 @@ func TestManifests(t *testing.T) {
 // API server placeholder and the image; it relies on the pod network below.
 const (
 	serverPlaceholder = "https://CONTROL_PLANE_ENDPOINT:6443"
-	imagePlaceholder  = "nftproxy:dev"
+	imagePlaceholder  = "ghcr.io/nftproxy/nftproxy:v0.1.0" // the chart's image.repository:appVersion
 	harnessPodNetwork = "10.244.0.0/16"
 	saDir             = "/var/run/secrets/kubernetes.io/serviceaccount"
 )

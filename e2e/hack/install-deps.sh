@@ -2,7 +2,7 @@
 # Installs what the tests and the demo need on a Debian machine (run as root): nft,
 # iproute2, etcd, conntrack and iptables (kube-proxy in e2e/bench), containerd, runc,
 # CNI plugins and debootstrap (the real kubelet cluster) from Debian,
-# staticcheck from the Go module proxy. The kube-apiserver is built (and cached) by
+# staticcheck, helm and promtool from the Go module proxy. The kube-apiserver is built (and cached) by
 # build-k8s.sh when the e2e suite first needs it.
 set -euo pipefail
 need=()
@@ -31,3 +31,5 @@ mkdir -p "$bin"
 if [ ! -x "$bin/staticcheck" ]; then
   GOBIN="$bin" go install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 fi
+# helm and promtool, built from the Go module proxy (the chart's tests, make chart-test).
+"$(dirname "$0")/install-tools.sh"

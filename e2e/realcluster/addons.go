@@ -18,8 +18,9 @@ import (
 // APIPlaceholder is the API address the shipped manifests carry (contract B).
 const APIPlaceholder = "https://CONTROL_PLANE_ENDPOINT:6443"
 
-// NftproxyImageRef is the image manifests/daemonset.yaml names.
-const NftproxyImageRef = "nftproxy:dev"
+// NftproxyImageRef is the image the chart's defaults and manifests/daemonset.yaml name:
+// ghcr.io/nftproxy/nftproxy:<the chart's appVersion>. The tests build it from this tree.
+var NftproxyImageRef = chartImageRef()
 
 //go:embed testdata/kube-proxy.yaml
 var kubeProxyManifest string
@@ -32,7 +33,7 @@ func ManifestsDir() string { return filepath.Join(filepath.Dir(e2eDir()), "manif
 
 // NftproxyManifests returns manifests/rbac.yaml, config.yaml and daemonset.yaml as
 // shipped, with exactly the two substitutions of contract B: the API placeholder becomes
-// the API server's real URL and, if image is not empty, `nftproxy:dev` becomes image.
+// the API server's real URL and, if image is not empty, NftproxyImageRef becomes image.
 func NftproxyManifests(image string) (string, error) {
 	var docs []string
 	for _, f := range []string{"rbac.yaml", "config.yaml", "daemonset.yaml"} {
@@ -55,7 +56,7 @@ func SubstituteManifest(y, image string) string {
 	return y
 }
 
-// InstallNftproxy applies the manifests (image "" keeps nftproxy:dev) and waits until its
+// InstallNftproxy applies the manifests (image "" keeps NftproxyImageRef) and waits until its
 // DaemonSet has a ready pod on every node.
 func (c *Cluster) InstallNftproxy(ctx context.Context, image string) error {
 	y, err := NftproxyManifests(image)

@@ -10,8 +10,7 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftproxy/nftproxy/e2e/cluster"
 )
@@ -117,19 +116,16 @@ func tailFile(path string, n int) string {
 }
 
 // Verify runs `nftproxy verify --wait 30s` (bin: the same build as the image) in node n's
-// netns with the settings of manifests/config.yaml and the admin kubeconfig.
+// netns with the settings of the installed ConfigMap kube-system/nftproxy (from the chart
+// or manifests/) and the admin kubeconfig.
 func (c *Cluster) Verify(ctx context.Context, n *Node, bin string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(ManifestsDir(), "config.yaml"))
+	cm, err := c.Client.CoreV1().ConfigMaps("kube-system").Get(ctx, "nftproxy", metav1.GetOptions{})
 	if err != nil {
-		return "", err
-	}
-	var cm corev1.ConfigMap
-	if err := yaml.Unmarshal(b, &cm); err != nil {
-		return "", fmt.Errorf("manifests/config.yaml: %w", err)
+		return "", fmt.Errorf("the installed nftproxy ConfigMap: %w", err)
 	}
 	conf := cm.Data["config.conf"]
 	if conf == "" {
-		return "", fmt.Errorf("manifests/config.yaml has no config.conf")
+		return "", fmt.Errorf("ConfigMap kube-system/nftproxy has no config.conf")
 	}
 	path := filepath.Join(c.WorkDir, "nftproxy-config.conf")
 	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {

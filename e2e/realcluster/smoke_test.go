@@ -44,7 +44,7 @@ func startWithProxy(t *testing.T, proxy string) (*Cluster, string) {
 func installProxy(ctx context.Context, c *Cluster, proxy string) error {
 	switch proxy {
 	case proxyNftproxy:
-		return c.InstallNftproxy(ctx, "")
+		return c.InstallNftproxyChart(ctx, "")
 	case proxyKubeProxy:
 		return c.InstallKubeProxy(ctx)
 	}
@@ -53,10 +53,13 @@ func installProxy(ctx context.Context, c *Cluster, proxy string) error {
 
 // TestRealClusterSmoke is the CI smoke of the real cluster: two kubelet nodes, a
 // Deployment + NodePort Service on node-1, a client pod on node-2. Without a proxy the
-// ClusterIP times out; after applying manifests/ (nftproxy as a DaemonSet) the ClusterIP
-// and the node port of both nodes answer from the backend, `nftproxy verify` finds each
-// node's tables equal to what the API compiles to, and one [Conformance] Services spec of
-// upstream's e2e.test passes.
+// ClusterIP times out; after `helm install` of charts/nftproxy (nftproxy as a DaemonSet,
+// the image built from this tree under the chart's image reference) the ClusterIP and
+// the node port of both nodes answer from the backend, `nftproxy verify` finds each
+// node's tables equal to what the API compiles to, the metrics Service's endpoints are
+// scraped as Prometheus would (and every series the dashboard and the alert rules use
+// is among what the proxies serve), and one [Conformance] Services spec of upstream's
+// e2e.test passes.
 func TestRealClusterSmoke(t *testing.T) {
 	proxy := proxyNftproxy
 	if p := os.Getenv("REALCLUSTER_PROXY"); p != "" { // kube-proxy: the same checks against the baseline
@@ -84,7 +87,7 @@ func TestRealClusterSmoke(t *testing.T) {
 	if err := installProxy(ctx, c, proxy); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s DaemonSet ready on both nodes %v after apply", proxy, time.Since(tp).Round(time.Millisecond))
+	t.Logf("%s DaemonSet ready on both nodes %v after install", proxy, time.Since(tp).Round(time.Millisecond))
 
 	targets := []string{clusterIP, fmt.Sprintf("%s:%d", NodeIP(1), nodePort), fmt.Sprintf("%s:%d", NodeIP(2), nodePort)}
 	for _, addr := range targets {
@@ -124,6 +127,10 @@ func TestRealClusterSmoke(t *testing.T) {
 				t.Logf("%s: nftproxy verify: kernel matches the API", n.Name)
 			}
 		}
+	}
+
+	if proxy == proxyNftproxy {
+		checkMetricsService(t, c)
 	}
 
 	if os.Getenv("REALCLUSTER_SKIP_E2E") != "1" {

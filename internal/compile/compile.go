@@ -456,6 +456,11 @@ func NewCompiler(cfg Config, slots *Slots) *Compiler {
 	return &Compiler{cfg: cfg, slots: slots, endpointAddrs: addrCounts{v6: cfg.Family == nft.IPv6}}
 }
 
+// SetAside is the number of Services the last Compile set aside (left out of the
+// ruleset) because they exceed cfg.Limits: a limit of their own or the table's element
+// budget.
+func (cc *Compiler) SetAside() int { return len(cc.aside) }
+
 // Compile returns the ruleset of snap, with one Part per service port, and the conflicts
 // it resolved, like the package's Compile.
 func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem) {

@@ -13,6 +13,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/nft"
 )
 
 // TriggerTimeAnnotation is the annotation the EndpointSlice controller sets on every
@@ -196,12 +197,15 @@ func familyLabel(v6 bool) string {
 }
 
 // syncMetrics reports what a successful sync programmed: the network programming
-// latency of the EndpointSlice changes it took, and the service ports without local
-// endpoints.
+// latency of the EndpointSlice changes it took, the service ports without local
+// endpoints, and the Services each family's table left out for the limits.
 func (p *Proxy) syncMetrics(snap *model.Snapshot, taken map[types.NamespacedName][]trigger) {
 	p.triggers.observe(taken, p.cfg.Metrics, time.Now())
 	for fam, n := range noLocalEndpoints(snap) {
 		p.cfg.Metrics.NoLocalEndpoints(fam, n[0], n[1])
+	}
+	for fam, c := range p.pipeline.compilers {
+		p.cfg.Metrics.SetAside(familyLabel(fam == nft.IPv6), c.c.SetAside())
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
 )
@@ -28,6 +29,23 @@ type syncRecorder struct {
 	programmed []programmed
 	noLocal    map[string][2]int
 	conntrack  map[string]int // runs per family
+	setAside   map[string]int
+}
+
+func (r *syncRecorder) SetAside(family string, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.setAside == nil {
+		r.setAside = map[string]int{}
+	}
+	r.setAside[family] = n
+}
+
+func (r *syncRecorder) setAsideOf(family string) (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.setAside[family]
+	return n, ok
 }
 
 type programmed struct {
@@ -262,4 +280,49 @@ func waitQuiet(t *testing.T, p *Proxy) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// TestSetAsideReported: after each successful sync the Proxy reports per family how many
+// Services its table leaves out for the limits: one Service over
+// --max-endpoints-per-service-port, then none once it is back under.
+func TestSetAsideReported(t *testing.T) {
+	dp := &fakeDataplane{}
+	rec := &syncRecorder{}
+	client := fake.NewClientset()
+	ctx, cancel := context.WithCancel(context.Background())
+	for _, o := range []struct{ svc, ip string }{{"big", "10.96.0.9"}, {"small", "10.96.0.10"}} {
+		if _, err := client.CoreV1().Services("default").Create(ctx, service(o.svc, o.ip), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("big", "big-1", "10.244.2.1", "10.244.2.2", "10.244.2.3"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("small", "small-1", "10.244.3.1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	limits := compile.DefaultLimits()
+	limits.MaxEndpointsPerServicePort = 2
+	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
+		Limits: limits, Metrics: rec}, logr.Discard())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, "the first sync", func() bool { return strings.Contains(dp.last(), "10.244.3.1 . 8080") })
+	waitFor(t, "one Service set aside", func() bool { n, _ := rec.setAsideOf(metrics.IPv4); return n == 1 })
+	if strings.Contains(dp.last(), "10.244.2.1") {
+		t.Errorf("the Service over the limit was programmed:\n%s", dp.last())
+	}
+	if _, ok := rec.setAsideOf(metrics.IPv6); !ok {
+		t.Error("no report for IPv6")
+	}
+
+	if err := client.DiscoveryV1().EndpointSlices("default").Delete(ctx, "big-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("big", "big-2", "10.244.2.4"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the Service programmed", func() bool { return strings.Contains(dp.last(), "10.244.2.4 . 8080") })
+	waitFor(t, "none set aside", func() bool { n, _ := rec.setAsideOf(metrics.IPv4); return n == 0 })
 }

@@ -60,6 +60,10 @@ type Recorder interface {
 	// RepairBackoff records the current spacing of repairs while another process
 	// keeps changing the tables; 0 when there is no such fight.
 	RepairBackoff(d time.Duration)
+	// SetAside records, after a successful sync, how many Services family's table
+	// leaves out because they exceed the limits (--max-table-elements and the
+	// per-Service ones).
+	SetAside(family string, services int)
 }
 
 // Nop is a Recorder that records nothing.
@@ -76,6 +80,7 @@ func (Nop) ServicePorts(int)                               {}
 func (Nop) Repaired(bool)                                  {}
 func (Nop) ForeignChange(bool)                             {}
 func (Nop) RepairBackoff(time.Duration)                    {}
+func (Nop) SetAside(string, int)                           {}
 
 // Label values of ip_family, as kube-proxy's (v1.IPFamily).
 const (
@@ -140,6 +145,7 @@ type Prometheus struct {
 	noLocalEndpoints    *prometheus.GaugeVec
 	conntrackDuration   *prometheus.HistogramVec
 	conntrackDeleted    *prometheus.CounterVec
+	setAside            *prometheus.GaugeVec
 	also                prometheus.Gatherer
 	log                 logr.Logger
 	// services are the per-service counters, served by ServicesHandler only; nil
@@ -213,17 +219,20 @@ func New(o Options) *Prometheus {
 		conntrackDuration: hist("kubeproxy_conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds", syncBuckets),
 		conntrackDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kubeproxy_conntrack_reconciler_deleted_entries_total",
 			Help: "Cumulative conntrack flows deleted by conntrack reconciler"}, fam),
+		setAside: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nftproxy_services_set_aside",
+			Help: "Services the last successful sync left out of the table because they exceed the limits (--max-table-elements, --max-endpoints-per-service-port, --max-frontends-per-service)."}, fam),
 	}
 	p.reg.MustRegister(p.syncDuration, p.syncFullDuration, p.syncPartialDuration, p.lastSync, p.lastQueued,
 		p.programming, p.endpointsPending, p.endpointsTotal, p.servicesPending, p.servicesTotal,
 		p.syncFailures, p.healthz, p.livez, p.kernelDuration, p.servicePorts, p.repairs, p.foreignChanges, p.repairBackoff,
-		p.noLocalEndpoints, p.conntrackDuration, p.conntrackDeleted)
+		p.noLocalEndpoints, p.conntrackDuration, p.conntrackDeleted, p.setAside)
 	// Series that exist from the start, as kube-proxy's: a counter at 0 rather than
 	// absent, so rate() and alerts work before the first event.
 	for _, f := range p.families {
 		p.syncFailures.WithLabelValues(f)
 		p.syncDuration.WithLabelValues(f)
 		p.conntrackDeleted.WithLabelValues(f)
+		p.setAside.WithLabelValues(f)
 	}
 	for _, cause := range []string{repairForeign, repairLost} {
 		p.repairs.WithLabelValues(cause)
@@ -436,4 +445,9 @@ func (p *Prometheus) Probe(path string, code int) {
 	case "/livez":
 		p.livez.WithLabelValues(strconv.Itoa(code)).Inc()
 	}
+}
+
+// SetAside implements Recorder.
+func (p *Prometheus) SetAside(family string, services int) {
+	p.setAside.WithLabelValues(family).Set(float64(services))
 }

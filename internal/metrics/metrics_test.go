@@ -298,3 +298,19 @@ func TestAlsoErrorDoesNotFailScrape(t *testing.T) {
 	p.ServicePorts(2)
 	expect(t, scrape(t, p.Handler()), `nftproxy_service_ports 2`, `other_metric 0`)
 }
+
+// nftproxy_services_set_aside exists at 0 for each family from the start (an alert on
+// it works before any Service is over a limit) and follows SetAside per family.
+func TestSetAsideGauge(t *testing.T) {
+	p := New(Options{NoRuntimeMetrics: true})
+	expect(t, scrape(t, p.Handler()),
+		`# TYPE nftproxy_services_set_aside gauge`,
+		`nftproxy_services_set_aside{ip_family="IPv4"} 0`,
+		`nftproxy_services_set_aside{ip_family="IPv6"} 0`)
+	p.SetAside(IPv4, 3)
+	p.SetAside(IPv6, 1)
+	p.SetAside(IPv4, 2)
+	expect(t, scrape(t, p.Handler()),
+		`nftproxy_services_set_aside{ip_family="IPv4"} 2`,
+		`nftproxy_services_set_aside{ip_family="IPv6"} 1`)
+}
