@@ -135,6 +135,26 @@ func BuildNftproxyImage(ctx context.Context, dir, ref string) (tarball, bin stri
 	return tarball, bin, nil
 }
 
+// ReleaseImage builds this tree's release into dir with `make release` (what an operator
+// installs: the multi-architecture image tarball, named NftproxyImageRef, and the static
+// binaries) and returns the image tarball and the linux/amd64 binary.
+func ReleaseImage(ctx context.Context, dir string) (tarball, bin string, err error) {
+	repo := filepath.Dir(e2eDir())
+	v, err := os.ReadFile(filepath.Join(repo, "VERSION"))
+	if err != nil {
+		return "", "", err
+	}
+	version := strings.TrimSpace(string(v))
+	if want := ChartImageRepository + ":" + version; want != NftproxyImageRef {
+		return "", "", fmt.Errorf("the release image is %s, the chart names %s", want, NftproxyImageRef)
+	}
+	cmd := exec.CommandContext(ctx, "make", "-C", repo, "--no-print-directory", "release", "DIST="+dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("make release: %w: %s", err, out)
+	}
+	return filepath.Join(dir, "nftproxy-"+version+"-image.tar"), filepath.Join(dir, "nftproxy-"+version+"-linux-amd64"), nil
+}
+
 // writeBinaryImage writes an OCI image of one static binary (contract A).
 func writeBinaryImage(out, ref, src, dest string) error {
 	return ociimage.WriteBinary(out, ref, src, dest)

@@ -20,19 +20,20 @@ const (
 	proxyKubeProxy = "kube-proxy"
 )
 
-// startWithProxy starts a two-node cluster with the nftproxy image imported (built from
-// this tree), checks that no service answers before a proxy is installed when check is
-// set, installs proxy and returns the cluster.
+// startWithProxy starts a two-node cluster with the nftproxy release imported (its
+// image tarball from `make release` of this tree, as an operator would load it) and
+// returns the cluster and the release's linux/amd64 binary.
 func startWithProxy(t *testing.T, proxy string) (*Cluster, string) {
 	t.Helper()
 	Require(t)
 	ctx := t.Context()
 	dir := t.TempDir()
 	t0 := time.Now()
-	tarball, bin, err := BuildNftproxyImage(ctx, dir, NftproxyImageRef)
+	tarball, bin, err := ReleaseImage(ctx, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("release built: %s (%v)", filepath.Base(tarball), time.Since(t0).Round(time.Second))
 	c := StartT(t, Config{Images: map[string]string{NftproxyImageRef: tarball}})
 	if err := c.WaitNodesReady(ctx, 2*time.Minute); err != nil {
 		t.Fatal(err)
