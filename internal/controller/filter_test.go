@@ -87,13 +87,26 @@ func TestInformersSendKubeProxysSelectors(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no first sync")
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	want := map[string]string{
 		"services":       "!service.kubernetes.io/service-proxy-name | spec.clusterIP!=None",
 		"endpointslices": "!service.kubernetes.io/headless | ",
 		"nodes":          " | metadata.name=node-1",
 	}
+	// An informer starts its watch after its list has filled the cache, so the first
+	// sync may come before every watch was asked for: wait for them (bounded).
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		all := true
+		for res := range want {
+			all = all && len(seen["list "+res]) > 0 && len(seen["watch "+res]) > 0
+		}
+		mu.Unlock()
+		if all {
+			break
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
 	for res, w := range want {
 		for _, verb := range []string{"list", "watch"} {
 			got := seen[verb+" "+res]
