@@ -22,6 +22,12 @@ import (
 // (docs/security.md).
 const kmemPerElement = 256
 
+// kmemNoise is what the node's kernel memory may move by while an object is written
+// for reasons of its own: go test runs other packages' kernel tests at the same time,
+// and other processes allocate. A preallocating encoding is far above it (200
+// affinity endpoints with sets sized for 65535 clients took 128 MiB).
+const kmemNoise = 8 << 20
+
 // kernelMemory is the node's unreclaimable slab (where nf_tables allocates its objects)
 // plus vmalloc (where large hash tables go), in bytes (/proc/meminfo's SUnreclaim and
 // VmallocUsed): the median of three reads, as other processes allocate too.
@@ -143,9 +149,9 @@ func TestKernelMemory(t *testing.T) {
 				}
 				per := float64(grew) / float64(cost)
 				t.Logf("1/%d of the object: ElementCost %d, kernel memory +%.1f MiB, %.0f bytes per element", scale, cost, float64(grew)/(1<<20), per)
-				if limit := int64(cost) * kmemPerElement; grew > limit {
-					t.Fatalf("1/%d of the object took %.1f MiB of kernel memory, more than %d bytes per element of its cost (%.1f MiB)",
-						scale, float64(grew)/(1<<20), kmemPerElement, float64(limit)/(1<<20))
+				if limit := int64(cost) * kmemPerElement; grew > limit+kmemNoise {
+					t.Fatalf("1/%d of the object took %.1f MiB of kernel memory, more than %d bytes per element of its cost (%.1f MiB) and %d MiB of noise",
+						scale, float64(grew)/(1<<20), kmemPerElement, float64(limit)/(1<<20), kmemNoise>>20)
 				}
 			}
 		})
