@@ -104,62 +104,61 @@ func parseDest(s string) (netip.AddrPort, uint8, error) {
 
 // explain builds the rulesets from the API, traces the packet and writes the explanation.
 func explain(ctx context.Context, client kubernetes.Interface, req *explainRequest, w io.Writer) error {
-	cfg, err := explainConfig(req.opts)
+	in, err := fromAPI(ctx, client, req.opts)
 	if err != nil {
 		return err
 	}
-	snap, rulesets, problems, err := fromAPI(ctx, client, cfg)
+	snap := in.snap
+	pkt, sc, err := packetFor(req, in.cfg, snap)
 	if err != nil {
 		return err
 	}
-	pkt, sc, err := packetFor(req, cfg, snap)
-	if err != nil {
-		return err
-	}
-	i := slices.IndexFunc(rulesets, func(rs *nft.Ruleset) bool { return rs.Family == pkt.Family })
+	i := slices.IndexFunc(in.rulesets, func(rs *nft.Ruleset) bool { return rs.Family == pkt.Family })
 	if i < 0 {
 		return fmt.Errorf("no %s ruleset", pkt.Family)
 	}
-	res, err := trace.Trace(rulesets[i], pkt, trace.Context{SaddrLocal: req.local, IsLocal: nodeAddr(snap, pkt, req.local)})
+	res, err := trace.Trace(in.rulesets[i], pkt, trace.Context{SaddrLocal: req.local, IsLocal: nodeAddr(snap, pkt, req.local)})
 	if err != nil {
 		return err
 	}
-	sc.rules = req.rules
+	sc.rules, sc.noExternalIPs = req.rules, in.cfg.NoExternalIPs
 	sc.services, sc.nodeIPs = frontends(snap), snap.Node.IPs
-	sc.problems = problemsOf(problems, sc.services[pkt.Daddr])
+	sc.problems = problemsOf(in.problems, sc.services[pkt.Daddr])
 	formatResult(w, res, sc)
 	return nil
 }
 
-// explainConfig is the proxy's configuration from the flags, as run builds it.
-func explainConfig(o *options.Options) (controller.Config, error) {
-	nodeName, err := o.NodeName()
-	if err != nil {
-		return controller.Config{}, err
-	}
-	return controller.Config{
-		NodeName:          nodeName,
-		DetectLocal:       o.DetectLocal,
-		MasqueradeAll:     o.MasqueradeAll,
-		MasqueradeBit:     uint32(o.MasqueradeBit),
-		NodePortAddresses: o.NodePorts,
-	}, nil
+// explained is what explain traces: the proxy's configuration and what it compiles.
+type explained struct {
+	cfg      controller.Config
+	snap     *model.Snapshot
+	rulesets []*nft.Ruleset
+	problems []model.Problem
 }
 
-// fromAPI lists the API once and compiles the rulesets, like --dry-run.
-func fromAPI(ctx context.Context, client kubernetes.Interface, cfg controller.Config) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	state, err := listAPI(ctx, client, cfg.NodeName)
+// fromAPI lists the API once and compiles the rulesets with the proxy's configuration
+// (proxyConfig), like --dry-run.
+func fromAPI(ctx context.Context, client kubernetes.Interface, o *options.Options) (explained, error) {
+	nodeName, err := o.NodeName()
 	if err != nil {
-		return nil, nil, nil, err
+		return explained{}, err
+	}
+	state, err := listAPI(ctx, client, nodeName)
+	if err != nil {
+		return explained{}, err
 	}
 	if state.node == nil {
-		fmt.Fprintf(os.Stderr, "nftproxy explain: no node %q; explaining without node addresses (see --hostname-override)\n", cfg.NodeName)
+		fmt.Fprintf(os.Stderr, "nftproxy explain: no node %q; explaining without node addresses (see --hostname-override)\n", nodeName)
 	}
-	// The machine running explain need not be the node: --nodeport-addresses ranges
-	// select among the node's addresses from its Node object.
+	// The machine running explain need not be the node: the node's addresses, among
+	// which --nodeport-addresses ranges select, are those of its Node object.
 	nodeIPs := model.NodeOf(state.node).IPs
-	cfg.LocalAddrs = func() ([]netip.Addr, error) { return nodeIPs, nil }
-	return state.compile(cfg)
+	in := explained{}
+	if in.cfg, err = proxyConfig(o, func() ([]netip.Addr, error) { return nodeIPs, nil }); err != nil {
+		return explained{}, err
+	}
+	in.snap, in.rulesets, in.problems, err = state.compile(in.cfg)
+	return in, err
 }
 
 // packetFor builds the traced packet; the scene it returns says how the source was chosen.
@@ -231,7 +230,8 @@ func frontends(snap *model.Snapshot) map[netip.Addr][]frontend {
 	out := map[netip.Addr][]frontend{}
 	for _, sp := range snap.Services {
 		f := frontend{service: sp.Name.Namespace + "/" + sp.Name.Name, port: fmt.Sprintf("%d/%s", sp.Port, model.ProtoString(sp.Name.Protocol))}
-		for _, list := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
+		for k, list := range [][]netip.Addr{sp.ClusterIPs, sp.ExternalIPs, sp.LoadBalancerIPs} {
+			f.externalIP = k == 1
 			for _, a := range list {
 				out[a] = append(out[a], f)
 			}
@@ -256,8 +256,9 @@ func problemsOf(problems []model.Problem, fs []frontend) []string {
 
 // frontend is a service port using an address.
 type frontend struct {
-	service string // namespace/name
-	port    string // "80/TCP"
+	service    string // namespace/name
+	port       string // "80/TCP"
+	externalIP bool   // the address is one of the service's externalIPs
 }
 
 // scene is what the explanation says besides the trace.
@@ -267,6 +268,8 @@ type scene struct {
 	nodeIPs  []netip.Addr
 	problems []string // ignored input about the services using the destination address
 	rules    bool     // print each outcome's rules
+	// noExternalIPs: the feature gate AllowServiceExternalIPs is false
+	noExternalIPs bool
 }
 
 // formatResult writes the explanation of res for humans.
@@ -325,6 +328,15 @@ func writePath(w io.Writer, o trace.Outcome) {
 
 // outcomeLine is one outcome in words: where the packet goes, or why it does not.
 func outcomeLine(o trace.Outcome, p trace.Packet, sc scene) string {
+	if !o.DNAT.IsValid() && serviceOf(o) == "" {
+		if why := unprogrammed(p, sc); why != "" {
+			verb := map[trace.Verdict]string{trace.Drop: "dropped", trace.Reject: "rejected"}[o.Verdict]
+			if verb == "" {
+				verb = "not translated"
+			}
+			return verb + ": " + why
+		}
+	}
 	var line string
 	switch {
 	case o.Verdict == trace.Drop:
@@ -496,6 +508,26 @@ func untouchedReason(o trace.Outcome, p trace.Packet, sc scene) string {
 		return fmt.Sprintf("no node port %d/%s; nftproxy leaves the packet to the node", p.Dport, model.ProtoString(p.L4Proto))
 	}
 	return "no service uses this address; nftproxy leaves the packet alone"
+}
+
+// unprogrammed says why no rule picked up a packet to a port that a service does have at
+// the destination address: the proxy does not program it. "" if no service has it.
+func unprogrammed(p trace.Packet, sc scene) string {
+	port := fmt.Sprintf("%d/%s", p.Dport, model.ProtoString(p.L4Proto))
+	for _, f := range sc.services[p.Daddr] {
+		if f.port != port {
+			continue
+		}
+		why := "see the ignored input below"
+		switch {
+		case f.externalIP && sc.noExternalIPs:
+			why = "the feature gate AllowServiceExternalIPs is false, so no externalIP is programmed"
+		case len(sc.problems) == 0:
+			why = "nftproxy does not program it"
+		}
+		return fmt.Sprintf("service %s's port %s at this address is not programmed: %s", f.service, port, why)
+	}
+	return ""
 }
 
 // notAPort says which ports the services at the destination address do have.

@@ -187,7 +187,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 		log.Info("Removed nftproxy's tables")
 		return nil
 	}
-	cfg, err := proxyConfig(o)
+	cfg, err := proxyConfig(o, localAddrs)
 	if err != nil {
 		return err
 	}
@@ -303,16 +303,19 @@ func flagValues(fs *pflag.FlagSet) map[string]string {
 	return out
 }
 
-// proxyConfig is the controller configuration the flags (and --config) give; nftproxy
-// verify compiles with the same one.
-func proxyConfig(o *options.Options) (controller.Config, error) {
+// proxyConfig is the controller configuration the flags (and --config) give. It is the
+// only one: the proxy, --dry-run, verify and explain all compile with it, so none can
+// disagree with the proxy. addrs lists the node's addresses: the machine's (localAddrs)
+// where nftproxy runs on the node; explain, which may run elsewhere, gives the Node
+// object's.
+func proxyConfig(o *options.Options, addrs func() ([]netip.Addr, error)) (controller.Config, error) {
 	nodeName, err := o.NodeName()
 	if err != nil {
 		return controller.Config{}, err
 	}
 	served, own, anyAddr := o.ServedPorts()
 	if anyAddr { // a server on 0.0.0.0 answers on every address the node has now
-		if local, err := localAddrs(); err == nil {
+		if local, err := addrs(); err == nil {
 			own = append(own, local...)
 		}
 	}
@@ -325,7 +328,7 @@ func proxyConfig(o *options.Options) (controller.Config, error) {
 		NodePortAddresses: o.NodePorts,
 		MinSyncPeriod:     o.MinSyncPeriod,
 		SyncPeriod:        o.SyncPeriod,
-		LocalAddrs:        localAddrs,
+		LocalAddrs:        addrs,
 		NoExternalIPs:     !o.ExternalIPsAllowed(),
 		ServedPorts:       served,
 		OwnAddrs:          own,

@@ -124,7 +124,7 @@ func verifySettings(args []string, stderr io.Writer) (*options.Options, controll
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
 		return nil, none, 0, verifyError
 	}
-	cfg, err := proxyConfig(o)
+	cfg, err := proxyConfig(o, localAddrs)
 	if err != nil {
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
 		return nil, none, 0, verifyError

@@ -73,7 +73,7 @@ func proxyFlags(t *testing.T, args ...string) controller.Config {
 	if err := o.Complete(fs); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := proxyConfig(o)
+	cfg, err := proxyConfig(o, localAddrs)
 	if err != nil {
 		t.Fatal(err)
 	}
