@@ -56,7 +56,7 @@ func TestHostileTenant(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// --nodeport-addresses 0.0.0.0/0 covers 127.0.0.0/8 (item 6).
+	// --nodeport-addresses 0.0.0.0/0 covers 127.0.0.0/8 (docs/security.md, item 6).
 	e.startProxy(t, c.LeastPrivilegeKubeconfigT(t), append([]string{"--nodeport-addresses", "0.0.0.0/0"}, cluster.WatchedFlags...)...)
 
 	// The first namespace: web, with a cluster IP, an externalIP and a node port.

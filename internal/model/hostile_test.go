@@ -11,8 +11,8 @@ import (
 	"github.com/nftproxy/nftproxy/internal/model"
 )
 
-// Endpoint addresses that can never be a pod's (docs/security.md, item 10) are skipped with a
-// problem on their slice; the slice's other endpoints stay.
+// Endpoint addresses that can never be a pod's (docs/security.md, item 10) are skipped
+// with a problem on their slice; the slice's other endpoints stay.
 func TestBuildSkipsSpecialEndpointAddresses(t *testing.T) {
 	svc := service("web", []string{"10.96.0.1"})
 	sl := v4slice("web-a", "web", ports(tcp("http", 8080)),

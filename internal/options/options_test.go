@@ -290,7 +290,8 @@ func TestKubeProxyCommandLineAccepted(t *testing.T) {
 }
 
 // --feature-gates=AllowServiceExternalIPs=false, from the flag or the file's
-// featureGates, turns externalIPs off (docs/security.md, item 2); the flag wins over the file.
+// featureGates, turns externalIPs off (docs/security.md, item 2); the flag wins over the
+// file.
 func TestFeatureGateAllowServiceExternalIPs(t *testing.T) {
 	o, err := parse(t, "--feature-gates=AllowServiceExternalIPs=false,Other=true")
 	if err != nil {
