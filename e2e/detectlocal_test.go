@@ -10,7 +10,7 @@ import (
 )
 
 // TestDetectLocalModes: --detect-local-mode NodeCIDR and InterfaceNamePrefix with real
-// packets (issue 14 item 4), without --cluster-cidr. Traffic to a cluster IP from a pod
+// packets, without --cluster-cidr. Traffic to a cluster IP from a pod
 // on the node (source in the Node's podCIDR 10.244.1.0/24, entering through a pod veth
 // <prefix>pN) keeps its source; traffic from the node itself and from off the cluster is
 // masqueraded. Under ClusterCIDR without --cluster-cidr none of it would be.

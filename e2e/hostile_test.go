@@ -1,7 +1,7 @@
 package e2e
 
-// TestHostileTenant (issue 13's proof): a second namespace, with what a namespace-scoped
-// writer can do, tries each of items 1, 3, 6, 7 and 10 against a first namespace's
+// TestHostileTenant (docs/security.md's end-to-end proof): a second namespace, with what a
+// namespace-scoped writer can do, tries each of docs/security.md's items 1, 3, 6, 7 and 10 against a first namespace's
 // services and against the node, on a real apiserver with real packets. Throughout, the
 // first namespace's traffic never moves, the node's own ports stay unreachable through
 // service addresses, and nftproxy's RSS stays under hostileRSSBound.
@@ -56,7 +56,7 @@ func TestHostileTenant(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// --nodeport-addresses 0.0.0.0/0 covers 127.0.0.0/8 (item 6).
+	// --nodeport-addresses 0.0.0.0/0 covers 127.0.0.0/8 (docs/security.md, item 6).
 	e.startProxy(t, c.LeastPrivilegeKubeconfigT(t), append([]string{"--nodeport-addresses", "0.0.0.0/0"}, cluster.WatchedFlags...)...)
 
 	// The first namespace: web, with a cluster IP, an externalIP and a node port.

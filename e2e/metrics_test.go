@@ -13,11 +13,11 @@ import (
 )
 
 // testUpstreamMetrics checks, on the running proxy, what kube-proxy's metrics port has
-// beyond the sync metrics (issue 14 item 5): the no-local-endpoints gauge following a
+// beyond the sync metrics: the no-local-endpoints gauge following a
 // Local service's endpoint between nodes, network programming latency observed from a
 // slice's trigger time, the conntrack reconciler and client-go's rest_client_* series,
 // the /configz, /flagz and /statusz pages, no profiling without --profiling; and
-// verify reading the proxy's settings from /configz (item 8).
+// verify reading the proxy's settings from /configz.
 func (e *env) testUpstreamMetrics(t *testing.T) {
 	noLocal := `kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"}`
 	programmed := `kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`

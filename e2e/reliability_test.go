@@ -22,7 +22,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/cluster"
 )
 
-// Reliability (issue 6, items 3 and 8): nftproxy runs under the manifests' ServiceAccount
+// Reliability (docs/reliability.md: apiserver loss and least privilege): nftproxy runs under the manifests' ServiceAccount
 // and ClusterRole (not admin) with kube-proxy's default health and metrics addresses, and
 // survives the API server going away for a minute.
 //

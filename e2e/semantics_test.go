@@ -1,6 +1,6 @@
 package e2e
 
-// TestSemantics: issue 3's service semantics (affinity, traffic policies, topology,
+// TestSemantics: the service semantics of docs/semantics.md (affinity, traffic policies, topology,
 // source ranges, service CIDRs, UDP conntrack, dual-stack, terminating endpoints) with
 // real packets in a two-node, dual-stack netns cluster, one nftproxy per node.
 //
@@ -55,7 +55,7 @@ type sem struct {
 
 // TestSemantics starts one cluster with two nodes (node-1 zone-a, node-2 zone-b), pods on
 // both and nftproxy in each node namespace, then runs one subtest per behaviour of
-// issue 3. Each subtest creates its own services; a failing one logs the nftproxy tables
+// docs/semantics.md. Each subtest creates its own services; a failing one logs the nftproxy tables
 // of both nodes and both logs' tails, and the others still run.
 func TestSemantics(t *testing.T) {
 	cluster.Require(t)

@@ -25,7 +25,7 @@ import (
 	"github.com/nftproxy/nftproxy/e2e/cluster"
 )
 
-// Churn soak (issue 6 item 7): random creates, updates and deletes of Services and
+// Churn soak (docs/reliability.md): random creates, updates and deletes of Services and
 // EndpointSlices at about 50 changes/s for SOAK_DURATION (default 4m; `make soak` runs
 // longer) while a client connects to a stable service the whole time. Then: no failed
 // connection to it, `nftproxy verify` finds the kernel equal to what the API compiles

@@ -2,8 +2,8 @@ package main
 
 import "runtime/debug"
 
-// nftproxy's memory policy (issue 16 item 3, a fast cold start, and item 5, a peak RSS
-// at most half of kube-proxy's), unless GOGC is set, which overrides all of it. It has
+// nftproxy's memory policy (for a fast cold start and a peak RSS at most half of
+// kube-proxy's), unless GOGC is set, which overrides all of it. It has
 // three phases:
 //
 //  1. While the informers list everything: GOGC=coldGCPercent. The lists' garbage is
@@ -24,9 +24,9 @@ import "runtime/debug"
 //     index and the encoded transaction, 1.6 times the caches' heap at 10,000 × 10) is
 //     mostly kept, so a collection during it marks a growing heap and frees little; at
 //     +30% there were five. At +120% the heap may more than double before one.
-//     +200% (the seventh pass: its first sync a sixth faster than at +30%) was no
+//     +200% (once a sixth faster than +30% for the first sync) was no
 //     faster than +120% once the lists were streamed (internal/controller/listing.go),
-//     and its peak was 3–6 MiB higher at 10,000 × 10 (figures in docs/performance.md).
+//     and its peak was 3–6 MiB higher at 10,000 × 10 (figures in docs/bench/notebook.md).
 //  3. After the first sync (firstSyncDone): one forced collection returns the cold
 //     start's free pages to the system (otherwise the runtime keeps them resident for
 //     minutes), and GOGC=steadyGCPercent from then on. A sync allocates little (1.3 MB

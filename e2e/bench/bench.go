@@ -1,4 +1,4 @@
-// Package bench is the side-by-side benchmark of issue 5: nftproxy and upstream
+// Package bench is the side-by-side benchmark: nftproxy and upstream
 // kube-proxy (nftables and iptables mode) on the same local netns cluster (e2e/cluster)
 // in the same run, with real packets. See README.md in this directory.
 //
@@ -38,8 +38,8 @@ import (
 type Options struct {
 	Sizes     []int // service counts, ascending; 10 endpoints each (Endpoints)
 	Endpoints int
-	// Wide are further sizes with their own endpoints per service (issue 16 item 4:
-	// 5,000 services × 50 endpoints), measured in the sweep in order of N (the API
+	// Wide are further sizes with their own endpoints per service (many
+	// endpoints per service: 5,000 services × 50 endpoints), measured in the sweep in order of N (the API
 	// only grows: the services already there are reshaped to each size's endpoint
 	// count, the rest created). kube-proxy's iptables mode is left out at these sizes
 	// (the comparison is with its nftables mode); the churn and the data path run only

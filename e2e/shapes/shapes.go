@@ -1,7 +1,7 @@
 // Package shapes is a research bench for nftables ruleset shapes in which a steady-state
 // change (endpoint replaced, endpoint count changed, service added, service removed) is a
 // change of map and set elements only: no rule, no chain and no verdict-map jump element,
-// so that nf_tables never validates the whole table at commit (issue 16 item 2).
+// so that nf_tables never validates the whole table at commit.
 //
 // Each shape is generated as nft text (loaded with nft -f, so nft 1.0.6 must accept it and
 // print it back) and each change as a list of element operations, sent as one netlink

@@ -1,6 +1,9 @@
 // Package compile turns a model snapshot into the nftables ruleset of one address family.
-// It is a pure function of its inputs (the snapshot, the configuration and the endpoint
-// slot allocator); docs/architecture.md describes the layout it produces.
+// A Compiler is incremental: it keeps the previous call's parts, claims and counts and
+// compiles again only the service ports that changed, and its result is the ruleset a
+// fresh compile of the same inputs (the snapshot, the configuration and the endpoint
+// slot allocator) would give, which TestCompilerIncremental checks along random
+// sequences of changes. docs/architecture.md describes the layout it produces.
 package compile
 
 import (

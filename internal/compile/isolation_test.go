@@ -12,7 +12,7 @@ import (
 	"github.com/nftproxy/nftproxy/nft"
 )
 
-// Tenant isolation (issue 13): what one namespace's Services may take from another's and
+// Tenant isolation (docs/security.md): what one namespace's Services may take from another's and
 // from the node. Each case compiles a snapshot in IPv4 and checks the frontend maps and
 // the problems reported.
 

@@ -14,10 +14,10 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 )
 
-// --detect-local-mode=NodeCIDR (issue 14 item 4): the first sync waits for the Node's
+// --detect-local-mode=NodeCIDR: the first sync waits for the Node's
 // pod CIDRs, as kube-proxy; the local check is the Node's pod CIDR, and a change of it
 // reprograms (kube-proxy exits to do the same). Node() is the controller's Node, which
-// the health server reads (one Node informer, issue 15 item 7).
+// the health server reads (one Node informer for both).
 func TestNodeCIDRWaitsAndFollowsPodCIDRs(t *testing.T) {
 	dp := &fakeDataplane{}
 	client := fake.NewClientset()

@@ -469,7 +469,7 @@ func describeTenant(svcs []*v1.Service, eps []*discovery.EndpointSlice) string {
 	return b.String()
 }
 
-// isolationSeeds are tenant inputs that try each hostile move of issue 13 against the
+// isolationSeeds are tenant inputs that try each hostile move of docs/security.md against the
 // victim (whatever namespace they name, they land in the tenant's).
 func isolationSeeds() map[string][]byte {
 	h := stdHeader()

@@ -11,8 +11,8 @@ import (
 	"github.com/nftproxy/nftproxy/internal/model"
 )
 
-// Endpoint addresses that can never be a pod's (issue 13 item 10) are skipped with a
-// problem on their slice; the slice's other endpoints stay.
+// Endpoint addresses that can never be a pod's (docs/security.md, item 10) are skipped
+// with a problem on their slice; the slice's other endpoints stay.
 func TestBuildSkipsSpecialEndpointAddresses(t *testing.T) {
 	svc := service("web", []string{"10.96.0.1"})
 	sl := v4slice("web-a", "web", ports(tcp("http", 8080)),
@@ -68,7 +68,7 @@ func TestParsePrefixSloppy(t *testing.T) {
 }
 
 // An unparsable source range marks the port: the compiler closes a family that has no
-// usable range instead of leaving it open (issue 13 item 7).
+// usable range instead of leaving it open (docs/security.md, item 7).
 func TestBuildSourceRangesBroken(t *testing.T) {
 	for _, tc := range []struct {
 		ranges []string

@@ -235,7 +235,7 @@ func (o *Options) ExternalIPsAllowed() bool { return config.ExternalIPsAllowed(o
 
 // ServedPorts returns the TCP ports of nftproxy's own servers (health, metrics), their
 // bind addresses when specific, and whether one binds every address (0.0.0.0 or ::): no
-// Service may take these ports on the node's addresses (issue 13 item 1).
+// Service may take these ports on the node's addresses (docs/security.md, item 1).
 func (o *Options) ServedPorts() (ports []uint16, addrs []netip.Addr, anyAddr bool) {
 	for _, b := range []string{o.HealthzBindAddress, o.MetricsBindAddress} {
 		ap, err := netip.ParseAddrPort(b)

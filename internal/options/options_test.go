@@ -290,7 +290,8 @@ func TestKubeProxyCommandLineAccepted(t *testing.T) {
 }
 
 // --feature-gates=AllowServiceExternalIPs=false, from the flag or the file's
-// featureGates, turns externalIPs off (issue 13 item 2); the flag wins over the file.
+// featureGates, turns externalIPs off (docs/security.md, item 2); the flag wins over the
+// file.
 func TestFeatureGateAllowServiceExternalIPs(t *testing.T) {
 	o, err := parse(t, "--feature-gates=AllowServiceExternalIPs=false,Other=true")
 	if err != nil {
@@ -385,7 +386,7 @@ func TestServedPorts(t *testing.T) {
 	}
 }
 
-// --detect-local-mode and its inputs become one typed value (issue 14 item 4), from the
+// --detect-local-mode and its inputs become one typed value, from the
 // flags or from the file's detectLocalMode and detectLocal block.
 func TestDetectLocalModes(t *testing.T) {
 	for _, tc := range []struct {

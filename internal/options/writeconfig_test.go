@@ -65,9 +65,9 @@ logging: {verbosity: 2, format: json}
 
 // TestWriteConfigMatchesKubeProxy: nftproxy --write-config-to writes what kube-proxy
 // v1.37 --proxy-mode=nftables --write-config-to writes for the same command line
-// (issue 14 item 4): the same defaults, and with --config the same precedence. The
-// goldens in testdata/kube-proxy-config are kube-proxy's output; when the kube-proxy
-// binary is present (-kube-proxy) it is run again and must still produce them
+// (the detect-local settings too): the same defaults, and with --config the same
+// precedence. The goldens in testdata/kube-proxy-config are kube-proxy's output; when
+// the kube-proxy binary is present (-kube-proxy) it is run again and must still produce them
 // (-update rewrites them from it).
 func TestWriteConfigMatchesKubeProxy(t *testing.T) {
 	_, err := os.Stat(*kubeProxy)

@@ -218,8 +218,8 @@ func TestResyncRepairsTampering(t *testing.T) {
 	}
 }
 
-// TestLargeTransaction applies 50,000 service ports × 10 endpoints (issue 6's large
-// state) in one transaction, as the proxy compiles them (one part per service port): on
+// TestLargeTransaction applies 50,000 service ports × 10 endpoints (the large state of
+// docs/reliability.md) in one transaction, as the proxy compiles them (one part per service port): on
 // the flat path that is 800,000 elements, most of them endpoint entries of one map, in
 // chunked element messages and sized socket buffers, no ENOBUFS, no EMSGSIZE. It counts
 // what the kernel holds over netlink, then checks that one more endpoint is a small delta.

@@ -157,7 +157,7 @@ var oneChangeKinds = []string{"endpoint-replaced", "endpoint-count", "service-ad
 // With a ruleset that has a chain and rules per service, a new rule (its dnat, lookup and
 // jump expressions) or a new jump element makes nf_tables validate the whole table at
 // commit, walking every chain reachable from the base chains: that is the part that grows
-// with n (docs/performance.md, "Kernel validation").
+// with n (docs/bench/notebook.md, "What stands in the way", kernel validation).
 func BenchmarkOneChange(b *testing.B) {
 	def := []benchSize{{1000, 10}, {10000, 10}, {30000, 10}, {50000, 5}, {5000, 50}}
 	_, custom := os.LookupEnv("NFTPROXY_BENCH_SIZES")
@@ -172,7 +172,7 @@ func BenchmarkOneChange(b *testing.B) {
 		b.Run(size.String(), func(b *testing.B) {
 			kinds := oneChangeKinds
 			if !custom && size.eps > 10 {
-				kinds = kinds[:2] // many endpoints per service: the endpoint changes (issue 16 item 4)
+				kinds = kinds[:2] // many endpoints per service: the endpoint changes (as in the 5k × 50 bench)
 			}
 			oc := newOneChange(b, size)
 			for _, kind := range kinds {
