@@ -2,20 +2,15 @@ package healthcheck
 
 import (
 	"bufio"
-	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"runtime"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
@@ -24,29 +19,6 @@ import (
 // An attack on the healthCheckNodePorts' shared budget with real TCP sockets, in a
 // throwaway network namespace where 10.9.0.0/24 is local (any source address in it is
 // another host, as the server sees it).
-
-func inNS(ns *testnetns.NS, f func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := unix.Setns(ns.FD, unix.CLONE_NEWNET); err != nil {
-			done <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		done <- f()
-	}()
-	return <-done
-}
-
-func dialFrom(ns *testnetns.NS, src, dst string, port uint16) (net.Conn, error) {
-	var c net.Conn
-	err := inNS(ns, func() (err error) {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-		c, err = d.DialContext(context.Background(), "tcp4", net.JoinHostPort(dst, strconv.Itoa(int(port))))
-		return err
-	})
-	return c, err
-}
 
 // A tenant holding, from one pod's address, more connections than the whole budget of
 // every healthCheckNodePort (unfinished requests, the most a client can hold once the
@@ -57,7 +29,7 @@ func TestHealthCheckNodePortsNotStarvedByOneSource(t *testing.T) {
 	ns.MustRun(t, "", "ip", "link", "set", "lo", "up")
 	ns.MustRun(t, "", "ip", "route", "add", "local", "10.9.0.0/24", "dev", "lo")
 	listen := func(network, addr string) (ln net.Listener, err error) {
-		err = inNS(ns, func() (err error) { ln, err = net.Listen(network, addr); return err })
+		err = ns.Do(func() (err error) { ln, err = net.Listen(network, addr); return err })
 		return ln, err
 	}
 	s := New(listen, "", logr.Discard())
@@ -71,7 +43,7 @@ func TestHealthCheckNodePortsNotStarvedByOneSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 * l.MaxConns {
-		c, err := dialFrom(ns, "10.9.0.66", "10.9.0.1", []uint16{victim, tenant}[i%2])
+		c, err := ns.DialTCP("10.9.0.66", "10.9.0.1", int([]uint16{victim, tenant}[i%2]))
 		if errors.Is(err, syscall.ECONNRESET) {
 			continue // closed at once over the bound
 		}
@@ -86,7 +58,7 @@ func TestHealthCheckNodePortsNotStarvedByOneSource(t *testing.T) {
 		if src == "127.0.0.1" {
 			dst = src
 		}
-		c, err := dialFrom(ns, src, dst, victim)
+		c, err := ns.DialTCP(src, dst, int(victim))
 		if err != nil {
 			t.Errorf("probe from %s: %v", src, err)
 			continue

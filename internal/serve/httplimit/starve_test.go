@@ -2,19 +2,15 @@ package httplimit
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 )
@@ -29,21 +25,6 @@ type probeNet struct {
 	port int
 }
 
-// inNS runs f on an OS thread inside ns; the sockets f creates stay in ns.
-func inNS(t *testing.T, ns *testnetns.NS, f func() error) error {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := unix.Setns(ns.FD, unix.CLONE_NEWNET); err != nil {
-			done <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		done <- f()
-	}()
-	return <-done
-}
-
 // newProbeNet serves "ok" with limits l on 0.0.0.0 in a new namespace.
 func newProbeNet(t *testing.T, l Limits) *probeNet {
 	t.Helper()
@@ -51,7 +32,7 @@ func newProbeNet(t *testing.T, l Limits) *probeNet {
 	ns.MustRun(t, "", "ip", "link", "set", "lo", "up")
 	ns.MustRun(t, "", "ip", "route", "add", "local", "10.9.0.0/24", "dev", "lo")
 	var ln net.Listener
-	if err := inNS(t, ns, func() (err error) { ln, err = net.Listen("tcp4", "0.0.0.0:0"); return err }); err != nil {
+	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp4", "0.0.0.0:0"); return err }); err != nil {
 		t.Fatal(err)
 	}
 	srv := Server(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }), l)
@@ -69,13 +50,7 @@ func (p *probeNet) dial(t *testing.T, src string) (net.Conn, error) {
 	if net.ParseIP(src).IsLoopback() {
 		dst = "127.0.0.1"
 	}
-	var c net.Conn
-	err := inNS(t, p.ns, func() (err error) {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-		c, err = d.DialContext(context.Background(), "tcp4", net.JoinHostPort(dst, strconv.Itoa(p.port)))
-		return err
-	})
-	return c, err
+	return p.ns.DialTCP(src, dst, p.port)
 }
 
 // hold opens n connections from src that each send an unfinished request and keep it
