@@ -13,7 +13,6 @@ import (
 	"math"
 	"net/netip"
 	"slices"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/nftproxy/nftproxy/internal/model"
@@ -24,41 +23,62 @@ import (
 // TableName is the name of nftproxy's table in each family.
 const TableName = "nftproxy"
 
-// Object names in the table.
+// Object names in the table. layout.go describes each one (and the names built per
+// service port, endpoint, slot page and count bit); nothing outside this package spells
+// them.
 const (
-	setClusterIPs          = "cluster-ips"
-	setNodePortIPs         = "nodeport-ips"
-	mapServiceIPs          = "service-ips"
-	mapServiceNodePorts    = "service-nodeports"
-	setNoEndpointServices  = "no-endpoint-services"
-	setNoEndpointNodePorts = "no-endpoint-nodeports"
-	setNoLocalServices     = "no-local-endpoint-services"
-	setNoLocalNodePorts    = "no-local-endpoint-nodeports"
+	SetClusterIPs          = "cluster-ips"
+	SetNodePortIPs         = "nodeport-ips"
+	MapServiceIPs          = "service-ips"
+	MapServiceNodePorts    = "service-nodeports"
+	SetNoEndpointServices  = "no-endpoint-services"
+	SetNoEndpointNodePorts = "no-endpoint-nodeports"
+	SetNoLocalServices     = "no-local-endpoint-services"
+	SetNoLocalNodePorts    = "no-local-endpoint-nodeports"
 	// The flat path (flat.go): frontends dispatched through data only.
-	setClusterFrontends  = "cluster-frontends"
-	setExternalFrontends = "external-frontends"
-	setNodePortFrontends = "nodeport-frontends"
-	mapEndpoints         = "endpoints"
-	mapNodePortEndpoints = "nodeport-endpoints"
+	SetClusterFrontends  = "cluster-frontends"
+	SetExternalFrontends = "external-frontends"
+	SetNodePortFrontends = "nodeport-frontends"
+	MapEndpoints         = "endpoints"
+	MapNodePortEndpoints = "nodeport-endpoints"
 	mapEndpointsPrefix   = "endpoints-" // + page number
-	setHairpin           = "hairpin"
-	mapFirewallIPs       = "firewall-ips"
+	SetHairpin           = "hairpin"
+	MapFirewallIPs       = "firewall-ips"
 	// SetServiceCounters and SetNodePortCounters count packets and bytes per service
 	// address and node port; their elements' comments name the service port.
 	SetServiceCounters  = "service-counters"
 	SetNodePortCounters = "nodeport-counters"
 
-	chainServices        = "services"
-	chainMarkMasq        = "mark-for-masquerade"
-	chainMasquerading    = "masquerading"
-	chainEndpointsCheck  = "service-endpoints-check"
-	chainClusterIPsCheck = "cluster-ips-check"
+	ChainServices        = "services"
+	ChainMarkMasq        = "mark-for-masquerade"
+	ChainMasquerading    = "masquerading"
+	ChainEndpointsCheck  = "service-endpoints-check"
+	ChainClusterIPsCheck = "cluster-ips-check"
 	// ChainReject rejects traffic to services without endpoints; its rule counts it.
 	ChainReject        = "reject-chain"
-	chainFirewallCheck = "firewall-check"
-	chainClusterFront  = "cluster-frontend"
-	chainExternalFront = "external-frontend"
-	chainNodePortFront = "nodeport-frontend"
+	ChainFirewallCheck = "firewall-check"
+	ChainClusterFront  = "cluster-frontend"
+	ChainExternalFront = "external-frontend"
+	ChainNodePortFront = "nodeport-frontend"
+
+	// The base chains, on netfilter's hooks.
+	ChainFilterPreroutingPreDNAT = "filter-prerouting-pre-dnat"
+	ChainFilterOutputPreDNAT     = "filter-output-pre-dnat"
+	ChainFilterInput             = "filter-input"
+	ChainFilterForward           = "filter-forward"
+	ChainFilterOutput            = "filter-output"
+	ChainNATPrerouting           = "nat-prerouting"
+	ChainNATOutput               = "nat-output"
+	ChainNATPostrouting          = "nat-postrouting"
+
+	// A service port's own objects are named by ChainName with one of these kinds.
+	kindService  = "svc"   // its chain (and, + "/" + index, its endpoints' chains)
+	kindLocal    = "local" // its chain of the endpoints on this node
+	kindExternal = "ext"   // its chain for external traffic
+	kindFirewall = "fw"    // its source-range chain and set
+	// affinityPrefix + a service chain's endpoint chain without "svc-": the clients
+	// an endpoint served recently
+	affinityPrefix = "affinity-"
 )
 
 // Config holds the flags that shape the ruleset.
@@ -717,18 +737,18 @@ func (c *compiler) init() {
 	frontend := []nft.Datatype{a, nft.TypeInetProto, nft.TypeInetService}
 	port := []nft.Datatype{nft.TypeInetProto, nft.TypeInetService}
 	verdict := []nft.Datatype{nft.TypeVerdict}
-	c.clusterIPs = &nft.Set{Name: setClusterIPs, Key: []nft.Datatype{a}, Comment: "cluster IPs of all services"}
-	c.nodePortIPs = &nft.Set{Name: setNodePortIPs, Key: []nft.Datatype{a}, Comment: "addresses node ports answer on"}
-	c.serviceIPs = &nft.Set{Name: mapServiceIPs, Key: frontend, Data: verdict, Comment: "frontends of service ports with their own chains"}
-	c.serviceNodePorts = &nft.Set{Name: mapServiceNodePorts, Key: port, Data: verdict, Comment: "node ports of service ports with their own chains"}
-	c.noEndpointServices = &nft.Set{Name: setNoEndpointServices, Key: frontend, Comment: "service IPs without endpoints: rejected"}
-	c.noEndpointNodePorts = &nft.Set{Name: setNoEndpointNodePorts, Key: port, Comment: "node ports without endpoints: rejected"}
-	c.noLocalServices = &nft.Set{Name: setNoLocalServices, Key: frontend, Comment: "service IPs whose Local policy has no endpoint on this node: dropped"}
-	c.noLocalNodePorts = &nft.Set{Name: setNoLocalNodePorts, Key: port, Comment: "node ports whose Local policy has no endpoint on this node: dropped"}
-	c.firewallIPs = &nft.Set{Name: mapFirewallIPs, Key: frontend, Data: verdict, Comment: "load-balancer IPs with source ranges"}
+	c.clusterIPs = &nft.Set{Name: SetClusterIPs, Key: []nft.Datatype{a}, Comment: "cluster IPs of all services"}
+	c.nodePortIPs = &nft.Set{Name: SetNodePortIPs, Key: []nft.Datatype{a}, Comment: "addresses node ports answer on"}
+	c.serviceIPs = &nft.Set{Name: MapServiceIPs, Key: frontend, Data: verdict, Comment: "frontends of service ports with their own chains"}
+	c.serviceNodePorts = &nft.Set{Name: MapServiceNodePorts, Key: port, Data: verdict, Comment: "node ports of service ports with their own chains"}
+	c.noEndpointServices = &nft.Set{Name: SetNoEndpointServices, Key: frontend, Comment: "service IPs without endpoints: rejected"}
+	c.noEndpointNodePorts = &nft.Set{Name: SetNoEndpointNodePorts, Key: port, Comment: "node ports without endpoints: rejected"}
+	c.noLocalServices = &nft.Set{Name: SetNoLocalServices, Key: frontend, Comment: "service IPs whose Local policy has no endpoint on this node: dropped"}
+	c.noLocalNodePorts = &nft.Set{Name: SetNoLocalNodePorts, Key: port, Comment: "node ports whose Local policy has no endpoint on this node: dropped"}
+	c.firewallIPs = &nft.Set{Name: MapFirewallIPs, Key: frontend, Data: verdict, Comment: "load-balancer IPs with source ranges"}
 	c.serviceCounters = &nft.Set{Name: SetServiceCounters, Key: frontend, Counter: true, Comment: "packets and bytes sent to each service address"}
 	c.nodePortCounters = &nft.Set{Name: SetNodePortCounters, Key: port, Counter: true, Comment: "packets and bytes sent to each node port"}
-	c.hairpin = &nft.Set{Name: setHairpin, Key: []nft.Datatype{a, a}, Comment: "endpoint . endpoint: hairpin traffic to masquerade"}
+	c.hairpin = &nft.Set{Name: SetHairpin, Key: []nft.Datatype{a, a}, Comment: "endpoint . endpoint: hairpin traffic to masquerade"}
 	for _, ip := range c.nodePortAddrs {
 		if ip.Is6() == c.v6 && !ip.IsLoopback() {
 			c.nodePortIPs.Elements = append(c.nodePortIPs.Elements, nft.Element{Key: []nft.Value{nft.Addr(ip)}})
@@ -751,15 +771,6 @@ func truncateComment(s string) string {
 		n--
 	}
 	return s[:n]
-}
-
-// ChainName returns the name of a service port's chain; kind is "svc" or "ext".
-func ChainName(kind string, sp model.ServicePortName) string {
-	port := sp.Port
-	if port == "" {
-		port = "-"
-	}
-	return kind + "-" + sp.Namespace + "/" + sp.Name + "/" + strings.ToLower(model.ProtoString(sp.Protocol)) + "/" + port
 }
 
 // endpoints returns sp's endpoints of the compiler's family, less those at a cluster IP
@@ -831,13 +842,13 @@ func (c *compiler) servicePort(sp *model.ServicePort, won claims, flatOnly bool)
 	lbIPs := model.AddrsOf(sp.LoadBalancerIPs, c.v6)
 	clusterIPs := model.AddrsOf(sp.ClusterIPs, c.v6)
 	for _, ip := range clusterIPs {
-		cp.add(setClusterIPs, nft.Element{Key: []nft.Value{nft.Addr(ip)}, Tag: cp.tag(PurposeClusterIP)})
+		cp.add(SetClusterIPs, nft.Element{Key: []nft.Value{nft.Addr(ip)}, Tag: cp.tag(PurposeClusterIP)})
 	}
 	internal, external, nodePort := won.internal, won.external, won.nodePort
 
 	cat := model.Categorize(sp, c.endpoints(cp, sp), c.node)
 	p := policy{
-		svcChain: ChainName("svc", sp.Name), localChain: ChainName("local", sp.Name), extChain: ChainName("ext", sp.Name),
+		svcChain: ChainName(kindService, sp.Name), localChain: ChainName(kindLocal, sp.Name), extChain: ChainName(kindExternal, sp.Name),
 		hasInternal: cat.HasAny, hasExternal: cat.HasAny,
 	}
 	p.internalChain, p.externalChain = p.svcChain, p.svcChain
@@ -911,13 +922,13 @@ func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p p
 	noEndpoints := func(services bool) (string, *Tag) {
 		switch {
 		case !hasAny && services:
-			return setNoEndpointServices, cp.tag(PurposeRejectNoEndpoints)
+			return SetNoEndpointServices, cp.tag(PurposeRejectNoEndpoints)
 		case !hasAny:
-			return setNoEndpointNodePorts, cp.tag(PurposeRejectNoEndpoints)
+			return SetNoEndpointNodePorts, cp.tag(PurposeRejectNoEndpoints)
 		case services:
-			return setNoLocalServices, cp.tag(PurposeDropNoLocalEndpoints)
+			return SetNoLocalServices, cp.tag(PurposeDropNoLocalEndpoints)
 		}
-		return setNoLocalNodePorts, cp.tag(PurposeDropNoLocalEndpoints)
+		return SetNoLocalNodePorts, cp.tag(PurposeDropNoLocalEndpoints)
 	}
 	for _, ip := range append(internal, external...) {
 		cp.add(SetServiceCounters, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Comment: comment, Tag: count})
@@ -932,13 +943,13 @@ func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p p
 			set, tag := noEndpoints(true)
 			cp.add(set, nft.Element{Key: key, Comment: comment, Tag: tag})
 		case !flat:
-			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.internalChain}, Comment: comment, Tag: dispatch})
+			cp.add(MapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.internalChain}, Comment: comment, Tag: dispatch})
 		}
 	}
 	for _, ip := range external {
 		key := []nft.Value{nft.Addr(ip), proto, port}
 		if hasAny && !flat {
-			cp.add(mapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment, Tag: dispatch})
+			cp.add(MapServiceIPs, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment, Tag: dispatch})
 		}
 		if !p.hasExternal {
 			set, tag := noEndpoints(true)
@@ -948,7 +959,7 @@ func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p p
 	if nodePort != 0 {
 		key := []nft.Value{proto, nft.Num(uint32(nodePort))}
 		if hasAny && !flat {
-			cp.add(mapServiceNodePorts, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment, Tag: dispatch})
+			cp.add(MapServiceNodePorts, nft.Element{Key: key, Verdict: &nft.Verdict{Kind: nft.Goto, Chain: p.extChain}, Comment: comment, Tag: dispatch})
 		}
 		if !p.hasExternal {
 			set, tag := noEndpoints(false)
@@ -967,7 +978,7 @@ func (c *compiler) externalChain(cp *compiledPart, sp *model.ServicePort, p poli
 	ch := &nft.Chain{Name: p.extChain}
 	if !sp.ExternalPolicyLocal {
 		ch.Rules = []nft.Rule{
-			{Stmts: []nft.Stmt{jump(chainMarkMasq)}, Tag: cp.tag(PurposeMarkExternal)},
+			{Stmts: []nft.Stmt{jump(ChainMarkMasq)}, Tag: cp.tag(PurposeMarkExternal)},
 			{Stmts: []nft.Stmt{goTo(p.svcChain)}, Tag: cp.tag(PurposeToEndpoints)},
 		}
 		return ch
@@ -978,7 +989,7 @@ func (c *compiler) externalChain(cp *compiledPart, sp *model.ServicePort, p poli
 		}, Comment: "short-circuit pod traffic", Tag: cp.tag(PurposeShortCircuitPods)})
 	}
 	ch.Rules = append(ch.Rules,
-		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, jump(chainMarkMasq)}, Comment: "masquerade local traffic", Tag: cp.tag(PurposeMarkLocalSource)},
+		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, jump(ChainMarkMasq)}, Comment: "masquerade local traffic", Tag: cp.tag(PurposeMarkLocalSource)},
 		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, goTo(p.svcChain)}, Comment: "short-circuit local traffic", Tag: cp.tag(PurposeShortCircuitLocal)},
 	)
 	if p.hasExternal {
@@ -1004,7 +1015,7 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 			default:
 				continue
 			}
-			ch.Rules = append(ch.Rules, nft.Rule{Stmts: append(match, nft.Verdict{Kind: nft.Jump, Chain: chainMarkMasq}), Tag: cp.tag(purpose)})
+			ch.Rules = append(ch.Rules, nft.Rule{Stmts: append(match, nft.Verdict{Kind: nft.Jump, Chain: ChainMarkMasq}), Tag: cp.tag(purpose)})
 		}
 	}
 	c.hairpinElements(cp, eps)
@@ -1041,9 +1052,9 @@ func (c *compiler) affinity(cp *compiledPart, ch *nft.Chain, sp *model.ServicePo
 	proto := nft.MatchL4Proto{Proto: sp.Name.Protocol}
 	var picks []nft.Rule
 	for i, e := range eps {
-		epChain := fmt.Sprintf("%s/%d", ch.Name, i)
+		epChain := endpointChainName(ch.Name, i)
 		set := &nft.Set{
-			Name: "affinity-" + strings.TrimPrefix(epChain, "svc-"), Key: []nft.Datatype{c.addrType()},
+			Name: affinitySetName(epChain), Key: []nft.Datatype{c.addrType()},
 			Dynamic: true, Timeout: sp.AffinityTimeout,
 			Comment: "ClientIP affinity to " + e.AddrPort().String(),
 			Epoch:   e.AddrPort().String(), // clients learned for another endpoint are dropped
@@ -1086,7 +1097,7 @@ func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []net
 	// ranges set but none of them usable in this family, and some entry unparsable: it
 	// may have been this family's, so the load balancer is closed (the chain below has
 	// no allowing rule), never open to everyone
-	name := ChainName("fw", sp.Name)
+	name := ChainName(kindFirewall, sp.Name)
 	ch := &nft.Chain{Name: name}
 	allowNode := false
 	for _, r := range ranges {
@@ -1114,14 +1125,12 @@ func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []net
 	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: truncateComment(comment + " source ranges"), Tag: cp.tag(PurposeSourceRangeDrop)})
 	cp.part.Chains = append(cp.part.Chains, ch)
 	for _, ip := range lbIPs {
-		cp.add(mapFirewallIPs, nft.Element{
+		cp.add(MapFirewallIPs, nft.Element{
 			Key:     []nft.Value{nft.Addr(ip), nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))},
 			Verdict: &nft.Verdict{Kind: nft.Goto, Chain: name}, Comment: comment, Tag: cp.tag(PurposeSourceRanges),
 		})
 	}
 }
-
-func endpointMapName(page uint32) string { return fmt.Sprintf("%s%d", mapEndpointsPrefix, page) }
 
 // endpointMap returns the (empty) endpoints map of a slot page; parts add its elements.
 func (c *compiler) endpointMap(page uint32) *nft.Set {
@@ -1137,7 +1146,7 @@ func (c *compiler) endpointMap(page uint32) *nft.Set {
 // port no service defines) and drops those to unallocated addresses of the service
 // CIDRs, which must never be forwarded.
 func (c *compiler) clusterIPsCheck() []nft.Rule {
-	rules := []nft.Rule{{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setClusterIPs}, nft.Reject{}}, Comment: "cluster IP port that no service defines", Tag: own(PurposeUndefinedPort)}}
+	rules := []nft.Rule{{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: SetClusterIPs}, nft.Reject{}}, Comment: "cluster IP port that no service defines", Tag: own(PurposeUndefinedPort)}}
 	for _, cidr := range c.serviceCIDRs {
 		if cidr.Addr().Is6() == c.v6 {
 			rules = append(rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: cidr}, nft.Verdict{Kind: nft.Drop}}, Comment: "unallocated service IP", Tag: own(PurposeUnallocatedServiceIP)})
@@ -1157,7 +1166,7 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	// node ports never answer on loopback addresses (as kube-proxy): a local process
 	// reaching 127.0.0.1:<node port> would otherwise get an endpoint chosen by a
 	// Service's owner
-	nodePortMatch := []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setNodePortIPs}}
+	nodePortMatch := []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: SetNodePortIPs}}
 	if c.cfg.NodePortAllLocal {
 		loopback := netip.MustParsePrefix("127.0.0.0/8")
 		if c.v6 {
@@ -1170,28 +1179,28 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	portKey := []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}
 
 	chains := []*nft.Chain{
-		{Name: chainServices, Rules: []nft.Rule{
-			rule(PurposeDispatch, nft.VMap{Fields: frontend, Map: mapServiceIPs}),
-			rule(PurposeFrontend, nft.Lookup{Fields: frontend, Set: setClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainClusterFront}),
-			rule(PurposeFrontend, nft.Lookup{Fields: frontend, Set: setExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainExternalFront}),
-			withNodePort(PurposeDispatch, nft.VMap{Fields: portKey, Map: mapServiceNodePorts}),
-			withNodePort(PurposeFrontend, nft.Lookup{Fields: portKey, Set: setNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainNodePortFront}),
+		{Name: ChainServices, Rules: []nft.Rule{
+			rule(PurposeDispatch, nft.VMap{Fields: frontend, Map: MapServiceIPs}),
+			rule(PurposeFrontend, nft.Lookup{Fields: frontend, Set: SetClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainClusterFront}),
+			rule(PurposeFrontend, nft.Lookup{Fields: frontend, Set: SetExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainExternalFront}),
+			withNodePort(PurposeDispatch, nft.VMap{Fields: portKey, Map: MapServiceNodePorts}),
+			withNodePort(PurposeFrontend, nft.Lookup{Fields: portKey, Set: SetNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainNodePortFront}),
 		}},
-		{Name: chainMarkMasq, Rules: []nft.Rule{rule(PurposeMarkBit, nft.SetMarkBits{Bits: mark})}},
-		{Name: chainMasquerading, Rules: []nft.Rule{
-			rule(PurposeHairpin, nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: setHairpin}, nft.Masquerade{FullyRandom: true}),
+		{Name: ChainMarkMasq, Rules: []nft.Rule{rule(PurposeMarkBit, nft.SetMarkBits{Bits: mark})}},
+		{Name: ChainMasquerading, Rules: []nft.Rule{
+			rule(PurposeHairpin, nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: SetHairpin}, nft.Masquerade{FullyRandom: true}),
 			rule(PurposeMasquerade, nft.MatchMarkUnset{Bits: mark}, nft.Verdict{Kind: nft.Return}),
 			rule(PurposeMasquerade, nft.SetMarkBits{Bits: mark, Xor: true}),
 			rule(PurposeMasquerade, nft.Masquerade{FullyRandom: true}),
 		}},
-		{Name: chainEndpointsCheck, Rules: []nft.Rule{
-			rule(PurposeRejectNoEndpoints, nft.Lookup{Fields: frontend, Set: setNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
-			rule(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: frontend, Set: setNoLocalServices}, nft.Verdict{Kind: nft.Drop}),
-			withNodePort(PurposeRejectNoEndpoints, nft.Lookup{Fields: portKey, Set: setNoEndpointNodePorts}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
-			withNodePort(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: portKey, Set: setNoLocalNodePorts}, nft.Verdict{Kind: nft.Drop}),
+		{Name: ChainEndpointsCheck, Rules: []nft.Rule{
+			rule(PurposeRejectNoEndpoints, nft.Lookup{Fields: frontend, Set: SetNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
+			rule(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: frontend, Set: SetNoLocalServices}, nft.Verdict{Kind: nft.Drop}),
+			withNodePort(PurposeRejectNoEndpoints, nft.Lookup{Fields: portKey, Set: SetNoEndpointNodePorts}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
+			withNodePort(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: portKey, Set: SetNoLocalNodePorts}, nft.Verdict{Kind: nft.Drop}),
 		}},
-		{Name: chainClusterIPsCheck, Rules: c.clusterIPsCheck()},
-		{Name: chainFirewallCheck, Rules: []nft.Rule{rule(PurposeSourceRanges, nft.VMap{Fields: frontend, Map: mapFirewallIPs})}},
+		{Name: ChainClusterIPsCheck, Rules: c.clusterIPsCheck()},
+		{Name: ChainFirewallCheck, Rules: []nft.Rule{rule(PurposeSourceRanges, nft.VMap{Fields: frontend, Map: MapFirewallIPs})}},
 		{Name: ChainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints", Tag: own(PurposeRejectNoEndpoints)}}},
 	}
 	chains = append(chains, c.flatChains()...)
@@ -1206,16 +1215,16 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	}
 	chains = append(chains,
 		// Source ranges are checked before DNAT, on the load-balancer IP.
-		base("filter-prerouting-pre-dnat", nft.TypeFilter, nft.Prerouting, -110, append(counting, rule(PurposeHook, ctNew, jump(chainFirewallCheck)))...),
-		base("filter-output-pre-dnat", nft.TypeFilter, nft.Output, -110, append(counting, rule(PurposeHook, ctNew, jump(chainFirewallCheck)))...),
+		base(ChainFilterPreroutingPreDNAT, nft.TypeFilter, nft.Prerouting, -110, append(counting, rule(PurposeHook, ctNew, jump(ChainFirewallCheck)))...),
+		base(ChainFilterOutputPreDNAT, nft.TypeFilter, nft.Output, -110, append(counting, rule(PurposeHook, ctNew, jump(ChainFirewallCheck)))...),
 		// The checks run after DNAT (filter priority 0): a packet that still has a
 		// service address as destination was not sent to an endpoint.
-		base("filter-input", nft.TypeFilter, nft.Input, 0, rule(PurposeHook, ctNew, jump(chainEndpointsCheck))),
-		base("filter-forward", nft.TypeFilter, nft.Forward, 0, rule(PurposeHook, ctNew, jump(chainEndpointsCheck)), rule(PurposeHook, ctNew, jump(chainClusterIPsCheck))),
-		base("filter-output", nft.TypeFilter, nft.Output, 0, rule(PurposeHook, ctNew, jump(chainEndpointsCheck)), rule(PurposeHook, ctNew, jump(chainClusterIPsCheck))),
-		base("nat-prerouting", nft.TypeNAT, nft.Prerouting, -100, rule(PurposeHook, jump(chainServices))),
-		base("nat-output", nft.TypeNAT, nft.Output, -100, rule(PurposeHook, jump(chainServices))),
-		base("nat-postrouting", nft.TypeNAT, nft.Postrouting, 100, rule(PurposeHook, jump(chainMasquerading))),
+		base(ChainFilterInput, nft.TypeFilter, nft.Input, 0, rule(PurposeHook, ctNew, jump(ChainEndpointsCheck))),
+		base(ChainFilterForward, nft.TypeFilter, nft.Forward, 0, rule(PurposeHook, ctNew, jump(ChainEndpointsCheck)), rule(PurposeHook, ctNew, jump(ChainClusterIPsCheck))),
+		base(ChainFilterOutput, nft.TypeFilter, nft.Output, 0, rule(PurposeHook, ctNew, jump(ChainEndpointsCheck)), rule(PurposeHook, ctNew, jump(ChainClusterIPsCheck))),
+		base(ChainNATPrerouting, nft.TypeNAT, nft.Prerouting, -100, rule(PurposeHook, jump(ChainServices))),
+		base(ChainNATOutput, nft.TypeNAT, nft.Output, -100, rule(PurposeHook, jump(ChainServices))),
+		base(ChainNATPostrouting, nft.TypeNAT, nft.Postrouting, 100, rule(PurposeHook, jump(ChainMasquerading))),
 	)
 	sets := []*nft.Set{c.clusterIPs, c.nodePortIPs, c.serviceIPs, c.serviceNodePorts,
 		c.noEndpointServices, c.noLocalServices, c.noEndpointNodePorts, c.noLocalNodePorts,

@@ -185,9 +185,9 @@ func flatTargets(t *testing.T, rs *nft.Ruleset, sp model.ServicePortName) map[st
 	t.Helper()
 	out := map[string][]string{}
 	for _, k := range []struct{ front, bits, entries string }{
-		{setClusterFrontends, setEndpointCountBit, mapEndpoints},
-		{setExternalFrontends, setEndpointCountBit, mapEndpoints},
-		{setNodePortFrontends, setNodePortEndpointCountBit, mapNodePortEndpoints},
+		{SetClusterFrontends, setEndpointCountBit, MapEndpoints},
+		{SetExternalFrontends, setEndpointCountBit, MapEndpoints},
+		{SetNodePortFrontends, setNodePortEndpointCountBit, MapNodePortEndpoints},
 	} {
 		for _, e := range setNamed(rs, k.front).Elements {
 			if p, ok := ServicePortOf(e.Tag); !ok || p != sp {
@@ -233,7 +233,7 @@ func checkFlatPicks(t *testing.T, rs *nft.Ruleset, sp model.ServicePortName, int
 	}
 	for front, got := range flatTargets(t, rs, sp) {
 		w := want(cluster)
-		if strings.HasPrefix(front, setClusterFrontends+" ") {
+		if strings.HasPrefix(front, SetClusterFrontends+" ") {
 			w = want(internal)
 		}
 		got = slices.Clone(got)
@@ -249,12 +249,12 @@ func checkFlatPicks(t *testing.T, rs *nft.Ruleset, sp model.ServicePortName, int
 func checkFlatEntries(t *testing.T, rs *nft.Ruleset) {
 	t.Helper()
 	fronts := map[string]bool{}
-	for _, set := range []string{setClusterFrontends, setExternalFrontends, setNodePortFrontends} {
+	for _, set := range []string{SetClusterFrontends, SetExternalFrontends, SetNodePortFrontends} {
 		for k := range elements(t, rs, set) {
 			fronts[k] = true
 		}
 	}
-	for _, m := range []string{mapEndpoints, mapNodePortEndpoints} {
+	for _, m := range []string{MapEndpoints, MapNodePortEndpoints} {
 		for k := range elements(t, rs, m) {
 			front := k[:strings.LastIndex(k, " . ")]
 			if !fronts[front] {
@@ -413,11 +413,11 @@ func verdictString(v nft.Verdict) string {
 // frontends pick.
 func elements(t *testing.T, rs *nft.Ruleset, name string) map[string]string {
 	t.Helper()
-	if name == mapServiceIPs || name == mapServiceNodePorts {
+	if name == MapServiceIPs || name == MapServiceNodePorts {
 		out := rawElements(t, rs, name)
-		fronts := [][2]string{{setClusterFrontends, "svc"}, {setExternalFrontends, "ext"}}
-		if name == mapServiceNodePorts {
-			fronts = [][2]string{{setNodePortFrontends, "ext"}}
+		fronts := [][2]string{{SetClusterFrontends, "svc"}, {SetExternalFrontends, "ext"}}
+		if name == MapServiceNodePorts {
+			fronts = [][2]string{{SetNodePortFrontends, "ext"}}
 		}
 		for _, f := range fronts {
 			for _, e := range setNamed(rs, f[0]).Elements {
@@ -565,7 +565,7 @@ func TestCompile(t *testing.T) {
 	}
 	// a flat service port has no chain: the shared frontend chains mark, the tree picks
 	// (checkFlatPicks, via compileChecked, checks what each frontend picks)
-	flatCluster := map[string][][]nft.Stmt{chainClusterFront: {{masqOffClustr, jumpMasq}, {toTree}}}
+	flatCluster := map[string][][]nft.Stmt{ChainClusterFront: {{masqOffClustr, jumpMasq}, {toTree}}}
 	extRules := [][]nft.Stmt{{jumpMasq}, {toTree}}
 	empty := map[string]string{}
 
@@ -589,13 +589,13 @@ func TestCompile(t *testing.T) {
 			name: "ClusterIP with endpoints: service-ips goto svc chain, DNAT over its endpoints",
 			snap: snapshot(echo(nil)),
 			sets: map[string]map[string]string{
-				setClusterIPs:          {"10.96.0.10": ""},
-				mapServiceIPs:          {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
-				mapServiceNodePorts:    empty,
-				setNoEndpointServices:  empty,
-				setNoEndpointNodePorts: empty,
-				setHairpin:             {"10.244.1.2 . 10.244.1.2": "", "10.244.1.3 . 10.244.1.3": ""},
-				setNodePortIPs:         {"192.0.2.10": ""},
+				SetClusterIPs:          {"10.96.0.10": ""},
+				MapServiceIPs:          {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
+				MapServiceNodePorts:    empty,
+				SetNoEndpointServices:  empty,
+				SetNoEndpointNodePorts: empty,
+				SetHairpin:             {"10.244.1.2 . 10.244.1.2": "", "10.244.1.3 . 10.244.1.3": ""},
+				SetNodePortIPs:         {"192.0.2.10": ""},
 			},
 			chains: flatCluster,
 			absent: []string{echoSvc, echoExt},
@@ -607,15 +607,15 @@ func TestCompile(t *testing.T) {
 				sp.ExternalIPs, sp.LoadBalancerIPs = ips("203.0.113.8"), ips("198.51.100.8")
 			})),
 			sets: map[string]map[string]string{
-				setClusterIPs: {"10.96.0.10": ""},
-				mapServiceIPs: empty, mapServiceNodePorts: empty,
-				setNoEndpointServices: {
+				SetClusterIPs: {"10.96.0.10": ""},
+				MapServiceIPs: empty, MapServiceNodePorts: empty,
+				SetNoEndpointServices: {
 					"10.96.0.10 . 6 . 80":   reject,
 					"203.0.113.8 . 6 . 80":  reject,
 					"198.51.100.8 . 6 . 80": reject,
 				},
-				setNoEndpointNodePorts: {"6 . 30080": reject},
-				setHairpin:             empty,
+				SetNoEndpointNodePorts: {"6 . 30080": reject},
+				SetHairpin:             empty,
 			},
 			absent: []string{echoSvc, echoExt},
 		},
@@ -628,8 +628,8 @@ func TestCompile(t *testing.T) {
 				}
 			})),
 			sets: map[string]map[string]string{
-				mapServiceIPs:         empty,
-				setNoEndpointServices: {"10.96.0.10 . 6 . 80": reject},
+				MapServiceIPs:         empty,
+				SetNoEndpointServices: {"10.96.0.10 . 6 . 80": reject},
 			},
 			absent: []string{echoSvc},
 		},
@@ -643,9 +643,9 @@ func TestCompile(t *testing.T) {
 				}
 			})),
 			sets: map[string]map[string]string{
-				mapServiceIPs:         {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
-				setNoEndpointServices: empty,
-				setHairpin:            {"10.244.1.2 . 10.244.1.2": "", "10.244.1.4 . 10.244.1.4": ""},
+				MapServiceIPs:         {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
+				SetNoEndpointServices: empty,
+				SetHairpin:            {"10.244.1.2 . 10.244.1.2": "", "10.244.1.4 . 10.244.1.4": ""},
 			},
 			chains: flatCluster,
 			absent: []string{echoSvc},
@@ -660,17 +660,17 @@ func TestCompile(t *testing.T) {
 			})),
 			chains: flatCluster,
 			absent: []string{echoSvc},
-			sets:   map[string]map[string]string{setHairpin: {"10.244.1.3 . 10.244.1.3": ""}},
+			sets:   map[string]map[string]string{SetHairpin: {"10.244.1.3 . 10.244.1.3": ""}},
 		},
 		{
 			name: "node port goes through the ext chain: mark for masquerade, then the svc chain",
 			snap: snapshot(echo(func(sp *model.ServicePort) { sp.NodePort = 30080 })),
 			sets: map[string]map[string]string{
-				mapServiceIPs:          {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
-				mapServiceNodePorts:    {"6 . 30080": "goto " + echoExt},
-				setNoEndpointNodePorts: empty,
+				MapServiceIPs:          {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
+				MapServiceNodePorts:    {"6 . 30080": "goto " + echoExt},
+				SetNoEndpointNodePorts: empty,
 			},
-			chains: map[string][][]nft.Stmt{chainNodePortFront: {{jumpMasq}, {toNPTree}}, chainClusterFront: {{masqOffClustr, jumpMasq}, {toTree}}},
+			chains: map[string][][]nft.Stmt{ChainNodePortFront: {{jumpMasq}, {toNPTree}}, ChainClusterFront: {{masqOffClustr, jumpMasq}, {toTree}}},
 			absent: []string{echoSvc, echoExt},
 		},
 		{
@@ -679,22 +679,22 @@ func TestCompile(t *testing.T) {
 				sp.ExternalIPs, sp.LoadBalancerIPs = ips("203.0.113.7"), ips("198.51.100.1")
 			})),
 			sets: map[string]map[string]string{
-				setClusterIPs: {"10.96.0.10": ""},
-				mapServiceIPs: {
+				SetClusterIPs: {"10.96.0.10": ""},
+				MapServiceIPs: {
 					"10.96.0.10 . 6 . 80":   "goto " + echoSvc,
 					"203.0.113.7 . 6 . 80":  "goto " + echoExt,
 					"198.51.100.1 . 6 . 80": "goto " + echoExt,
 				},
-				mapServiceNodePorts: empty,
+				MapServiceNodePorts: empty,
 			},
-			chains: map[string][][]nft.Stmt{chainExternalFront: extRules},
+			chains: map[string][][]nft.Stmt{ChainExternalFront: extRules},
 			absent: []string{echoExt},
 		},
 		{
 			name:   "masquerade-all: every connection to the service is marked",
 			cfg:    func(c *Config) { c.MasqueradeAll = true },
 			snap:   snapshot(echo(nil)),
-			chains: map[string][][]nft.Stmt{chainClusterFront: {{jumpMasq}, {toTree}}},
+			chains: map[string][][]nft.Stmt{ChainClusterFront: {{jumpMasq}, {toTree}}},
 		},
 		{
 			name:   "cluster CIDR: connections from outside it are marked",
@@ -706,7 +706,7 @@ func TestCompile(t *testing.T) {
 			name:   "neither masquerade-all nor cluster CIDR: nothing is marked in the svc chain",
 			cfg:    func(c *Config) { c.DetectLocal = DetectLocal{} },
 			snap:   snapshot(echo(nil)),
-			chains: map[string][][]nft.Stmt{chainClusterFront: {{toTree}}},
+			chains: map[string][][]nft.Stmt{ChainClusterFront: {{toTree}}},
 		},
 		{
 			name: "IPv6 cluster CIDR in the IPv6 ruleset",
@@ -715,10 +715,10 @@ func TestCompile(t *testing.T) {
 				sp.ClusterIPs, sp.Endpoints = ips("fd00:96::10"), eps(8080, "fd00:244::2")
 			})),
 			sets: map[string]map[string]string{
-				mapServiceIPs:  {"fd00:96::10 . 6 . 80": "goto " + echoSvc},
-				setNodePortIPs: {"2001:db8::10": ""},
+				MapServiceIPs:  {"fd00:96::10 . 6 . 80": "goto " + echoSvc},
+				SetNodePortIPs: {"2001:db8::10": ""},
 			},
-			chains: map[string][][]nft.Stmt{chainClusterFront: {{
+			chains: map[string][][]nft.Stmt{ChainClusterFront: {{
 				nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("fd00:244::/56")}, jumpMasq,
 			}, {toTree}}},
 		},
@@ -731,12 +731,12 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("v6-empty", "", udp), ClusterIPs: ips("fd00:96::2"), Port: 53, NodePort: 30053},
 			),
 			sets: map[string]map[string]string{
-				setClusterIPs:          {"10.96.0.10": ""},
-				mapServiceIPs:          {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
-				mapServiceNodePorts:    empty,
-				setNoEndpointServices:  empty,
-				setNoEndpointNodePorts: empty,
-				setHairpin:             {"10.244.1.2 . 10.244.1.2": "", "10.244.1.3 . 10.244.1.3": ""},
+				SetClusterIPs:          {"10.96.0.10": ""},
+				MapServiceIPs:          {"10.96.0.10 . 6 . 80": "goto " + echoSvc},
+				MapServiceNodePorts:    empty,
+				SetNoEndpointServices:  empty,
+				SetNoEndpointNodePorts: empty,
+				SetHairpin:             {"10.244.1.2 . 10.244.1.2": "", "10.244.1.3 . 10.244.1.3": ""},
 			},
 			absent: []string{"svc-default/v6/tcp/-", "ext-default/v6/tcp/-"},
 		},
@@ -748,8 +748,8 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("v4-empty", "", udp), ClusterIPs: ips("10.96.0.53"), Port: 53, NodePort: 30053},
 			),
 			sets: map[string]map[string]string{
-				setClusterIPs: empty, mapServiceIPs: empty, mapServiceNodePorts: empty,
-				setNoEndpointServices: empty, setNoEndpointNodePorts: empty, setHairpin: empty,
+				SetClusterIPs: empty, MapServiceIPs: empty, MapServiceNodePorts: empty,
+				SetNoEndpointServices: empty, SetNoEndpointNodePorts: empty, SetHairpin: empty,
 			},
 			absent: []string{echoSvc, echoExt},
 		},
@@ -763,13 +763,13 @@ func TestCompile(t *testing.T) {
 				sp.Endpoints = append(sp.Endpoints, eps(8080, "fd00:244::2")...)
 			})),
 			sets: map[string]map[string]string{
-				setClusterIPs: {"fd00:96::10": ""},
-				mapServiceIPs: {
+				SetClusterIPs: {"fd00:96::10": ""},
+				MapServiceIPs: {
 					"fd00:96::10 . 6 . 80":   "goto " + echoSvc,
 					"2001:db8:1::7 . 6 . 80": "goto " + echoExt,
 				},
-				mapServiceNodePorts: {"6 . 30080": "goto " + echoExt},
-				setHairpin:          {"fd00:244::2 . fd00:244::2": ""},
+				MapServiceNodePorts: {"6 . 30080": "goto " + echoExt},
+				SetHairpin:          {"fd00:244::2 . fd00:244::2": ""},
 			},
 		},
 		{
@@ -779,9 +779,9 @@ func TestCompile(t *testing.T) {
 				sp.ClusterIPs, sp.NodePort = ips("10.96.0.10", "fd00:96::10"), 30080
 			})),
 			sets: map[string]map[string]string{
-				mapServiceIPs:          empty,
-				setNoEndpointServices:  {"fd00:96::10 . 6 . 80": reject},
-				setNoEndpointNodePorts: {"6 . 30080": reject},
+				MapServiceIPs:          empty,
+				SetNoEndpointServices:  {"fd00:96::10 . 6 . 80": reject},
+				SetNoEndpointNodePorts: {"6 . 30080": reject},
 			},
 			absent: []string{echoSvc, echoExt},
 		},
@@ -792,7 +792,7 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("b", "http", tcp), ClusterIPs: ips("10.96.0.2"), Port: 80, ExternalIPs: ips("203.0.113.9"), Endpoints: eps(8080, "10.244.1.2")},
 			),
 			sets: map[string]map[string]string{
-				mapServiceIPs: {
+				MapServiceIPs: {
 					"10.96.0.1 . 6 . 80":   "goto svc-default/a/tcp/http",
 					"203.0.113.9 . 6 . 80": "goto ext-default/a/tcp/http",
 					"10.96.0.2 . 6 . 80":   "goto svc-default/b/tcp/http",
@@ -807,11 +807,11 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("b", "http", tcp), ClusterIPs: ips("10.96.0.2"), Port: 80, ExternalIPs: ips("203.0.113.9")},
 			),
 			sets: map[string]map[string]string{
-				mapServiceIPs: {
+				MapServiceIPs: {
 					"10.96.0.1 . 6 . 80":   "goto svc-default/a/tcp/http",
 					"203.0.113.9 . 6 . 80": "goto ext-default/a/tcp/http",
 				},
-				setNoEndpointServices: {"10.96.0.2 . 6 . 80": reject},
+				SetNoEndpointServices: {"10.96.0.2 . 6 . 80": reject},
 			},
 			problems: []string{`Service default/b: port "http": TCP 203.0.113.9:80 is in use by another Service`},
 		},
@@ -822,8 +822,8 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("b", "http", tcp), ClusterIPs: ips("10.96.0.2"), Port: 80, LoadBalancerIPs: ips("198.51.100.9"), Endpoints: eps(8080, "10.244.1.2")},
 			),
 			sets: map[string]map[string]string{
-				mapServiceIPs:         {"10.96.0.2 . 6 . 80": "goto svc-default/b/tcp/http"},
-				setNoEndpointServices: {"10.96.0.1 . 6 . 80": reject, "198.51.100.9 . 6 . 80": reject},
+				MapServiceIPs:         {"10.96.0.2 . 6 . 80": "goto svc-default/b/tcp/http"},
+				SetNoEndpointServices: {"10.96.0.1 . 6 . 80": reject, "198.51.100.9 . 6 . 80": reject},
 			},
 			problems: []string{`Service default/b: port "http": TCP 198.51.100.9:80 is in use by another Service`},
 		},
@@ -835,7 +835,7 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("c", "https", tcp), ClusterIPs: ips("10.96.0.3"), Port: 443, ExternalIPs: ips("203.0.113.9"), Endpoints: eps(8443, "10.244.1.3")},
 			),
 			sets: map[string]map[string]string{
-				mapServiceIPs: {
+				MapServiceIPs: {
 					"10.96.0.1 . 6 . 80":    "goto svc-default/a/tcp/http",
 					"203.0.113.9 . 6 . 80":  "goto ext-default/a/tcp/http",
 					"10.96.0.2 . 17 . 80":   "goto svc-default/b/udp/dns",
@@ -853,13 +853,13 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("c", "http", tcp), ClusterIPs: ips("10.96.0.3"), Port: 80, NodePort: 30080},
 			),
 			sets: map[string]map[string]string{
-				mapServiceNodePorts:    {"6 . 30080": "goto ext-default/a/tcp/http"},
-				setNoEndpointNodePorts: empty,
-				mapServiceIPs: {
+				MapServiceNodePorts:    {"6 . 30080": "goto ext-default/a/tcp/http"},
+				SetNoEndpointNodePorts: empty,
+				MapServiceIPs: {
 					"10.96.0.1 . 6 . 80": "goto svc-default/a/tcp/http",
 					"10.96.0.2 . 6 . 80": "goto svc-default/b/tcp/http",
 				},
-				setNoEndpointServices: {"10.96.0.3 . 6 . 80": reject},
+				SetNoEndpointServices: {"10.96.0.3 . 6 . 80": reject},
 			},
 			problems: []string{
 				`Service default/b: port "http": node port TCP 30080 is in use by another Service`,
@@ -873,9 +873,9 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("a", "dns-tcp", tcp), ClusterIPs: ips("10.96.0.1"), Port: 53, NodePort: 30053},
 			),
 			sets: map[string]map[string]string{
-				mapServiceNodePorts:    {"17 . 30053": "goto ext-default/a/udp/dns"},
-				setNoEndpointNodePorts: {"6 . 30053": reject},
-				setClusterIPs:          {"10.96.0.1": ""},
+				MapServiceNodePorts:    {"17 . 30053": "goto ext-default/a/udp/dns"},
+				SetNoEndpointNodePorts: {"6 . 30053": reject},
+				SetClusterIPs:          {"10.96.0.1": ""},
 			},
 		},
 		{
@@ -885,8 +885,8 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("b", "http", tcp), ClusterIPs: ips("10.96.0.1"), Port: 80, Endpoints: eps(8080, "10.244.1.2")},
 			),
 			sets: map[string]map[string]string{
-				setClusterIPs: {"10.96.0.1": ""},
-				mapServiceIPs: {"10.96.0.1 . 6 . 80": "goto svc-default/a/tcp/http"},
+				SetClusterIPs: {"10.96.0.1": ""},
+				MapServiceIPs: {"10.96.0.1 . 6 . 80": "goto svc-default/a/tcp/http"},
 			},
 			problems: []string{`Service default/b: port "http": TCP 10.96.0.1:80 is in use by another Service`},
 		},
@@ -896,7 +896,7 @@ func TestCompile(t *testing.T) {
 				sp.ExternalIPs, sp.LoadBalancerIPs = ips("203.0.113.7", "203.0.113.7"), ips("203.0.113.7", "10.96.0.10")
 			})),
 			sets: map[string]map[string]string{
-				mapServiceIPs: {
+				MapServiceIPs: {
 					"10.96.0.10 . 6 . 80":  "goto " + echoSvc,
 					"203.0.113.7 . 6 . 80": "goto " + echoExt,
 				},
@@ -911,12 +911,12 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("dns", "metrics", tcp), ClusterIPs: ips("10.96.0.53"), Port: 9153},
 			),
 			sets: map[string]map[string]string{
-				setClusterIPs: {"10.96.0.53": ""},
-				mapServiceIPs: {
+				SetClusterIPs: {"10.96.0.53": ""},
+				MapServiceIPs: {
 					"10.96.0.53 . 17 . 53": "goto svc-default/dns/udp/dns",
 					"10.96.0.53 . 6 . 53":  "goto svc-default/dns/tcp/dns-tcp",
 				},
-				setNoEndpointServices: {"10.96.0.53 . 6 . 9153": reject},
+				SetNoEndpointServices: {"10.96.0.53 . 6 . 9153": reject},
 			},
 		},
 		{
@@ -927,8 +927,8 @@ func TestCompile(t *testing.T) {
 				model.ServicePort{Name: spn("b", "", sctp), ClusterIPs: ips("10.96.0.2"), Port: 3868, Endpoints: eps(3868, "10.244.1.2", "10.244.1.3")},
 			),
 			sets: map[string]map[string]string{
-				setHairpin: {"10.244.1.1 . 10.244.1.1": "", "10.244.1.2 . 10.244.1.2": "", "10.244.1.3 . 10.244.1.3": ""},
-				mapServiceIPs: {
+				SetHairpin: {"10.244.1.1 . 10.244.1.1": "", "10.244.1.2 . 10.244.1.2": "", "10.244.1.3 . 10.244.1.3": ""},
+				MapServiceIPs: {
 					"10.96.0.1 . 6 . 80":     "goto svc-default/a/tcp/http",
 					"10.96.0.1 . 6 . 443":    "goto svc-default/a/tcp/https",
 					"10.96.0.2 . 132 . 3868": "goto svc-default/b/sctp/-",
@@ -940,26 +940,26 @@ func TestCompile(t *testing.T) {
 			name: "node port addresses: only the family's",
 			cfg:  func(c *Config) { c.NodePortAddrs = ips("192.0.2.10", "2001:db8::10", "192.0.2.11") },
 			snap: snapshot(),
-			sets: map[string]map[string]string{setNodePortIPs: {"192.0.2.10": "", "192.0.2.11": ""}},
+			sets: map[string]map[string]string{SetNodePortIPs: {"192.0.2.10": "", "192.0.2.11": ""}},
 		},
 		{
 			name: "node ports on every local address: fib instead of the nodeport-ips set, never loopback",
 			cfg:  func(c *Config) { c.NodePortAddrs, c.NodePortAllLocal = nil, true },
 			snap: snapshot(echo(func(sp *model.ServicePort) { sp.NodePort = 30080 })),
-			sets: map[string]map[string]string{setNodePortIPs: empty},
+			sets: map[string]map[string]string{SetNodePortIPs: empty},
 			chains: map[string][][]nft.Stmt{
-				chainServices: {
-					{nft.VMap{Fields: frontKey, Map: mapServiceIPs}},
-					{nft.Lookup{Fields: frontKey, Set: setClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainClusterFront}},
-					{nft.Lookup{Fields: frontKey, Set: setExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainExternalFront}},
-					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: portKey, Map: mapServiceNodePorts}},
-					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.Lookup{Fields: portKey, Set: setNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainNodePortFront}},
+				ChainServices: {
+					{nft.VMap{Fields: frontKey, Map: MapServiceIPs}},
+					{nft.Lookup{Fields: frontKey, Set: SetClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainClusterFront}},
+					{nft.Lookup{Fields: frontKey, Set: SetExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainExternalFront}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.VMap{Fields: portKey, Map: MapServiceNodePorts}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.Lookup{Fields: portKey, Set: SetNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainNodePortFront}},
 				},
-				chainEndpointsCheck: {
-					{nft.Lookup{Fields: frontKey, Set: setNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}},
-					{nft.Lookup{Fields: frontKey, Set: setNoLocalServices}, nft.Verdict{Kind: nft.Drop}},
-					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.Lookup{Fields: portKey, Set: setNoEndpointNodePorts}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}},
-					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.Lookup{Fields: portKey, Set: setNoLocalNodePorts}, nft.Verdict{Kind: nft.Drop}},
+				ChainEndpointsCheck: {
+					{nft.Lookup{Fields: frontKey, Set: SetNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}},
+					{nft.Lookup{Fields: frontKey, Set: SetNoLocalServices}, nft.Verdict{Kind: nft.Drop}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.Lookup{Fields: portKey, Set: SetNoEndpointNodePorts}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}},
+					{nft.MatchFibDaddrLocal{}, notLoopback4, nft.Lookup{Fields: portKey, Set: SetNoLocalNodePorts}, nft.Verdict{Kind: nft.Drop}},
 				},
 			},
 		},
@@ -967,12 +967,12 @@ func TestCompile(t *testing.T) {
 			name: "node ports on the configured addresses",
 			snap: snapshot(echo(func(sp *model.ServicePort) { sp.NodePort = 30080 })),
 			chains: map[string][][]nft.Stmt{
-				chainServices: {
-					{nft.VMap{Fields: frontKey, Map: mapServiceIPs}},
-					{nft.Lookup{Fields: frontKey, Set: setClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainClusterFront}},
-					{nft.Lookup{Fields: frontKey, Set: setExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainExternalFront}},
-					{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setNodePortIPs}, nft.VMap{Fields: portKey, Map: mapServiceNodePorts}},
-					{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: setNodePortIPs}, nft.Lookup{Fields: portKey, Set: setNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainNodePortFront}},
+				ChainServices: {
+					{nft.VMap{Fields: frontKey, Map: MapServiceIPs}},
+					{nft.Lookup{Fields: frontKey, Set: SetClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainClusterFront}},
+					{nft.Lookup{Fields: frontKey, Set: SetExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainExternalFront}},
+					{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: SetNodePortIPs}, nft.VMap{Fields: portKey, Map: MapServiceNodePorts}},
+					{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: SetNodePortIPs}, nft.Lookup{Fields: portKey, Set: SetNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainNodePortFront}},
 				},
 			},
 		},
@@ -981,9 +981,9 @@ func TestCompile(t *testing.T) {
 			cfg:  func(c *Config) { c.MasqueradeBit = 5 },
 			snap: snapshot(),
 			chains: map[string][][]nft.Stmt{
-				chainMarkMasq: {{nft.SetMarkBits{Bits: 1 << 5}}},
-				chainMasquerading: {
-					{nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: setHairpin}, nft.Masquerade{FullyRandom: true}},
+				ChainMarkMasq: {{nft.SetMarkBits{Bits: 1 << 5}}},
+				ChainMasquerading: {
+					{nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: SetHairpin}, nft.Masquerade{FullyRandom: true}},
 					{nft.MatchMarkUnset{Bits: 1 << 5}, nft.Verdict{Kind: nft.Return}},
 					{nft.SetMarkBits{Bits: 1 << 5, Xor: true}},
 					{nft.Masquerade{FullyRandom: true}},
@@ -1068,7 +1068,7 @@ func TestCompileLarge(t *testing.T) {
 		snap := snapshot(model.ServicePort{Name: spn("big", "http", tcp), ClusterIPs: ips("10.96.0.1"), Port: 80, Endpoints: manyEndpoints(5000)})
 		rs, problems := compileChecked(t, snap, testConfig(), NewSlots())
 		checkProblems(t, problems, nil)
-		if n := len(elements(t, rs, setHairpin)); n != 5000 {
+		if n := len(elements(t, rs, SetHairpin)); n != 5000 {
 			t.Errorf("hairpin has %d elements, want 5000", n)
 		}
 		// checkEndpointSlots has verified the 5000 slots; the chain must use all of them.
@@ -1086,16 +1086,16 @@ func TestCompileLarge(t *testing.T) {
 		}
 		rs, problems := compileChecked(t, snapshot(sps...), testConfig(), NewSlots())
 		checkProblems(t, problems, nil)
-		if n := len(elements(t, rs, mapServiceIPs)); n != 100 {
+		if n := len(elements(t, rs, MapServiceIPs)); n != 100 {
 			t.Errorf("service-ips has %d elements, want 100", n)
 		}
-		if n := len(elements(t, rs, mapServiceNodePorts)); n != 100 {
+		if n := len(elements(t, rs, MapServiceNodePorts)); n != 100 {
 			t.Errorf("service-nodeports has %d elements, want 100", n)
 		}
-		if n := len(elements(t, rs, setClusterIPs)); n != 1 {
+		if n := len(elements(t, rs, SetClusterIPs)); n != 1 {
 			t.Errorf("cluster-ips has %d elements, want 1", n)
 		}
-		if n := len(elements(t, rs, setHairpin)); n != 2 {
+		if n := len(elements(t, rs, SetHairpin)); n != 2 {
 			t.Errorf("hairpin has %d elements, want 2", n)
 		}
 	})

@@ -22,7 +22,7 @@ import (
 func frontendsAt(rs *nft.Ruleset, addr netip.Addr) []string {
 	var out []string
 	for _, s := range rs.Flatten().Sets {
-		if s.Name == setClusterIPs || s.Name == setNodePortIPs || s.Name == setHairpin || strings.HasPrefix(s.Name, mapEndpoints) {
+		if s.Name == SetClusterIPs || s.Name == SetNodePortIPs || s.Name == SetHairpin || strings.HasPrefix(s.Name, MapEndpoints) {
 			continue
 		}
 		for _, e := range s.Elements {
@@ -176,7 +176,7 @@ func TestNodePortsWinOnNodeAddresses(t *testing.T) {
 				want = []string{`Service tenant/x: port "p": externalIP ` + tc.addr + ` is this node's address and TCP port`}
 			}
 			checkProblems(t, problems, want)
-			if np := elements(t, rs, mapServiceNodePorts); np["6 . 30080"] != "goto ext-shop/web/tcp/p" {
+			if np := elements(t, rs, MapServiceNodePorts); np["6 . 30080"] != "goto ext-shop/web/tcp/p" {
 				t.Errorf("the victim's node port: %v", np)
 			}
 		})

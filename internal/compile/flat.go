@@ -3,7 +3,6 @@ package compile
 import (
 	"fmt"
 	"math/bits"
-	"strconv"
 
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
@@ -81,15 +80,15 @@ func (c *compiler) flatService(cp *compiledPart, sp *model.ServicePort, p policy
 	c.hairpinElements(cp, internalEps)
 	if p.hasInternal && len(internalEps) > 0 {
 		for _, ip := range won.internal {
-			c.flatFrontend(cp, setClusterFrontends, setEndpointCountBit, mapEndpoints, []nft.Value{nft.Addr(ip), proto, port}, internalEps, comment)
+			c.flatFrontend(cp, SetClusterFrontends, setEndpointCountBit, MapEndpoints, []nft.Value{nft.Addr(ip), proto, port}, internalEps, comment)
 		}
 	}
 	if p.hasExternal && len(clusterEps) > 0 && (len(won.external) > 0 || won.nodePort != 0) {
 		for _, ip := range won.external {
-			c.flatFrontend(cp, setExternalFrontends, setEndpointCountBit, mapEndpoints, []nft.Value{nft.Addr(ip), proto, port}, clusterEps, comment)
+			c.flatFrontend(cp, SetExternalFrontends, setEndpointCountBit, MapEndpoints, []nft.Value{nft.Addr(ip), proto, port}, clusterEps, comment)
 		}
 		if won.nodePort != 0 {
-			c.flatFrontend(cp, setNodePortFrontends, setNodePortEndpointCountBit, mapNodePortEndpoints, []nft.Value{proto, nft.Num(uint32(won.nodePort))}, clusterEps, comment)
+			c.flatFrontend(cp, SetNodePortFrontends, setNodePortEndpointCountBit, MapNodePortEndpoints, []nft.Value{proto, nft.Num(uint32(won.nodePort))}, clusterEps, comment)
 		}
 		if !same(clusterEps, internalEps) {
 			c.hairpinElements(cp, clusterEps)
@@ -106,7 +105,7 @@ func (c *compiler) flatFrontend(cp *compiledPart, frontSet, bitSet, epMap string
 	bitTag := cp.tag(PurposeEndpointCount)
 	for b := range countBits {
 		if len(eps)>>b&1 == 1 {
-			cp.add(bitSet+strconv.Itoa(b), nft.Element{Key: key, Tag: bitTag})
+			cp.add(countBitSetName(bitSet, b), nft.Element{Key: key, Tag: bitTag})
 		}
 	}
 	cp.part.Elements = append(cp.part.Elements, nft.SetElements{Set: epMap,
@@ -119,7 +118,7 @@ func (c *compiler) hairpinElements(cp *compiledPart, eps []model.Endpoint) {
 	if len(eps) == 0 {
 		return
 	}
-	cp.part.Elements = append(cp.part.Elements, nft.SetElements{Set: setHairpin,
+	cp.part.Elements = append(cp.part.Elements, nft.SetElements{Set: SetHairpin,
 		Source: &hairpinEntries{eps: eps, tag: cp.tag(PurposeHairpin)}})
 }
 
@@ -173,18 +172,18 @@ func (c *compiler) flatSets() []*nft.Set {
 	port := []nft.Datatype{nft.TypeInetProto, nft.TypeInetService}
 	target := []nft.Datatype{a, nft.TypeInetService}
 	sets := []*nft.Set{
-		{Name: setClusterFrontends, Key: frontend, Comment: "cluster IPs with endpoints, load-balanced by the lb chains"},
-		{Name: setExternalFrontends, Key: frontend, Comment: "external and load-balancer IPs with endpoints, load-balanced by the lb chains"},
-		{Name: setNodePortFrontends, Key: port, Comment: "node ports with endpoints, load-balanced by the nodeport-lb chains"},
-		{Name: mapEndpoints, Key: append(frontend, nft.TypeNumgen), Data: target, Comment: "frontend . index → endpoint"},
-		{Name: mapNodePortEndpoints, Key: append(port, nft.TypeNumgen), Data: target, Comment: "node port . index → endpoint"},
+		{Name: SetClusterFrontends, Key: frontend, Comment: "cluster IPs with endpoints, load-balanced by the lb chains"},
+		{Name: SetExternalFrontends, Key: frontend, Comment: "external and load-balancer IPs with endpoints, load-balanced by the lb chains"},
+		{Name: SetNodePortFrontends, Key: port, Comment: "node ports with endpoints, load-balanced by the nodeport-lb chains"},
+		{Name: MapEndpoints, Key: append(frontend, nft.TypeNumgen), Data: target, Comment: "frontend . index → endpoint"},
+		{Name: MapNodePortEndpoints, Key: append(port, nft.TypeNumgen), Data: target, Comment: "node port . index → endpoint"},
 	}
 	for _, k := range []struct {
 		prefix, what string
 		key          []nft.Datatype
 	}{{setEndpointCountBit, "frontends", frontend}, {setNodePortEndpointCountBit, "node ports", port}} {
 		for b := range c.treeBits {
-			sets = append(sets, &nft.Set{Name: k.prefix + strconv.Itoa(b), Key: k.key,
+			sets = append(sets, &nft.Set{Name: countBitSetName(k.prefix, b), Key: k.key,
 				Comment: fmt.Sprintf("%s whose endpoint count has bit %d set", k.what, b)})
 		}
 	}
@@ -199,25 +198,21 @@ func (c *compiler) flatChains() []*nft.Chain {
 	goTo := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Goto, Chain: ch} }
 	root := treeNode(chainLB, 0, 1<<c.treeBits)
 	npRoot := treeNode(chainNodePortLB, 0, 1<<c.treeBits)
-	cluster := &nft.Chain{Name: chainClusterFront}
+	cluster := &nft.Chain{Name: ChainClusterFront}
 	switch {
 	case c.cfg.MasqueradeAll:
-		cluster.Rules = append(cluster.Rules, rule(PurposeMarkAll, jump(chainMarkMasq)))
+		cluster.Rules = append(cluster.Rules, rule(PurposeMarkAll, jump(ChainMarkMasq)))
 	case c.local.ok():
-		cluster.Rules = append(cluster.Rules, rule(PurposeMarkOffCluster, c.local.match(false), jump(chainMarkMasq)))
+		cluster.Rules = append(cluster.Rules, rule(PurposeMarkOffCluster, c.local.match(false), jump(ChainMarkMasq)))
 	}
 	cluster.Rules = append(cluster.Rules, rule(PurposeToEndpoints, goTo(root)))
 	chains := []*nft.Chain{
 		cluster,
-		{Name: chainExternalFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(chainMarkMasq)), rule(PurposeToEndpoints, goTo(root))}},
-		{Name: chainNodePortFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(chainMarkMasq)), rule(PurposeToEndpoints, goTo(npRoot))}},
+		{Name: ChainExternalFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(ChainMarkMasq)), rule(PurposeToEndpoints, goTo(root))}},
+		{Name: ChainNodePortFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(ChainMarkMasq)), rule(PurposeToEndpoints, goTo(npRoot))}},
 	}
-	chains = appendTree(chains, c.treeBits, chainLB, setEndpointCountBit, mapEndpoints, frontendFields)
-	return appendTree(chains, c.treeBits, chainNodePortLB, setNodePortEndpointCountBit, mapNodePortEndpoints, nodePortFields)
-}
-
-func treeNode(prefix string, lo, size uint32) string {
-	return fmt.Sprintf("%s-%d-%d", prefix, lo, lo+size-1)
+	chains = appendTree(chains, c.treeBits, chainLB, setEndpointCountBit, MapEndpoints, frontendFields)
+	return appendTree(chains, c.treeBits, chainNodePortLB, setNodePortEndpointCountBit, MapNodePortEndpoints, nodePortFields)
 }
 
 // appendTree appends the chains that pick an endpoint for a key whose endpoint count is
@@ -230,7 +225,7 @@ func appendTree(chains []*nft.Chain, depth int, prefix, bitSet, epMap string, ke
 		ch := &nft.Chain{Name: treeNode(prefix, lo, size)}
 		chains = append(chains, ch)
 		half := size / 2
-		bit := nft.Lookup{Fields: key, Set: bitSet + strconv.Itoa(bits.TrailingZeros32(half))}
+		bit := nft.Lookup{Fields: key, Set: countBitSetName(bitSet, bits.TrailingZeros32(half))}
 		dnat := func(n uint32) nft.Rule {
 			return nft.Rule{Stmts: []nft.Stmt{nft.DNATKeyMap{Fields: key, Mod: n, Map: epMap}}, Tag: own(PurposeEndpointDNAT)}
 		}

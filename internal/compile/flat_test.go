@@ -61,7 +61,7 @@ func treePick(rs *nft.Ruleset, root, bitSet string, n uint32) (uint32, error) {
 func TestTreeReachesEveryCount(t *testing.T) {
 	for depth := minTreeBits; depth <= countBits; depth++ {
 		for _, k := range []struct{ prefix, bits string }{{chainLB, setEndpointCountBit}, {chainNodePortLB, setNodePortEndpointCountBit}} {
-			rs := &nft.Ruleset{Chains: appendTree(nil, depth, k.prefix, k.bits, mapEndpoints, frontendFields)}
+			rs := &nft.Ruleset{Chains: appendTree(nil, depth, k.prefix, k.bits, MapEndpoints, frontendFields)}
 			if want := 1<<depth - 1; len(rs.Chains) != want {
 				t.Errorf("depth %d: %d chains, want %d", depth, len(rs.Chains), want)
 			}
@@ -124,7 +124,7 @@ func TestFlatOrChained(t *testing.T) {
 	cc := NewCompiler(testConfig(), slots)
 	root := func(n int) string {
 		rs, _ := cc.Compile(snapshot(base(n, nil)))
-		return chainNamed(rs, chainClusterFront).Rules[1].Stmts[0].(nft.Verdict).Chain
+		return chainNamed(rs, ChainClusterFront).Rules[1].Stmts[0].(nft.Verdict).Chain
 	}
 	for _, step := range []struct {
 		n    int

@@ -227,7 +227,7 @@ func TestFirewallOnlyForWonAddresses(t *testing.T) {
 	owners := map[string]string{}
 	for _, p := range rs.Parts {
 		for _, se := range p.Elements {
-			if se.Set != mapFirewallIPs {
+			if se.Set != MapFirewallIPs {
 				continue
 			}
 			for _, e := range se.All() {

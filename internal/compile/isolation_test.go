@@ -177,7 +177,7 @@ func TestIsolation(t *testing.T) {
 			snap := snapshot(sortedPorts(tc.services)...)
 			snap.ServiceCIDRs = tc.cidrs
 			rs, problems := compileChecked(t, snap, cfg, NewSlots())
-			got := elements(t, rs, mapServiceIPs)
+			got := elements(t, rs, MapServiceIPs)
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Errorf("service-ips:\n got  %v\n want %v", got, tc.want)
 			}
@@ -212,7 +212,7 @@ func TestIsolationEndpointBecomesClusterIP(t *testing.T) {
 	endpointsOf := func(rs *nft.Ruleset) string {
 		var all []string
 		for _, s := range rs.Flatten().Sets {
-			if strings.HasPrefix(s.Name, mapEndpoints) { // the flat map and the slot pages
+			if strings.HasPrefix(s.Name, MapEndpoints) { // the flat map and the slot pages
 				for _, e := range s.Elements {
 					all = append(all, valuesString(e.Data))
 				}
@@ -242,7 +242,7 @@ func TestNodePortsNeverOnLoopback(t *testing.T) {
 		cfg := configFor(fam)
 		cfg.NodePortAddrs = ips("127.0.0.1", "192.0.2.10", "::1", "2001:db8::10")
 		rs, _ := compileChecked(t, snapshot(), cfg, NewSlots())
-		got := elements(t, rs, setNodePortIPs)
+		got := elements(t, rs, SetNodePortIPs)
 		for k := range got {
 			if ip(k).IsLoopback() {
 				t.Errorf("%s: nodeport-ips holds %s", fam, k)
@@ -312,8 +312,8 @@ func TestSourceRangesFailClosed(t *testing.T) {
 		if !slices.Equal(ranges, tc.ranges) {
 			t.Errorf("%s: admitted sources %v, want %v", tc.fam, ranges, tc.ranges)
 		}
-		if len(elements(t, rs, mapFirewallIPs)) != 1 {
-			t.Errorf("%s: firewall-ips %v, want the load-balancer IP", tc.fam, elements(t, rs, mapFirewallIPs))
+		if len(elements(t, rs, MapFirewallIPs)) != 1 {
+			t.Errorf("%s: firewall-ips %v, want the load-balancer IP", tc.fam, elements(t, rs, MapFirewallIPs))
 		}
 	}
 	// without a broken entry, a family without ranges stays open, as upstream

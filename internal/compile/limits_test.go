@@ -129,7 +129,7 @@ func TestLimits(t *testing.T) {
 			checkUniqueKeys(t, rs)
 			checkReferences(t, rs)
 			if tc.want != nil {
-				if got := elements(t, rs, mapServiceIPs); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				if got := elements(t, rs, MapServiceIPs); fmt.Sprint(got) != fmt.Sprint(tc.want) {
 					t.Errorf("service-ips:\n got  %v\n want %v", got, tc.want)
 				}
 			}
@@ -152,7 +152,7 @@ func TestHostileServiceWithDefaultLimits(t *testing.T) {
 	evil := hostile("evil", "wide", 100, 2000, 0)
 	web := nsPort("shop", "web", tcp, 80, "10.96.0.20", 0, "10.244.1.80")
 	rs, problems := Compile(snapshot(append(evil, web)...), cfg, NewSlots())
-	if got := elements(t, rs, mapServiceIPs); len(got) != 1 || got["10.96.0.20 . 6 . 80"] == "" {
+	if got := elements(t, rs, MapServiceIPs); len(got) != 1 || got["10.96.0.20 . 6 . 80"] == "" {
 		t.Errorf("service-ips %v, want only shop/web", got)
 	}
 	if n := elementCount(rs); n > 10 {
@@ -217,7 +217,7 @@ func costOf(sps ...[]model.ServicePort) int {
 // programmed reports whether the cluster IP and port lead to a service chain.
 func programmed(t *testing.T, rs *nft.Ruleset, clusterIP string, port uint16) bool {
 	t.Helper()
-	return elements(t, rs, mapServiceIPs)[fmt.Sprintf("%s . 6 . %d", clusterIP, port)] != ""
+	return elements(t, rs, MapServiceIPs)[fmt.Sprintf("%s . 6 . %d", clusterIP, port)] != ""
 }
 
 // problemsOf returns the reasons reported on namespace ns's Services, by name.
@@ -301,7 +301,7 @@ func TestBudgetRecreatedServiceIsProgrammedAgain(t *testing.T) {
 		}
 		rs, problems := cc.Compile(snapshot(sortedPorts(sps)...))
 		fresh, freshProblems := Compile(snapshot(sortedPorts(sps)...), cfg, NewSlots())
-		if got, want := elements(t, rs.Flatten(), mapServiceIPs), elements(t, fresh, mapServiceIPs); fmt.Sprint(got) != fmt.Sprint(want) {
+		if got, want := elements(t, rs.Flatten(), MapServiceIPs), elements(t, fresh, MapServiceIPs); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("%s: incremental service-ips %v, a fresh compile's %v", step.name, got, want)
 		}
 		if fmt.Sprint(problems) != fmt.Sprint(freshProblems) {
@@ -547,7 +547,7 @@ func TestSourceRangesAndAffinityCost(t *testing.T) {
 	web := nsPort("shop", "web", tcp, 80, "10.96.0.20", 0, "10.244.1.80")
 	rs, problems := Compile(snapshot(append(rangesService(3, 500), web)...), cfg, NewSlots())
 	checkProblems(t, problems, []string{"Service default/fenced: 500 loadBalancerSourceRanges, more than --max-source-ranges-per-service=499: the Service is not programmed"})
-	if got := elements(t, rs, mapServiceIPs); len(got) != 1 || got["10.96.0.20 . 6 . 80"] == "" {
+	if got := elements(t, rs, MapServiceIPs); len(got) != 1 || got["10.96.0.20 . 6 . 80"] == "" {
 		t.Errorf("service-ips %v, want only shop/web", got)
 	}
 	cfg.Limits.MaxSourceRangesPerService = 500

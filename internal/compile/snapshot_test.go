@@ -32,10 +32,10 @@ func TestSnapshotNodePortAddrs(t *testing.T) {
 		snap := snapAt(tc.addr)
 		rs, problems := cc.Compile(snap)
 		flat := rs.Flatten()
-		if got := elements(t, flat, setNodePortIPs); len(got) != 1 || !hasKey(got, tc.addr) {
+		if got := elements(t, flat, SetNodePortIPs); len(got) != 1 || !hasKey(got, tc.addr) {
 			t.Errorf("%s: nodeport-ips %v", tc.addr, got)
 		}
-		if got := hasKey(elements(t, flat, mapServiceIPs), "192.0.2.20 . 6 . 10256"); got != tc.external {
+		if got := hasKey(elements(t, flat, MapServiceIPs), "192.0.2.20 . 6 . 10256"); got != tc.external {
 			t.Errorf("%s: externalIP programmed %v, want %v (problems %v)", tc.addr, got, tc.external, problems)
 		}
 		want, _ := Compile(snap, cfg, NewSlots())
