@@ -1,9 +1,13 @@
-package main
+// Package inspect is the logic of nftproxy's inspection commands: list (the service
+// ports nftproxy's tables in the kernel hold), explain (what the rules do with a new
+// connection) and verify (the kernel's tables against what the API compiles to). It
+// writes nothing and lists no API: the command hands it the tables read back, or the
+// rulesets compiled with the proxy's configuration. It finds the table's objects through
+// compile's layout, never by their names.
+package inspect
 
 import (
 	"cmp"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -12,70 +16,44 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/spf13/pflag"
-
 	"github.com/nftproxy/nftproxy/internal/compile"
-	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/readback"
 	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
-// nftproxy list shows what is programmed, read from the kernel's tables, not what the API
-// says should be: every service port's frontends, where each one leads (endpoints with
-// the probability of being picked, reject, drop) and the traffic policy and session
-// affinity the rules implement. It needs no API access and no flags.
-
-// Names of the objects of nftproxy's table (internal/compile) that the listing reads.
-const (
-	listClusterIPs         = "cluster-ips"
-	listServiceIPs         = "service-ips"
-	listServiceNodePorts   = "service-nodeports"
-	listNoEndpointServices = "no-endpoint-services"
-	listNoEndpointNodePort = "no-endpoint-nodeports"
-	listNoLocalServices    = "no-local-endpoint-services"
-	listNoLocalNodePorts   = "no-local-endpoint-nodeports"
-	// the flat path: frontends in sets, their endpoints in maps keyed by frontend . index,
-	// their endpoint counts in binary in the count-bit sets
-	listClusterFrontends  = "cluster-frontends"
-	listExternalFrontends = "external-frontends"
-	listNodePortFrontends = "nodeport-frontends"
-	listEndpoints         = "endpoints"
-	listNodePortEndpoints = "nodeport-endpoints"
-	listEndpointCountBit  = "endpoint-count-bit"
-	listNodePortCountBit  = "nodeport-endpoint-count-bit"
-	listCountBits         = 8
-	listFirewallIPs       = "firewall-ips"
-	listMarkMasq          = "mark-for-masquerade"
-)
+// List shows what is programmed, read from the kernel's tables, not what the API says
+// should be: every service port's frontends, where each one leads (endpoints with the
+// probability of being picked, reject, drop) and the traffic policy and session
+// affinity the rules implement.
 
 // Frontend types.
 const (
-	frontendClusterIP = "ClusterIP"
-	frontendExternal  = "External" // an external or load-balancer IP: the table does not tell them apart
-	frontendNodePort  = "NodePort"
+	FrontendClusterIP = "ClusterIP"
+	FrontendExternal  = "External" // an external or load-balancer IP: the table does not tell them apart
+	FrontendNodePort  = "NodePort"
 )
 
-// tableReader reads a table back from the kernel (readback.Reader; an encoded ruleset in tests).
-type tableReader interface {
+// TableReader reads a table back from the kernel (readback.Reader; an encoded ruleset in
+// tests).
+type TableReader interface {
 	ReadBack(fam nft.Family, table string) (*wire.TableState, error)
 }
 
-// listedPort is one service port as programmed in one family's table.
-type listedPort struct {
-	Service   string           `json:"service"` // namespace/name:port, as in the rules' comments
-	Protocol  string           `json:"protocol"`
-	Family    string           `json:"family"` // ip or ip6
-	Frontends []listedFrontend `json:"frontends"`
-	proto     uint8            // for sorting
-	byKey     map[string]int   // frontend key → index
+// Port is one service port as programmed in one family's table.
+type Port struct {
+	Service   string         `json:"service"` // namespace/name:port, as in the rules' comments
+	Protocol  string         `json:"protocol"`
+	Family    string         `json:"family"` // ip or ip6
+	Frontends []Frontend     `json:"frontends"`
+	proto     uint8          // for sorting
+	byKey     map[string]int // frontend key → index
 }
 
-// listedFrontend is one address and port that reaches the service, and where it leads.
-type listedFrontend struct {
+// Frontend is one address and port that reaches the service, and where it leads.
+type Frontend struct {
 	Type    string `json:"type"`              // ClusterIP, External, NodePort
-	Address string `json:"address,omitempty"` // empty for a node port: every address of the nodeport-ips set
+	Address string `json:"address,omitempty"` // empty for a node port: every address of the node-port address set
 	Port    uint16 `json:"port"`
 	// Action is "dnat" (to the endpoints), "reject" (no endpoints) or "drop" (a Local
 	// traffic policy without endpoints on this node).
@@ -86,16 +64,16 @@ type listedFrontend struct {
 	AffinityTimeoutSeconds uint32 `json:"affinityTimeoutSeconds,omitempty"`
 	// SourceRanges are the client prefixes a load-balancer IP admits (others are
 	// dropped); empty: everyone.
-	SourceRanges []string         `json:"sourceRanges,omitempty"`
-	Endpoints    []listedEndpoint `json:"endpoints,omitempty"`
+	SourceRanges []string   `json:"sourceRanges,omitempty"`
+	Endpoints    []Endpoint `json:"endpoints,omitempty"`
 	// Shadowed are the addresses where this frontend gets no new connections because
 	// another service port's frontend on the same address and port wins in the
 	// kernel's rules (an external IP on a node address at another Service's node port).
-	Shadowed []listedShadow `json:"shadowed,omitempty"`
+	Shadowed []Shadow `json:"shadowed,omitempty"`
 }
 
-// listedEndpoint is one endpoint a frontend can lead to.
-type listedEndpoint struct {
+// Endpoint is one endpoint a frontend can lead to.
+type Endpoint struct {
 	Address     string  `json:"address"` // address:port
 	Probability float64 `json:"probability"`
 	// Local is set for endpoints reached through a Local traffic policy's chain: they
@@ -103,82 +81,43 @@ type listedEndpoint struct {
 	Local bool `json:"local,omitempty"`
 }
 
-// runList implements "nftproxy list [-o text|json]".
-func runList(args []string, stdout, stderr io.Writer) int {
-	return listCommand(args, readback.Reader{}, stdout, stderr)
+// Listing is what List read from the kernel.
+type Listing struct {
+	Ports  []Port // sorted by service, protocol and family
+	Tables int    // the tables found
+	// Ignored are the rules of the tables that nftproxy does not write, in nft syntax,
+	// each with its family and table.
+	Ignored []string
 }
 
-func listCommand(args []string, r tableReader, stdout, stderr io.Writer) int {
-	fs := pflag.NewFlagSet("nftproxy list", pflag.ContinueOnError)
-	output := fs.StringP("output", "o", "text", "Output format: text (an aligned table) or json.")
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: nftproxy list [flags]\n\n"+
-			"Lists every service port programmed in nftproxy's tables in the kernel (the ip and\n"+
-			"ip6 tables \"nftproxy\"): its frontends (cluster IPs, external and load-balancer\n"+
-			"IPs, node ports) and the endpoints each leads to with the probability of being\n"+
-			"picked, the traffic policy and the session affinity. Needs no kubeconfig; needs\n"+
-			"CAP_NET_ADMIN in the node's network namespace. Exits 1 when no table is found.\n\n%s", fs.FlagUsages())
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "nftproxy list:", err)
-		return 2
-	}
-	if fs.NArg() != 0 {
-		fmt.Fprintf(stderr, "nftproxy list: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	if *output != "text" && *output != "json" {
-		fmt.Fprintf(stderr, "nftproxy list: --output %q: want text or json\n", *output)
-		return 2
-	}
-	var all []listedPort
-	found := 0
-	for _, fam := range controller.Families {
+// List reads nftproxy's table of each family with r and lists their service ports.
+// localAddrs returns the node's addresses (for a table whose node ports answer on every
+// local address); it is called only when needed. On an error the listing holds what
+// was read before it.
+func List(r TableReader, families []nft.Family, localAddrs func() []netip.Addr) (Listing, error) {
+	var l Listing
+	for _, fam := range families {
 		st, err := r.ReadBack(fam, compile.TableName)
 		if err != nil {
-			fmt.Fprintf(stderr, "nftproxy list: reading %s %s from the kernel: %v\n", fam, compile.TableName, err)
-			return 2
+			return l, fmt.Errorf("reading %s %s from the kernel: %w", fam, compile.TableName, err)
 		}
 		if !st.Exists {
 			continue
 		}
-		found++
+		l.Tables++
 		rs, undecoded := wire.Decode(st)
 		for _, u := range undecoded {
-			fmt.Fprintf(stderr, "nftproxy list: %s %s: %s is not a rule nftproxy writes; ignored\n", fam, compile.TableName, u)
+			l.Ignored = append(l.Ignored, fmt.Sprintf("%s %s: %s is not a rule nftproxy writes; ignored", fam, compile.TableName, u))
 		}
-		all = append(all, listServices(rs)...)
+		l.Ports = append(l.Ports, Services(rs, localAddrs)...)
 	}
-	if found == 0 {
-		fmt.Fprintf(stderr, "nftproxy list: no %s table in the kernel (is nftproxy running on this node, in this network namespace?)\n", compile.TableName)
-		return 1
-	}
-	sortPorts(all)
-	if *output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if all == nil {
-			all = []listedPort{}
-		}
-		if err := enc.Encode(all); err != nil {
-			fmt.Fprintln(stderr, "nftproxy list:", err)
-			return 2
-		}
-		return 0
-	}
-	if err := formatList(stdout, all); err != nil {
-		fmt.Fprintln(stderr, "nftproxy list:", err)
-		return 2
-	}
-	return 0
+	sortPorts(l.Ports)
+	return l, nil
 }
 
-// listServices reads the service ports out of one family's decoded table.
-func listServices(rs *nft.Ruleset) []listedPort {
+// Services reads the service ports out of one family's decoded table, unsorted;
+// localAddrs is List's.
+func Services(rs *nft.Ruleset, localAddrs func() []netip.Addr) []Port {
 	sets := map[string]*nft.Set{}
 	for _, s := range rs.Sets {
 		sets[s.Name] = s
@@ -188,19 +127,19 @@ func listServices(rs *nft.Ruleset) []listedPort {
 		chains[c.Name] = c
 	}
 	clusterIPs := map[netip.Addr]bool{}
-	if s := sets[listClusterIPs]; s != nil {
+	if s := sets[compile.SetClusterIPs]; s != nil {
 		for _, e := range s.Elements {
 			if len(e.Key) == 1 {
 				clusterIPs[e.Key[0].Addr()] = true
 			}
 		}
 	}
-	ports := map[string]*listedPort{}
-	port := func(comment string, proto uint8) *listedPort {
+	ports := map[string]*Port{}
+	port := func(comment string, proto uint8) *Port {
 		k := comment + "|" + strconv.Itoa(int(proto))
 		p := ports[k]
 		if p == nil {
-			p = &listedPort{Service: comment, Protocol: strings.ToLower(model.ProtoString(proto)), Family: rs.Family.String(), proto: proto, byKey: map[string]int{}}
+			p = &Port{Service: comment, Protocol: strings.ToLower(model.ProtoString(proto)), Family: rs.Family.String(), proto: proto, byKey: map[string]int{}}
 			ports[k] = p
 		}
 		return p
@@ -208,22 +147,22 @@ func listServices(rs *nft.Ruleset) []listedPort {
 	// frontend returns the service port's frontend for a map key (address . proto . port,
 	// or proto . port for a node port); typ is its type when the set it is in says so,
 	// else "" (an address is a cluster IP when it is in the cluster IP set).
-	frontend := func(e nft.Element, typ string) *listedFrontend {
-		var f listedFrontend
+	frontend := func(e nft.Element, typ string) *Frontend {
+		var f Frontend
 		var proto uint8
 		switch len(e.Key) {
 		case 3:
 			a := e.Key[0].Addr()
 			f.Address, proto, f.Port = a.String(), uint8(e.Key[1].Num()), uint16(e.Key[2].Num())
-			f.Type = frontendExternal
+			f.Type = FrontendExternal
 			if clusterIPs[a] {
-				f.Type = frontendClusterIP
+				f.Type = FrontendClusterIP
 			}
 			if typ != "" {
 				f.Type = typ
 			}
 		case 2:
-			f.Type, proto, f.Port = frontendNodePort, uint8(e.Key[0].Num()), uint16(e.Key[1].Num())
+			f.Type, proto, f.Port = FrontendNodePort, uint8(e.Key[0].Num()), uint16(e.Key[1].Num())
 		default:
 			return nil
 		}
@@ -239,7 +178,7 @@ func listServices(rs *nft.Ruleset) []listedPort {
 	}
 	// the flat path's frontends, whose endpoints are entries of the endpoint maps
 	flat := &flatEndpoints{sets: sets}
-	for name, typ := range map[string]string{listClusterFrontends: frontendClusterIP, listExternalFrontends: frontendExternal, listNodePortFrontends: frontendNodePort} {
+	for name, typ := range map[string]string{compile.SetClusterFrontends: FrontendClusterIP, compile.SetExternalFrontends: FrontendExternal, compile.SetNodePortFrontends: FrontendNodePort} {
 		s := sets[name]
 		if s == nil {
 			continue
@@ -256,7 +195,7 @@ func listServices(rs *nft.Ruleset) []listedPort {
 	// chained service ports' verdict maps, then the no-endpoint sets (verdict maps in
 	// tables of older versions), which win: the filter chains apply them before the nat
 	// chains see the packet
-	for _, name := range []string{listServiceIPs, listServiceNodePorts, listNoEndpointServices, listNoEndpointNodePort, listNoLocalServices, listNoLocalNodePorts} {
+	for _, name := range []string{compile.MapServiceIPs, compile.MapServiceNodePorts, compile.SetNoEndpointServices, compile.SetNoEndpointNodePorts, compile.SetNoLocalServices, compile.SetNoLocalNodePorts} {
 		s := sets[name]
 		if s == nil {
 			continue
@@ -269,9 +208,9 @@ func listServices(rs *nft.Ruleset) []listedPort {
 			v := e.Verdict
 			if v == nil {
 				switch name {
-				case listNoEndpointServices, listNoEndpointNodePort:
+				case compile.SetNoEndpointServices, compile.SetNoEndpointNodePorts:
 					v = &nft.Verdict{Kind: nft.Goto, Chain: compile.ChainReject}
-				case listNoLocalServices, listNoLocalNodePorts:
+				case compile.SetNoLocalServices, compile.SetNoLocalNodePorts:
 					v = &nft.Verdict{Kind: nft.Drop}
 				default:
 					continue
@@ -294,7 +233,7 @@ func listServices(rs *nft.Ruleset) []listedPort {
 			}
 		}
 	}
-	if s := sets[listFirewallIPs]; s != nil {
+	if s := sets[compile.MapFirewallIPs]; s != nil {
 		for _, e := range s.Elements {
 			if len(e.Key) != 3 || e.Verdict == nil {
 				continue
@@ -328,8 +267,8 @@ func listServices(rs *nft.Ruleset) []listedPort {
 			}
 		}
 	}
-	(&shadowing{sets: sets, chains: chains}).mark(ports)
-	out := make([]listedPort, 0, len(ports))
+	(&shadowing{sets: sets, chains: chains, localAddrs: localAddrs}).mark(ports)
+	out := make([]Port, 0, len(ports))
 	for _, p := range ports {
 		for i := range p.Frontends {
 			if p.Frontends[i].Action == "" {
@@ -351,10 +290,10 @@ type flatEndpoints struct {
 	indexed bool
 	entries map[string][]nft.Element // frontend key → its entries, of either map
 	counts  map[string]uint32        // frontend key → endpoint count, from the bit sets
-	bits    map[string]bool          // the bit set prefixes the table has
+	bits    map[compile.Role]bool    // the kinds of count-bit sets the table has
 }
 
-func (fe *flatEndpoints) of(key []nft.Value) []listedEndpoint {
+func (fe *flatEndpoints) of(key []nft.Value) []Endpoint {
 	if !fe.indexed {
 		fe.index()
 	}
@@ -364,9 +303,9 @@ func (fe *flatEndpoints) of(key []nft.Value) []listedEndpoint {
 	for _, e := range entries {
 		byIndex[e.Key[len(e.Key)-1].Num()] = e
 	}
-	bitSet := listEndpointCountBit
+	bitSet := compile.RoleEndpointCountBit
 	if len(key) == 2 {
-		bitSet = listNodePortCountBit
+		bitSet = compile.RoleNodePortEndpointCountBit
 	}
 	count := fe.counts[k]
 	if !fe.bits[bitSet] {
@@ -389,8 +328,8 @@ func (fe *flatEndpoints) of(key []nft.Value) []listedEndpoint {
 // have different lengths, so one index serves both.
 func (fe *flatEndpoints) index() {
 	fe.indexed = true
-	fe.entries, fe.counts, fe.bits = map[string][]nft.Element{}, map[string]uint32{}, map[string]bool{}
-	for _, name := range []string{listEndpoints, listNodePortEndpoints} {
+	fe.entries, fe.counts, fe.bits = map[string][]nft.Element{}, map[string]uint32{}, map[compile.Role]bool{}
+	for _, name := range []string{compile.MapEndpoints, compile.MapNodePortEndpoints} {
 		if m := fe.sets[name]; m != nil {
 			for _, e := range m.Elements {
 				if n := len(e.Key); n > 1 && len(e.Data) == 2 {
@@ -400,16 +339,14 @@ func (fe *flatEndpoints) index() {
 			}
 		}
 	}
-	for _, prefix := range []string{listEndpointCountBit, listNodePortCountBit} {
-		for b := range listCountBits {
-			s := fe.sets[prefix+strconv.Itoa(b)]
-			if s == nil {
-				continue
-			}
-			fe.bits[prefix] = true
-			for _, e := range s.Elements {
-				fe.counts[valuesKey(e.Key)] |= 1 << b
-			}
+	for _, s := range fe.sets {
+		o, ok := compile.SetOf(s.Name)
+		if !ok || (o.Role != compile.RoleEndpointCountBit && o.Role != compile.RoleNodePortEndpointCountBit) || o.Index >= 32 {
+			continue
+		}
+		fe.bits[o.Role] = true
+		for _, e := range s.Elements {
+			fe.counts[valuesKey(e.Key)] |= 1 << o.Index
 		}
 	}
 }
@@ -438,7 +375,7 @@ type walker struct {
 	rs       *nft.Ruleset
 	sets     map[string]*nft.Set
 	chains   map[string]*nft.Chain
-	got      []listedEndpoint
+	got      []Endpoint
 	policy   string
 	affinity uint32
 }
@@ -450,7 +387,7 @@ func (w *walker) walk(chain string, p float64, local bool, depth int) {
 	if c == nil || depth > maxWalkDepth {
 		return
 	}
-	if strings.HasPrefix(chain, "local-") {
+	if o, _ := compile.ChainOf(chain); o.Role == compile.RoleLocalChain {
 		local = true
 		w.policy = "Local"
 	}
@@ -484,7 +421,7 @@ func (w *walker) walk(chain string, p float64, local bool, depth int) {
 					if !conditional && numgen == 0 && s.Kind == nft.Drop {
 						return
 					}
-				case s.Chain == listMarkMasq || conditional:
+				case s.Chain == compile.ChainMarkMasq || conditional:
 				case numgen > 0:
 					share := rem / float64(numgen)
 					w.walk(s.Chain, share, local, depth+1)
@@ -531,28 +468,28 @@ func (w *walker) add(addr string, p float64, local bool) {
 			return
 		}
 	}
-	w.got = append(w.got, listedEndpoint{Address: addr, Probability: p, Local: local})
+	w.got = append(w.got, Endpoint{Address: addr, Probability: p, Local: local})
 }
 
-func (w *walker) endpoints() []listedEndpoint {
-	slices.SortFunc(w.got, func(a, b listedEndpoint) int { return strings.Compare(a.Address, b.Address) })
+func (w *walker) endpoints() []Endpoint {
+	slices.SortFunc(w.got, func(a, b Endpoint) int { return strings.Compare(a.Address, b.Address) })
 	for i := range w.got { // 1/3 + 1/3 + 1/3 is not quite 1 in floating point
 		w.got[i].Probability = float64(int64(w.got[i].Probability*1e6+0.5)) / 1e6
 	}
 	return w.got
 }
 
-var frontendOrder = map[string]int{frontendClusterIP: 0, frontendExternal: 1, frontendNodePort: 2}
+var frontendOrder = map[string]int{FrontendClusterIP: 0, FrontendExternal: 1, FrontendNodePort: 2}
 
 // sortPorts orders service ports by name, protocol and family, and each one's frontends
 // by type, address and port, so that the output is stable.
-func sortPorts(ps []listedPort) {
+func sortPorts(ps []Port) {
 	for _, p := range ps {
-		slices.SortFunc(p.Frontends, func(a, b listedFrontend) int {
+		slices.SortFunc(p.Frontends, func(a, b Frontend) int {
 			return cmp.Or(cmp.Compare(frontendOrder[a.Type], frontendOrder[b.Type]), compareAddr(a.Address, b.Address), cmp.Compare(a.Port, b.Port))
 		})
 	}
-	slices.SortFunc(ps, func(a, b listedPort) int {
+	slices.SortFunc(ps, func(a, b Port) int {
 		return cmp.Or(strings.Compare(a.Service, b.Service), cmp.Compare(a.proto, b.proto), strings.Compare(a.Family, b.Family))
 	})
 }
@@ -566,9 +503,9 @@ func compareAddr(a, b string) int {
 	return x.Compare(y)
 }
 
-// formatList writes the text table: one line per frontend and endpoint, the service,
+// WriteTable writes the text table: one line per frontend and endpoint, the service,
 // frontend and policy columns only on a frontend's first line.
-func formatList(w io.Writer, ps []listedPort) error {
+func WriteTable(w io.Writer, ps []Port) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tPROTO\tFRONTEND\tTYPE\tPOLICY\tAFFINITY\tENDPOINTS")
 	for _, p := range ps {
@@ -594,7 +531,7 @@ func formatList(w io.Writer, ps []listedPort) error {
 				lines = append(lines, "(source ranges: "+ranges+")")
 			}
 			for _, sh := range f.Shadowed {
-				if f.Type == frontendNodePort {
+				if f.Type == FrontendNodePort {
 					lines = append(lines, "(not on "+sh.Address+": "+sh.By+" takes it, "+sh.ByType+")")
 				} else {
 					lines = append(lines, "(shadowed: "+sh.By+" takes it, "+sh.ByType+")")
@@ -612,7 +549,7 @@ func formatList(w io.Writer, ps []listedPort) error {
 	return tw.Flush()
 }
 
-func endpointLines(f listedFrontend) []string {
+func endpointLines(f Frontend) []string {
 	switch f.Action {
 	case "reject":
 		return []string{"(none: rejected)"}

@@ -1,4 +1,4 @@
-package main
+package inspect
 
 import (
 	"bytes"
@@ -85,50 +85,75 @@ func (e encodedTables) ReadBack(fam nft.Family, table string) (*wire.TableState,
 	return wire.EncodeState(rs)
 }
 
+// families are the families nftproxy programs.
+var families = []nft.Family{nft.IPv4, nft.IPv6}
+
+// listed lists r's tables, failing the test on an error or an ignored rule.
+func listed(t *testing.T, r TableReader) Listing {
+	t.Helper()
+	l, err := List(r, families, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Ignored) != 0 {
+		t.Errorf("ignored: %q", l.Ignored)
+	}
+	return l
+}
+
+// table is the text listing of l.
+func table(t *testing.T, l Listing) string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := WriteTable(&out, l.Ports); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
+}
+
+// viaJSON is l's service ports as their JSON reads back.
+func viaJSON(t *testing.T, l Listing) []Port {
+	t.Helper()
+	b, err := json.Marshal(l.Ports)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ports []Port
+	if err := json.Unmarshal(b, &ports); err != nil {
+		t.Fatalf("json: %v\n%s", err, b)
+	}
+	return ports
+}
+
 // TestListFormat lists the encoding of a compiled ruleset: the aligned table, and the
 // same in JSON.
 func TestListFormat(t *testing.T) {
 	rs, _ := compile.Compile(listSnapshot(), listConfig(), compile.NewSlots())
-	var out, errs bytes.Buffer
-	if code := listCommand(nil, encodedTables{nft.IPv4: rs}, &out, &errs); code != 0 {
-		t.Fatalf("exit %d: %s", code, errs.String())
+	l := listed(t, encodedTables{nft.IPv4: rs})
+	if l.Tables != 1 {
+		t.Errorf("%d tables found, want 1", l.Tables)
 	}
-	if out.String() != wantList {
-		t.Errorf("listing:\n%s\nwant:\n%s", out.String(), wantList)
-	}
-	if errs.Len() != 0 {
-		t.Errorf("stderr: %s", errs.String())
+	if got := table(t, l); got != wantList {
+		t.Errorf("listing:\n%s\nwant:\n%s", got, wantList)
 	}
 
-	out.Reset()
-	if code := listCommand([]string{"-o", "json"}, encodedTables{nft.IPv4: rs}, &out, &errs); code != 0 {
-		t.Fatalf("json: exit %d: %s", code, errs.String())
-	}
-	var ports []listedPort
-	if err := json.Unmarshal(out.Bytes(), &ports); err != nil {
-		t.Fatalf("json: %v\n%s", err, out.String())
-	}
+	ports := viaJSON(t, l)
 	if len(ports) != 5 || ports[2].Service != "default/lb:http" || len(ports[2].Frontends) != 4 {
 		t.Fatalf("json: %+v", ports)
 	}
 	lbIP := ports[2].Frontends[1]
 	if lbIP.Type != "External" || lbIP.Address != "198.51.100.1" || lbIP.Port != 80 || lbIP.Action != "dnat" || lbIP.TrafficPolicy != "Local" ||
 		len(lbIP.SourceRanges) != 2 || lbIP.SourceRanges[0] != "192.0.2.0/24" ||
-		len(lbIP.Endpoints) != 1 || lbIP.Endpoints[0] != (listedEndpoint{Address: "10.244.0.22:8080", Probability: 1, Local: true}) {
+		len(lbIP.Endpoints) != 1 || lbIP.Endpoints[0] != (Endpoint{Address: "10.244.0.22:8080", Probability: 1, Local: true}) {
 		t.Errorf("json load-balancer frontend: %+v", lbIP)
 	}
 	if f := ports[4].Frontends[0]; f.AffinityTimeoutSeconds != 10800 || len(f.Endpoints) != 3 || f.Endpoints[0].Probability != 0.333333 {
 		t.Errorf("json affinity frontend: %+v", f)
 	}
 
-	// no table: exit 1 and say so
-	out.Reset()
-	errs.Reset()
-	if code := listCommand(nil, encodedTables{}, &out, &errs); code != 1 || !strings.Contains(errs.String(), "no nftproxy table") {
-		t.Errorf("no table: exit %d, stderr %q", code, errs.String())
-	}
-	if code := listCommand([]string{"-o", "yaml"}, encodedTables{}, &out, &errs); code != 2 {
-		t.Errorf("-o yaml: exit %d", code)
+	// no table: none found, nothing listed
+	if l := listed(t, encodedTables{}); l.Tables != 0 || len(l.Ports) != 0 {
+		t.Errorf("no table: %+v", l)
 	}
 }
 
@@ -144,12 +169,8 @@ func TestListKernel(t *testing.T) {
 	if _, err := a.Apply(rs); err != nil {
 		t.Fatal(err)
 	}
-	var out, errs bytes.Buffer
-	if code := listCommand(nil, readback.Reader{NetNS: ns.FD}, &out, &errs); code != 0 {
-		t.Fatalf("exit %d: %s", code, errs.String())
-	}
-	if out.String() != wantList {
-		t.Errorf("listing from the kernel:\n%s\nwant:\n%s", out.String(), wantList)
+	if got := table(t, listed(t, readback.Reader{NetNS: ns.FD})); got != wantList {
+		t.Errorf("listing from the kernel:\n%s\nwant:\n%s", got, wantList)
 	}
 
 	// the plain service loses its endpoints; an IPv6 table appears
@@ -168,12 +189,13 @@ func TestListKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	out.Reset()
-	if code := listCommand(nil, readback.Reader{NetNS: ns.FD}, &out, &errs); code != 0 {
-		t.Fatalf("exit %d: %s", code, errs.String())
+	l := listed(t, readback.Reader{NetNS: ns.FD})
+	if l.Tables != 2 {
+		t.Errorf("%d tables found, want 2", l.Tables)
 	}
+	out := table(t, l)
 	var lines []string // columns single-spaced: the IPv6 address widens them
-	for _, l := range strings.Split(out.String(), "\n") {
+	for _, l := range strings.Split(out, "\n") {
 		lines = append(lines, strings.Join(strings.Fields(l), " "))
 	}
 	for _, want := range []string{
@@ -182,11 +204,11 @@ func TestListKernel(t *testing.T) {
 		"default/v6 tcp [fd00:96::1]:443 ClusterIP Cluster - [fd00:244::5]:8443 100.0%",
 	} {
 		if !slices.Contains(lines, want) {
-			t.Errorf("no line %q in\n%s", want, out.String())
+			t.Errorf("no line %q in\n%s", want, out)
 		}
 	}
-	if strings.Contains(out.String(), "10.244.0.1:8080") {
-		t.Errorf("endpoints no longer programmed still listed:\n%s", out.String())
+	if strings.Contains(out, "10.244.0.1:8080") {
+		t.Errorf("endpoints no longer programmed still listed:\n%s", out)
 	}
 }
 
@@ -196,23 +218,20 @@ func TestListFlatMissingEntry(t *testing.T) {
 	rs, _ := compile.Compile(listSnapshot(), listConfig(), compile.NewSlots())
 	rs = rs.Flatten()
 	for _, s := range rs.Sets {
-		if s.Name == "endpoints" {
+		if s.Name == compile.MapEndpoints {
 			s.Elements = slices.DeleteFunc(s.Elements, func(e nft.Element) bool {
 				return e.Key[0].Addr() == netip.MustParseAddr("10.96.0.1") && e.Key[3].Num() == 1
 			})
 		}
 	}
-	var out, errs bytes.Buffer
-	if code := listCommand(nil, encodedTables{nft.IPv4: rs}, &out, &errs); code != 0 {
-		t.Fatalf("exit %d: %s", code, errs.String())
-	}
+	out := table(t, listed(t, encodedTables{nft.IPv4: rs}))
 	var lines []string
-	for _, l := range strings.Split(out.String(), "\n") {
+	for _, l := range strings.Split(out, "\n") {
 		lines = append(lines, strings.Join(strings.Fields(l), " "))
 	}
 	for _, want := range []string{"default/plain:http tcp 10.96.0.1:80 ClusterIP Cluster - (missing slot 1) 50.0%", "10.244.0.1:8080 50.0%"} {
 		if !slices.Contains(lines, want) {
-			t.Errorf("no line %q in\n%s", want, out.String())
+			t.Errorf("no line %q in\n%s", want, out)
 		}
 	}
 }
@@ -237,18 +256,10 @@ func TestListShowsWhoWinsANodePort(t *testing.T) {
 	// The compiler refuses an externalIP on a node address at another Service's node
 	// port, so nothing is shadowed in what it writes.
 	compiled, _ := compile.Compile(snap, listConfig(), compile.NewSlots())
-	list := func(rs *nft.Ruleset) map[string]listedFrontend {
+	list := func(rs *nft.Ruleset) map[string]Frontend {
 		t.Helper()
-		var out, errs bytes.Buffer
-		if code := listCommand([]string{"-o", "json"}, encodedTables{nft.IPv4: rs}, &out, &errs); code != 0 {
-			t.Fatalf("exit %d: %s", code, errs.String())
-		}
-		var ports []listedPort
-		if err := json.Unmarshal(out.Bytes(), &ports); err != nil {
-			t.Fatal(err)
-		}
-		got := map[string]listedFrontend{}
-		for _, p := range ports {
+		got := map[string]Frontend{}
+		for _, p := range viaJSON(t, listed(t, encodedTables{nft.IPv4: rs})) {
 			for _, f := range p.Frontends {
 				got[p.Service+" "+f.Type+" "+f.Address] = f
 			}
@@ -256,13 +267,11 @@ func TestListShowsWhoWinsANodePort(t *testing.T) {
 		return got
 	}
 	nodePort, external := "victim/web:http NodePort ", "tenant/x:http External 192.0.2.10"
-	onNode := []listedShadow{{Address: "192.0.2.10", By: "tenant/x:http", ByType: "External"}}
-	byNodePort := []listedShadow{{Address: "192.0.2.10", By: "victim/web:http", ByType: "NodePort"}}
+	onNode := []Shadow{{Address: "192.0.2.10", By: "tenant/x:http", ByType: "External"}}
+	byNodePort := []Shadow{{Address: "192.0.2.10", By: "victim/web:http", ByType: "NodePort"}}
 
 	got := list(compiled)
-	var text, errText bytes.Buffer
-	listCommand(nil, encodedTables{nft.IPv4: compiled}, &text, &errText)
-	t.Logf("as compiled:\n%s", text.String())
+	t.Logf("as compiled:\n%s", table(t, listed(t, encodedTables{nft.IPv4: compiled})))
 	if _, programmed := got[external]; programmed {
 		t.Errorf("as compiled: the externalIP on the node address at the victim's node port is programmed")
 	}
@@ -280,7 +289,7 @@ func TestListShowsWhoWinsANodePort(t *testing.T) {
 		cfg.NodePortAddrs = other.Node.IPs
 		rs, _ := compile.Compile(&other, cfg, compile.NewSlots())
 		for _, s := range rs.Sets {
-			if s.Name == listNodePortIPs {
+			if s.Name == compile.SetNodePortIPs {
 				s.Elements = append(s.Elements, nft.Element{Key: []nft.Value{nft.Addr(netip.MustParseAddr("192.0.2.10"))}})
 			}
 		}
@@ -295,12 +304,12 @@ func TestListShowsWhoWinsANodePort(t *testing.T) {
 	// the same elements, node-port rules first: the node port wins on its addresses
 	rs := met()
 	for _, c := range rs.Chains {
-		if c.Name != listServicesChain {
+		if c.Name != compile.ChainServices {
 			continue
 		}
 		var port, other []nft.Rule
 		for _, r := range c.Rules {
-			if slices.ContainsFunc(r.Stmts, func(s nft.Stmt) bool { l, ok := s.(nft.Lookup); return ok && l.Set == listNodePortIPs }) {
+			if slices.ContainsFunc(r.Stmts, func(s nft.Stmt) bool { l, ok := s.(nft.Lookup); return ok && l.Set == compile.SetNodePortIPs }) {
 				port = append(port, r)
 			} else {
 				other = append(other, r)
@@ -316,9 +325,31 @@ func TestListShowsWhoWinsANodePort(t *testing.T) {
 		t.Errorf("node-port rules first: external shadowed on %+v, node port on %+v; want the external shadowed by the node port",
 			got[external].Shadowed, got[nodePort].Shadowed)
 	}
-	var out, errs bytes.Buffer
-	listCommand(nil, encodedTables{nft.IPv4: rs}, &out, &errs)
-	if !strings.Contains(out.String(), "(shadowed: victim/web:http takes it, NodePort)") {
-		t.Errorf("text listing lacks the shadow:\n%s", out.String())
+	if out := table(t, listed(t, encodedTables{nft.IPv4: rs})); !strings.Contains(out, "(shadowed: victim/web:http takes it, NodePort)") {
+		t.Errorf("text listing lacks the shadow:\n%s", out)
+	}
+
+	// node ports on every local address ("fib daddr type local"): the node's addresses
+	// are what List is given; the externalIP takes the node port on them, and nothing
+	// is shadowed where the node has no such address
+	other, cfg := *snap, listConfig()
+	other.Node.IPs = []netip.Addr{netip.MustParseAddr("192.0.2.99")}
+	cfg.NodePortAddrs, cfg.NodePortAllLocal = nil, true
+	allLocal, _ := compile.Compile(&other, cfg, compile.NewSlots())
+	for addrs, want := range map[string][]Shadow{"192.0.2.10": onNode, "192.0.2.99": nil} {
+		l, err := List(encodedTables{nft.IPv4: allLocal}, families, func() []netip.Addr { return []netip.Addr{netip.MustParseAddr(addrs)} })
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]Frontend{}
+		for _, p := range l.Ports {
+			for _, f := range p.Frontends {
+				got[p.Service+" "+f.Type+" "+f.Address] = f
+			}
+		}
+		if !slices.Equal(got[nodePort].Shadowed, want) || got[external].Shadowed != nil {
+			t.Errorf("node ports on every local address, the node's %s: node port shadowed on %+v, external on %+v; want %+v",
+				addrs, got[nodePort].Shadowed, got[external].Shadowed, want)
+		}
 	}
 }

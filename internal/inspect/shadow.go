@@ -1,12 +1,12 @@
-package main
+package inspect
 
 import (
 	"cmp"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -17,35 +17,12 @@ import (
 // check). Which one wins is read from the table, by evaluating those chains' rules in
 // order for that address and port, not assumed: it is whatever the compiler wrote.
 
-// Names of the chains and the set the evaluation reads (internal/compile).
-const (
-	listServicesChain  = "services"
-	listEndpointsCheck = "service-endpoints-check"
-	listNodePortIPs    = "nodeport-ips"
-)
-
-// listedShadow is an address where a frontend does not get new connections: another
+// Shadow is an address where a frontend does not get new connections: another
 // service port's frontend takes them.
-type listedShadow struct {
+type Shadow struct {
 	Address string `json:"address"`
 	By      string `json:"by"`     // the service port that takes them
 	ByType  string `json:"byType"` // its frontend there: External or NodePort
-}
-
-// listLocalAddrs returns the node's addresses, for a table whose node ports answer on
-// every local address ("fib daddr type local"); list runs in the node's namespace.
-var listLocalAddrs = func() []netip.Addr {
-	ifAddrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil
-	}
-	var out []netip.Addr
-	for _, a := range ifAddrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, p.Addr().Unmap())
-		}
-	}
-	return out
 }
 
 // shadowing reads which frontend wins where an External frontend and another service
@@ -55,19 +32,22 @@ type shadowing struct {
 	chains map[string]*nft.Chain
 	index  map[string]map[string]nft.Element // set → key → element
 	local  []netip.Addr                      // nil until needed
+	// localAddrs returns the node's addresses, for a table whose node ports answer on
+	// every local address ("fib daddr type local")
+	localAddrs func() []netip.Addr
 }
 
 // mark annotates ports: every External frontend on a node-port address at a port that
 // another service port has as node port (same protocol).
-func (s *shadowing) mark(ports map[string]*listedPort) {
+func (s *shadowing) mark(ports map[string]*Port) {
 	type at struct {
-		p *listedPort
+		p *Port
 		i int
 	}
 	nodePorts := map[[2]uint32][]at{} // proto, port → node port frontends
 	for _, p := range ports {
 		for i, f := range p.Frontends {
-			if f.Type == frontendNodePort {
+			if f.Type == FrontendNodePort {
 				k := [2]uint32{uint32(p.proto), uint32(f.Port)}
 				nodePorts[k] = append(nodePorts[k], at{p, i})
 			}
@@ -79,7 +59,7 @@ func (s *shadowing) mark(ports map[string]*listedPort) {
 	for _, p := range ports {
 		for i := range p.Frontends {
 			f := &p.Frontends[i]
-			if f.Type != frontendExternal {
+			if f.Type != FrontendExternal {
 				continue
 			}
 			addr, err := netip.ParseAddr(f.Address)
@@ -97,16 +77,16 @@ func (s *shadowing) mark(ports map[string]*listedPort) {
 				g := &np.p.Frontends[np.i]
 				switch winner {
 				case p.Service:
-					g.Shadowed = append(g.Shadowed, listedShadow{Address: f.Address, By: p.Service, ByType: frontendExternal})
+					g.Shadowed = append(g.Shadowed, Shadow{Address: f.Address, By: p.Service, ByType: FrontendExternal})
 				case np.p.Service:
-					f.Shadowed = append(f.Shadowed, listedShadow{Address: f.Address, By: np.p.Service, ByType: frontendNodePort})
+					f.Shadowed = append(f.Shadowed, Shadow{Address: f.Address, By: np.p.Service, ByType: FrontendNodePort})
 				}
 			}
 		}
 	}
 	for _, p := range ports {
 		for i := range p.Frontends {
-			slices.SortFunc(p.Frontends[i].Shadowed, func(a, b listedShadow) int {
+			slices.SortFunc(p.Frontends[i].Shadowed, func(a, b Shadow) int {
 				return cmp.Or(compareAddr(a.Address, b.Address), strings.Compare(a.By, b.By))
 			})
 		}
@@ -121,7 +101,7 @@ func (s *shadowing) winner(addr netip.Addr, proto uint8, port uint16) (string, b
 	if !s.nodePortAddr(addr) {
 		return "", false
 	}
-	for _, chain := range []string{listServicesChain, listEndpointsCheck} {
+	for _, chain := range []string{compile.ChainServices, compile.ChainEndpointsCheck} {
 		if c := s.chains[chain]; c != nil {
 			for _, r := range c.Rules {
 				if _, _, e, matched := s.match(r, addr, proto, port); matched {
@@ -135,7 +115,7 @@ func (s *shadowing) winner(addr netip.Addr, proto uint8, port uint16) (string, b
 
 // nodePortAddr reports whether any node-port rule of the services chain admits addr.
 func (s *shadowing) nodePortAddr(addr netip.Addr) bool {
-	if c := s.chains[listServicesChain]; c != nil {
+	if c := s.chains[compile.ChainServices]; c != nil {
 		for _, r := range c.Rules {
 			if byPort, pre, _, _ := s.match(r, addr, 0, 0); byPort && pre {
 				return true
@@ -164,8 +144,8 @@ func (s *shadowing) match(r nft.Rule, addr netip.Addr, proto uint8, port uint16)
 		case nft.VMap:
 			fields, set = x.Fields, x.Map
 		case nft.MatchFibDaddrLocal:
-			if s.local == nil {
-				s.local = listLocalAddrs()
+			if s.local == nil && s.localAddrs != nil {
+				s.local = s.localAddrs()
 			}
 			pre = pre && slices.Contains(s.local, addr)
 			continue
