@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"net/netip"
 	"strings"
 	"testing"
 
@@ -17,136 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
-
-	"github.com/nftproxy/nftproxy/internal/compile"
-	"github.com/nftproxy/nftproxy/internal/model"
-	"github.com/nftproxy/nftproxy/nft"
-	"github.com/nftproxy/nftproxy/nft/trace"
 )
-
-func step(chain string, r nft.Rule, matched ...trace.Match) trace.Step {
-	return trace.Step{Chain: chain, Rule: r, Text: nft.RenderRule(nft.IPv4, r), Matched: matched}
-}
-
-func rule(comment string, stmts ...nft.Stmt) nft.Rule {
-	return nft.Rule{Stmts: stmts, Comment: comment}
-}
-
-// tagged gives a rule the compiler's tag.
-func tagged(r nft.Rule, sp model.ServicePortName, p compile.Purpose) nft.Rule {
-	r.Tag = &compile.Tag{Port: &sp, Purpose: p}
-	return r
-}
-
-func jump(c string) nft.Verdict { return nft.Verdict{Kind: nft.Jump, Chain: c} }
-
-// TestFormatResult formats a fixed Result: a cluster IP reached from outside the cluster
-// CIDR, two endpoints, masqueraded.
-func TestFormatResult(t *testing.T) {
-	svcIPs := &nft.Set{Name: "service-ips"}
-	echo := model.ServicePortName{Namespace: "default", Name: "echo", Port: "http", Protocol: model.ProtoTCP}
-	eps := &nft.Set{Name: "endpoints-0"}
-	outcome := func(slot int, ep string) trace.Outcome {
-		return trace.Outcome{
-			Probability: 0.5, Verdict: trace.Accept, DNAT: netip.MustParseAddrPort(ep), Masquerade: true,
-			Path: []trace.Step{
-				step("nat-prerouting", rule("", jump("services"))),
-				step("services", rule("", nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: "service-ips"}),
-					trace.Match{Set: svcIPs, Element: nft.Element{Comment: "default/echo:http", Tag: &compile.Tag{Port: &echo, Purpose: compile.PurposeDispatch}}, Text: `10.96.0.10 . tcp . 80 comment "default/echo:http" : goto svc-default/echo/tcp/http`}),
-				step("svc-default/echo/tcp/http", tagged(rule("",
-					nft.MatchPrefix{Field: nft.FieldDaddr, Prefix: netip.MustParsePrefix("10.96.0.10/32")},
-					nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("10.244.0.0/16")},
-					jump("mark-for-masquerade")), echo, compile.PurposeMarkOffCluster)),
-				step("mark-for-masquerade", rule("", nft.SetMarkBits{Bits: 0x4000})),
-				step("svc-default/echo/tcp/http", tagged(rule("default/echo:http", nft.MatchL4Proto{Proto: 6}, nft.DNATNumgenMap{Mod: 2, Map: "endpoints-0"}), echo, compile.PurposeEndpointDNAT),
-					trace.Match{Set: eps, Text: []string{"0 : 10.244.1.2 . 8080", "1 : 10.244.1.3 . 8080"}[slot]}),
-				step("nat-postrouting", rule("", jump("masquerading"))),
-				step("masquerading", rule("", nft.SetMarkBits{Bits: 0x4000, Xor: true})),
-				step("masquerading", rule("", nft.Masquerade{FullyRandom: true})),
-			},
-		}
-	}
-	res := &trace.Result{
-		Packet:   trace.Packet{Family: nft.IPv4, Saddr: netip.MustParseAddr("172.16.0.9"), Daddr: netip.MustParseAddr("10.96.0.10"), L4Proto: 6, Dport: 80, Hook: nft.Prerouting},
-		Outcomes: []trace.Outcome{outcome(0, "10.244.1.2:8080"), outcome(1, "10.244.1.3:8080")},
-	}
-	var b bytes.Buffer
-	formatResult(&b, res, scene{})
-	want := `tcp 172.16.0.9 → 10.96.0.10:80, arriving from the network
-service default/echo:http
-     50%  → 10.244.1.2:8080, masqueraded: the source is outside the cluster CIDR 10.244.0.0/16
-     50%  → 10.244.1.3:8080, masqueraded: the source is outside the cluster CIDR 10.244.0.0/16
-`
-	if b.String() != want {
-		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
-	}
-
-	b.Reset()
-	res.Outcomes = res.Outcomes[:1]
-	formatResult(&b, res, scene{source: "a pod", rules: true, problems: []string{"Service default/echo: something, ignored"}})
-	want = `tcp 172.16.0.9 (a pod) → 10.96.0.10:80, arriving from the network
-service default/echo:http
-  → 10.244.1.2:8080, masqueraded: the source is outside the cluster CIDR 10.244.0.0/16
-        nat-prerouting: jump services
-        services: ip daddr . meta l4proto . th dport vmap @service-ips
-          @service-ips: 10.96.0.10 . tcp . 80 comment "default/echo:http" : goto svc-default/echo/tcp/http
-        svc-default/echo/tcp/http: ip daddr 10.96.0.10 ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        mark-for-masquerade: meta mark set meta mark | 0x00004000
-        svc-default/echo/tcp/http: meta l4proto tcp dnat ip to numgen random mod 2 map @endpoints-0 comment "default/echo:http"
-          @endpoints-0: 0 : 10.244.1.2 . 8080
-        nat-postrouting: jump masquerading
-        masquerading: meta mark set meta mark ^ 0x00004000
-        masquerading: masquerade fully-random
-note: ignored: Service default/echo: something, ignored
-`
-	if b.String() != want {
-		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
-	}
-}
-
-func TestFormatReject(t *testing.T) {
-	noEps := &nft.Set{Name: "no-endpoint-services"}
-	res := &trace.Result{
-		Packet: trace.Packet{Family: nft.IPv4, Saddr: netip.MustParseAddr("192.0.2.10"), Daddr: netip.MustParseAddr("10.96.1.2"), L4Proto: 17, Dport: 53, Hook: nft.Output},
-		Outcomes: []trace.Outcome{{Probability: 1, Verdict: trace.Reject, Path: []trace.Step{
-			step("filter-output", rule("", nft.MatchCtStateNew{}, jump("service-endpoints-check"))),
-			step("service-endpoints-check", rule("", nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: noEps.Name}),
-				trace.Match{Set: noEps, Element: nft.Element{Comment: "kube-system/dns", Verdict: &nft.Verdict{Kind: nft.Goto, Chain: "reject-chain"},
-					Tag: &compile.Tag{Port: &model.ServicePortName{Namespace: "kube-system", Name: "dns", Protocol: model.ProtoUDP}, Purpose: compile.PurposeRejectNoEndpoints}}}),
-			step("reject-chain", rule("", nft.Reject{})),
-		}}},
-	}
-	var b bytes.Buffer
-	formatResult(&b, res, scene{source: "the node"})
-	want := `udp 192.0.2.10 (the node) → 10.96.1.2:53, sent by the node itself
-service kube-system/dns
-  rejected: no endpoints: the service has no ready endpoints
-`
-	if b.String() != want {
-		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)
-	}
-}
-
-func TestParseDest(t *testing.T) {
-	for in, want := range map[string]string{
-		"10.96.0.10:80":         "10.96.0.10:80/6",
-		"10.96.0.10:53/udp":     "10.96.0.10:53/17",
-		"10.96.0.10:3868/SCTP":  "10.96.0.10:3868/132",
-		"[fd00:96::10]:443/tcp": "[fd00:96::10]:443/6",
-		"10.96.0.10":            "error",
-		"10.96.0.10:80/icmp":    "error",
-		"fd00::1:80":            "error",
-	} {
-		ap, proto, err := parseDest(in)
-		got := "error"
-		if err == nil {
-			got = fmt.Sprintf("%s/%d", ap, proto)
-		}
-		if got != want {
-			t.Errorf("parseDest(%q) = %s, want %s", in, got, want)
-		}
-	}
-}
 
 // cluster returns API objects with one service of each kind.
 func cluster() []runtime.Object {
@@ -271,7 +140,7 @@ func TestParseExplain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !req.rules || !req.local || req.from != "192.0.2.10" || req.dest.String() != "10.96.0.10:53" || req.proto != 17 || req.opts.ClusterCIDR != "10.244.0.0/16" {
+	if !req.q.Rules || !req.q.Local || req.q.From != "192.0.2.10" || req.q.Dest.String() != "10.96.0.10:53" || req.q.Proto != 17 || req.opts.ClusterCIDR != "10.244.0.0/16" {
 		t.Errorf("parsed %+v", req)
 	}
 	if _, err := parseExplain([]string{"--help"}, io.Discard); !errors.Is(err, pflag.ErrHelp) {
