@@ -106,3 +106,37 @@ func TestOnlyNftTalksNfTables(t *testing.T) {
 		t.Fatalf("only %d of our packages listed: the check saw nothing", checked)
 	}
 }
+
+// TestInspectImportRules: internal/inspect is the commands' logic below the wiring. It
+// reads tables back and traces rulesets it is handed; it lists no API (client-go), runs
+// no proxy (internal/controller, nor what is built on it: internal/serve, this command)
+// and writes nothing to the kernel (nft/kernel, nft/monitor). It reads the table's
+// objects through internal/compile's layout, which no other of its imports replaces.
+func TestInspectImportRules(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go tool not found")
+	}
+	const inspect = "github.com/nftproxy/nftproxy/internal/inspect"
+	out, err := exec.Command("go", "list", "-deps", inspect).Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, inspect) || !slices.Contains(deps, "github.com/nftproxy/nftproxy/internal/compile") {
+		t.Fatalf("go list -deps %s saw neither it nor internal/compile: %q", inspect, deps)
+	}
+	for _, dep := range deps {
+		for _, banned := range []string{
+			"github.com/nftproxy/nftproxy/internal/controller",
+			"github.com/nftproxy/nftproxy/internal/serve",
+			"github.com/nftproxy/nftproxy/cmd",
+			"github.com/nftproxy/nftproxy/nft/kernel",
+			"github.com/nftproxy/nftproxy/nft/monitor",
+			"k8s.io/client-go",
+		} {
+			if dep == banned || strings.HasPrefix(dep, banned+"/") {
+				t.Errorf("%s depends on %s", inspect, dep)
+			}
+		}
+	}
+}

@@ -6,11 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"reflect"
-	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -19,35 +16,11 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/inspect"
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/internal/serve"
-	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/readback"
 )
-
-// Exit codes of nftproxy verify.
-const (
-	verifyEqual     = 0
-	verifyDifferent = 1
-	verifyError     = 2
-)
-
-// verifier reads the kernel back and compares (readback.Reader; a fake in tests).
-type verifier interface {
-	Verify(expected *nft.Ruleset, opts ...readback.Option) (readback.Diff, error)
-}
-
-// slotsByContent compares the compiler's endpoint slot maps by what each service's
-// rule selects from them, not by slot number: the proxy's slot numbers depend on the
-// order in which services came and went (compile.Slots), which a fresh compile cannot
-// know.
-var slotsByContent = readback.MapsByContent(isEndpointSlotMap)
-
-// isEndpointSlotMap recognises compile's endpoint slot maps: the only maps keyed by a
-// numgen integer (slot → endpoint address . port).
-func isEndpointSlotMap(s *nft.Set) bool {
-	return s.IsMap() && len(s.Key) == 1 && s.Key[0] == nft.TypeNumgen
-}
 
 // runVerify implements "nftproxy verify [flags]": list the API once, compile exactly as
 // the proxy does with the same flags, read nftproxy's tables back from the kernel and
@@ -60,7 +33,7 @@ func runVerify(args []string, stdout, stderr io.Writer) int {
 	client, err := newClient(o)
 	if err != nil {
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
-		return verifyError
+		return inspect.VerifyError
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait+2*time.Minute)
 	defer cancel()
@@ -90,19 +63,19 @@ func verifySettings(args []string, stderr io.Writer) (*options.Options, controll
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			return nil, none, 0, verifyEqual
+			return nil, none, 0, inspect.VerifyEqual
 		}
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
-		return nil, none, 0, verifyError
+		return nil, none, 0, inspect.VerifyError
 	}
 	if fs.NArg() != 0 {
 		fmt.Fprintf(stderr, "nftproxy verify: unexpected arguments %q\n", fs.Args())
-		return nil, none, 0, verifyError
+		return nil, none, 0, inspect.VerifyError
 	}
 	switch {
 	case *fromProxy && fs.Changed("config"):
 		fmt.Fprintln(stderr, "nftproxy verify: --from-configz and --config: give one of them")
-		return nil, none, 0, verifyError
+		return nil, none, 0, inspect.VerifyError
 	case *fromProxy:
 		defer proxySettings(o, stderr)()
 	case fs.Changed("config"):
@@ -115,93 +88,44 @@ func verifySettings(args []string, stderr io.Writer) (*options.Options, controll
 	kubeconfig := o.Kubeconfig
 	if err := o.Complete(fs); err != nil {
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
-		return nil, none, 0, verifyError
+		return nil, none, 0, inspect.VerifyError
 	}
 	if fs.Changed("kubeconfig") {
 		o.Kubeconfig = kubeconfig
 	}
 	if err := o.Validate(); err != nil {
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
-		return nil, none, 0, verifyError
+		return nil, none, 0, inspect.VerifyError
 	}
 	cfg, err := proxyConfig(o, localAddrs)
 	if err != nil {
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
-		return nil, none, 0, verifyError
+		return nil, none, 0, inspect.VerifyError
 	}
 	return o, cfg, *wait, 0
 }
 
 // verifyLoop compares until equal or until wait has passed, then reports.
-func verifyLoop(ctx context.Context, client kubernetes.Interface, cfg controller.Config, v verifier, wait time.Duration, stdout, stderr io.Writer) int {
-	deadline := time.Now().Add(wait)
-	for attempt := 1; ; attempt++ {
-		res, err := verifyOnce(ctx, client, cfg, v)
-		if err != nil {
-			fmt.Fprintln(stderr, "nftproxy verify:", err)
-			return verifyError
-		}
-		if res.diff.Empty() || !time.Now().Add(time.Second).Before(deadline) {
-			res.attempts = attempt
-			return res.report(stdout)
-		}
-		select {
-		case <-ctx.Done():
-			fmt.Fprintln(stderr, "nftproxy verify:", ctx.Err())
-			return verifyError
-		case <-time.After(time.Second):
-		}
+func verifyLoop(ctx context.Context, client kubernetes.Interface, cfg controller.Config, v inspect.Verifier, wait time.Duration, stdout, stderr io.Writer) int {
+	res, err := inspect.Until(ctx, wait, func(ctx context.Context) (inspect.Result, error) { return verifyOnce(ctx, client, cfg, v) })
+	if err != nil {
+		fmt.Fprintln(stderr, "nftproxy verify:", err)
+		return inspect.VerifyError
 	}
-}
-
-// verifyResult is one comparison of the kernel with the API.
-type verifyResult struct {
-	tables       []string // "ip nftproxy", …
-	servicePorts int
-	diff         readback.Diff
-	attempts     int
+	return res.Report(stdout)
 }
 
 // verifyOnce lists the API, compiles like the proxy and compares every family's table.
-// Endpoint slots are compared by content: the proxy's slot numbers depend on the order
-// in which services came and went (compile.Slots), which a fresh compile cannot know.
-func verifyOnce(ctx context.Context, client kubernetes.Interface, cfg controller.Config, v verifier) (verifyResult, error) {
-	var res verifyResult
+func verifyOnce(ctx context.Context, client kubernetes.Interface, cfg controller.Config, v inspect.Verifier) (inspect.Result, error) {
 	state, err := listAPI(ctx, client, cfg.NodeName)
 	if err != nil {
-		return res, err
+		return inspect.Result{}, err
 	}
 	snap, rulesets, _, err := state.compile(cfg)
 	if err != nil {
-		return res, err
+		return inspect.Result{}, err
 	}
-	res.servicePorts = len(snap.Services)
-	for _, rs := range rulesets {
-		d, err := v.Verify(rs, slotsByContent)
-		if err != nil {
-			return res, fmt.Errorf("reading %s %s back from the kernel: %w", rs.Family, rs.Table, err)
-		}
-		res.tables = append(res.tables, fmt.Sprintf("%s %s", rs.Family, rs.Table))
-		res.diff = append(res.diff, d...)
-	}
-	return res, nil
-}
-
-// report prints the result and returns the exit code.
-func (r verifyResult) report(w io.Writer) int {
-	tries := ""
-	if r.attempts > 1 {
-		tries = fmt.Sprintf(" (after %d comparisons)", r.attempts)
-	}
-	if r.diff.Empty() {
-		fmt.Fprintf(w, "equal: the kernel's tables %s match the API's %d service ports%s\n", strings.Join(r.tables, ", "), r.servicePorts, tries)
-		return verifyEqual
-	}
-	for _, l := range r.diff {
-		fmt.Fprintln(w, l)
-	}
-	fmt.Fprintf(w, "different: %d differences between the kernel's tables %s and the API's %d service ports%s\n", len(r.diff), strings.Join(r.tables, ", "), r.servicePorts, tries)
-	return verifyDifferent
+	return inspect.Compare(v, rulesets, len(snap.Services))
 }
 
 // configzTimeout bounds the request for the running proxy's /configz.
@@ -222,7 +146,7 @@ func proxySettings(o *options.Options, stderr io.Writer) (cleanup func()) {
 		fmt.Fprintln(stderr, "nftproxy verify: no --metrics-bind-address: comparing with the flags given alone")
 		return cleanup
 	}
-	url := "http://" + dialable(addr) + "/configz"
+	url := "http://" + inspect.Dialable(addr) + "/configz"
 	// nothing authenticates the answer: a process that holds the port (the proxy
 	// restarting, or any other on the node) can serve settings under which a tampered
 	// kernel compares equal
@@ -233,7 +157,7 @@ func proxySettings(o *options.Options, stderr io.Writer) (cleanup func()) {
 		return cleanup
 	}
 	_, defaults := options.NewFlagSet()
-	c, err = overlay(c, o.EffectiveConfig(), defaults.EffectiveConfig())
+	c, err = inspect.Overlay(c, o.EffectiveConfig(), defaults.EffectiveConfig())
 	if err != nil {
 		fmt.Fprintf(stderr, "nftproxy verify: merging the running proxy's settings: %v; comparing with the flags given alone\n", err)
 		return cleanup
@@ -252,64 +176,6 @@ func proxySettings(o *options.Options, stderr io.Writer) (cleanup func()) {
 	o.ConfigFile = f.Name()
 	fmt.Fprintf(stderr, "nftproxy verify: using the running proxy's settings from %s (flags given here override them)\n", url)
 	return cleanup
-}
-
-// overlay writes over the proxy's configuration every setting whose value on verify's
-// command line (given) differs from what no flag gives (defaults), and verify's own
-// API client and logging settings. Both are compared as JSON, field by field.
-func overlay(proxy, given, defaults *v1alpha1.KubeProxyConfiguration) (*v1alpha1.KubeProxyConfiguration, error) {
-	var p, g, d map[string]any
-	for _, x := range []struct {
-		c   *v1alpha1.KubeProxyConfiguration
-		out *map[string]any
-	}{{proxy, &p}, {given, &g}, {defaults, &d}} {
-		b, err := json.Marshal(x.c)
-		if err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal(b, x.out); err != nil {
-			return nil, err
-		}
-	}
-	overlayJSON(p, g, d)
-	p["clientConnection"], p["logging"] = g["clientConnection"], g["logging"]
-	b, err := json.Marshal(p)
-	if err != nil {
-		return nil, err
-	}
-	out := &v1alpha1.KubeProxyConfiguration{}
-	return out, json.Unmarshal(b, out)
-}
-
-func overlayJSON(proxy, given, defaults map[string]any) {
-	for k, v := range given {
-		if reflect.DeepEqual(v, defaults[k]) {
-			continue
-		}
-		gm, ok1 := v.(map[string]any)
-		pm, ok2 := proxy[k].(map[string]any)
-		if dm, ok3 := defaults[k].(map[string]any); ok1 && ok2 && ok3 {
-			overlayJSON(pm, gm, dm)
-			continue
-		}
-		proxy[k] = v
-	}
-}
-
-// dialable turns a bind address into one to connect to: an unspecified host (all
-// addresses) is reached on loopback.
-func dialable(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	switch host {
-	case "", "0.0.0.0":
-		host = "127.0.0.1"
-	case "::":
-		host = "::1"
-	}
-	return net.JoinHostPort(host, port)
 }
 
 // fetchConfigz reads and checks a proxy's /configz (kube-proxy's shape: the

@@ -12,34 +12,16 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/inspect"
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/internal/serve"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/readback"
 	"github.com/nftproxy/nftproxy/nft/wire"
 )
-
-// TestVerifyReport formats both outcomes and returns their exit codes.
-func TestVerifyReport(t *testing.T) {
-	var out bytes.Buffer
-	r := verifyResult{tables: []string{"ip nftproxy", "ip6 nftproxy"}, servicePorts: 3, attempts: 1}
-	if code := r.report(&out); code != 0 || out.String() != "equal: the kernel's tables ip nftproxy, ip6 nftproxy match the API's 3 service ports\n" {
-		t.Errorf("equal: code %d, output %q", code, out.String())
-	}
-	out.Reset()
-	r.diff = readback.Diff{"ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9", "ip nftproxy: chain intruder extra (0 rules)"}
-	r.attempts = 4
-	want := "ip nftproxy: set hairpin: extra element 10.244.9.9 . 10.244.9.9\n" +
-		"ip nftproxy: chain intruder extra (0 rules)\n" +
-		"different: 2 differences between the kernel's tables ip nftproxy, ip6 nftproxy and the API's 3 service ports (after 4 comparisons)\n"
-	if code := r.report(&out); code != 1 || out.String() != want {
-		t.Errorf("different: code %d, output\n%s\nwant\n%s", code, out.String(), want)
-	}
-}
 
 // kernelOf is a fake kernel holding what other rulesets encode to.
 type kernelOf struct {
@@ -108,8 +90,8 @@ func TestVerifyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.diff.Empty() || k.seen != 2 || res.servicePorts == 0 {
-		t.Fatalf("same objects and flags: %d families compared, %d service ports, differences:\n%s", k.seen, res.servicePorts, res.diff)
+	if !res.Diff.Empty() || k.seen != 2 || res.ServicePorts == 0 {
+		t.Fatalf("same objects and flags: %d families compared, %d service ports, differences:\n%s", k.seen, res.ServicePorts, res.Diff)
 	}
 
 	// another masquerade bit
@@ -123,8 +105,8 @@ func TestVerifyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(res.diff.String(), "ip nftproxy: chain mark-for-masquerade: rule 0 differs") {
-		t.Errorf("other masquerade bit:\n%s", res.diff)
+	if !strings.Contains(res.Diff.String(), "ip nftproxy: chain mark-for-masquerade: rule 0 differs") {
+		t.Errorf("other masquerade bit:\n%s", res.Diff)
 	}
 
 	// services deleted from the API but still in the kernel: one on the flat path (its
@@ -145,8 +127,8 @@ func TestVerifyOnce(t *testing.T) {
 		`ip nftproxy: set service-ips: extra element 10.96.1.5 . tcp . 80 : goto svc-default/sticky/tcp/- comment "default/sticky"`,
 		"ip nftproxy: chain svc-default/sticky/tcp/- extra",
 	} {
-		if !strings.Contains(res.diff.String(), want) {
-			t.Errorf("deleted service: no line %q in\n%s", want, res.diff)
+		if !strings.Contains(res.Diff.String(), want) {
+			t.Errorf("deleted service: no line %q in\n%s", want, res.Diff)
 		}
 	}
 	var out bytes.Buffer
@@ -197,7 +179,7 @@ func TestVerifyReadsRunningProxySettings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return res.diff, stderr.String()
+		return res.Diff, stderr.String()
 	}
 	diff, msg := compare("--from-configz", "--metrics-bind-address", addr)
 	if !diff.Empty() || !strings.Contains(msg, "using the running proxy's settings from http://"+addr+"/configz") ||
@@ -268,7 +250,7 @@ func TestVerifyIgnoresFakeConfigz(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.diff.Empty() {
+		if res.Diff.Empty() {
 			t.Errorf("%q: a masquerade-all kernel compared equal (stderr %q)", args, stderr.String())
 		}
 		if strings.Contains(stderr.String(), "using the running proxy's settings") {
@@ -277,35 +259,8 @@ func TestVerifyIgnoresFakeConfigz(t *testing.T) {
 	}
 	// asked for explicitly, /configz is used, with a warning
 	var stderr bytes.Buffer
-	if _, _, _, code := verifySettings([]string{"--from-configz", "--config", file}, &stderr); code != verifyError {
-		t.Errorf("--from-configz with --config: exit %d, want %d", code, verifyError)
-	}
-}
-
-// TestOverlay: the settings given to verify replace the proxy's in the file verify
-// loads, so they win whatever the precedence of flags over --config; the rest stays the
-// proxy's, and the API client is verify's own.
-func TestOverlay(t *testing.T) {
-	settings := func(args ...string) *v1alpha1.KubeProxyConfiguration {
-		fs, o := options.NewFlagSet()
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		return o.EffectiveConfig()
-	}
-	proxy := settings("--cluster-cidr", "10.99.0.0/16", "--iptables-masquerade-bit", "15", "--kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf", "--hostname-override", "node-1")
-	got, err := overlay(proxy, settings("--cluster-cidr", "10.1.0.0/16", "--kubeconfig", "/root/.kube/config"), settings())
-	if err != nil {
-		t.Fatal(err)
-	}
-	// (--iptables-masquerade-bit sets iptables.masqueradeBit, as kube-proxy's flag)
-	if got.ClusterCIDR != "10.1.0.0/16" || *got.IPTables.MasqueradeBit != 15 || got.HostnameOverride != "node-1" ||
-		got.ClientConnection.Kubeconfig != "/root/.kube/config" {
-		t.Errorf("clusterCIDR %q, iptables.masqueradeBit %d, hostname %q, kubeconfig %q", got.ClusterCIDR, *got.IPTables.MasqueradeBit, got.HostnameOverride, got.ClientConnection.Kubeconfig)
-	}
-	// the proxy's kubeconfig path is the pod's: never taken
-	if got, _ := overlay(proxy, settings(), settings()); got.ClientConnection.Kubeconfig != "" {
-		t.Errorf("the proxy's kubeconfig %q was taken", got.ClientConnection.Kubeconfig)
+	if _, _, _, code := verifySettings([]string{"--from-configz", "--config", file}, &stderr); code != inspect.VerifyError {
+		t.Errorf("--from-configz with --config: exit %d, want %d", code, inspect.VerifyError)
 	}
 }
 
