@@ -133,7 +133,7 @@ const configzTimeout = 5 * time.Second
 
 // proxySettings reads the running proxy's settings from /configz on
 // --metrics-bind-address, writes the settings given on verify's command line over them
-// (see overlay) and makes the result o's configuration file for Complete: whatever the
+// (see inspect.Overlay) and makes the result o's configuration file for Complete: whatever the
 // precedence of flags and file, the flags given win. The API client and logging
 // settings are verify's own: the proxy's kubeconfig path is the pod's, not the
 // operator's. When /configz cannot be read, it says so and the flags alone count. Call

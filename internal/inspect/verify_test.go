@@ -112,3 +112,16 @@ func derefPorts(ps []*model.ServicePort) []model.ServicePort {
 	}
 	return out
 }
+
+// Dialable reaches a server bound to every address on loopback, and any other where it
+// is bound.
+func TestDialable(t *testing.T) {
+	for in, want := range map[string]string{
+		"0.0.0.0:10249": "127.0.0.1:10249", ":10249": "127.0.0.1:10249", "[::]:10249": "[::1]:10249",
+		"192.0.2.10:10249": "192.0.2.10:10249", "[2001:db8::1]:10249": "[2001:db8::1]:10249", "no-port": "no-port",
+	} {
+		if got := Dialable(in); got != want {
+			t.Errorf("Dialable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
