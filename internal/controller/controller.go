@@ -775,11 +775,11 @@ func (p *Proxy) report(problems []model.Problem) {
 
 func (p *Proxy) object(pr model.Problem) runtime.Object {
 	switch pr.Kind {
-	case "Service":
+	case model.KindService:
 		if s, err := p.services.Services(pr.Namespace).Get(pr.Name); err == nil {
 			return s
 		}
-	case "EndpointSlice":
+	case model.KindEndpointSlice:
 		if s, err := p.slices.EndpointSlices(pr.Namespace).Get(pr.Name); err == nil {
 			return s
 		}
