@@ -39,6 +39,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/par"
 	"github.com/nftproxy/nftproxy/internal/runner"
+	"github.com/nftproxy/nftproxy/internal/status"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
@@ -137,7 +138,7 @@ type Proxy struct {
 	reported  map[model.Problem]bool // problems already logged, so each is logged once
 
 	mu           sync.Mutex
-	status       Status
+	status       status.Sync
 	repairReason string // a full rewrite was requested (RequestRepair); "" if not
 
 	lastFull time.Time // end of the last sync that rewrote the whole table (sync goroutine only)
@@ -153,15 +154,6 @@ type Proxy struct {
 	syncedOnce sync.Once
 	// "First sync started" was logged (sync goroutine only)
 	firstSyncStarted bool
-}
-
-// Status is the proxy's sync state, for health checks. (Metrics go to Config.Metrics.)
-type Status struct {
-	LastSync      time.Time // end of the last successful sync
-	OldestPending time.Time // first change not yet synced; zero if none
-	Syncs         int
-	Failures      int
-	LastError     string
 }
 
 // New creates a Proxy; Run starts it.
@@ -276,7 +268,7 @@ func (p *Proxy) hasSynced() bool {
 }
 
 // Status returns a copy of the sync state.
-func (p *Proxy) Status() Status {
+func (p *Proxy) Status() status.Sync {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.status

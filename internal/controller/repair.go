@@ -9,6 +9,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/metrics"
+	"github.com/nftproxy/nftproxy/internal/status"
 	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
@@ -76,7 +77,7 @@ func (b RepairBackoff) withDefaults() RepairBackoff {
 // repairTarget is what a Repairer drives: the Proxy.
 type repairTarget interface {
 	RequestRepair(reason string)
-	Status() Status
+	Status() status.Sync
 }
 
 // Repairer turns the nftables monitor's reports (Changed is its callback) into repair
