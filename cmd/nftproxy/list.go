@@ -15,8 +15,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
-	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/readback"
 	"github.com/nftproxy/nftproxy/nft/wire"
@@ -137,7 +137,7 @@ func listCommand(args []string, r tableReader, stdout, stderr io.Writer) int {
 	}
 	var all []listedPort
 	found := 0
-	for _, fam := range controller.Families {
+	for _, fam := range pipeline.Families {
 		st, err := r.ReadBack(fam, compile.TableName)
 		if err != nil {
 			fmt.Fprintf(stderr, "nftproxy list: reading %s %s from the kernel: %v\n", fam, compile.TableName, err)

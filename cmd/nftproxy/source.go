@@ -14,6 +14,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -71,7 +72,7 @@ func (s apiState) compile(cfg controller.Config) (*model.Snapshot, []*nft.Rulese
 	if s.servesCIDRs {
 		cfg.ServiceCIDRs = s.serviceCIDRs
 	}
-	return controller.Compile(cfg, map[nft.Family]*compile.Slots{}, s.services, s.slices, s.node)
+	return pipeline.Compile(cfg.Pipeline(), map[nft.Family]*compile.Slots{}, s.services, s.slices, s.node)
 }
 
 func parseCIDRs(deleted *metav1.Time, cidrs []string) []netip.Prefix {

@@ -19,8 +19,8 @@ import (
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
-	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
 
@@ -64,7 +64,7 @@ func newBenchProxy(b testing.TB, svcs []*v1.Service, slices []*discovery.Endpoin
 	}
 	cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits(), Metrics: metrics.Nop{}} // the defaults the proxy runs with
 	bp.p = &Proxy{cfg: cfg, log: logr.Discard(), reported: map[model.Problem]bool{}, pending: newPending(),
-		pipeline: &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
+		pipeline: pipeline.New(),
 		services: corelisters.NewServiceLister(bp.svcStore), slices: discoverylisters.NewEndpointSliceLister(bp.sliceStore),
 		nodes: corelisters.NewNodeLister(newStore())}
 	if _, err := bp.sync(); err != nil { // the first sync: full lists
@@ -101,7 +101,7 @@ func (bp *benchProxy) sync() (*model.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	snap, _, problems, err := bp.p.pipeline.compile(bp.p.cfg, svcs, slices, nil)
+	snap, _, problems, err := bp.p.pipeline.Full(bp.p.cfg.Pipeline(), svcs, slices, nil)
 	bp.p.report(problems)
 	return snap, err
 }
@@ -186,8 +186,8 @@ func BenchmarkColdSync(b *testing.B) {
 				a := kernel.New(kernel.WithNetNS(ns.FD))
 				runtime.GC()
 				b.StartTimer()
-				pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
-				_, rulesets, _, err := pl.compile(cfg, svcs, slices, nil)
+				pl := pipeline.New()
+				_, rulesets, _, err := pl.Full(cfg.Pipeline(), svcs, slices, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -218,8 +218,8 @@ func BenchmarkColdSyncHeap(b *testing.B) {
 				a := kernel.New(kernel.WithNetNS(ns.FD))
 				before := liveHeap()
 				b.StartTimer()
-				pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
-				_, rulesets, _, err := pl.compile(cfg, svcs, slices, nil)
+				pl := pipeline.New()
+				_, rulesets, _, err := pl.Full(cfg.Pipeline(), svcs, slices, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -37,7 +36,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
-	"github.com/nftproxy/nftproxy/internal/par"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/internal/runner"
 	"github.com/nftproxy/nftproxy/internal/status"
 	"github.com/nftproxy/nftproxy/nft"
@@ -94,6 +93,24 @@ type Config struct {
 	Limits compile.Limits
 }
 
+// Pipeline is what the pipeline reads of the configuration.
+func (c Config) Pipeline() pipeline.Config {
+	return pipeline.Config{
+		DetectLocal:       c.DetectLocal,
+		MasqueradeAll:     c.MasqueradeAll,
+		MasqueradeBit:     c.MasqueradeBit,
+		NodePortAddresses: c.NodePortAddresses,
+		LocalAddrs:        c.LocalAddrs,
+		ServiceCIDRs:      c.ServiceCIDRs,
+		NoExternalIPs:     c.NoExternalIPs,
+		ServedPorts:       c.ServedPorts,
+		OwnAddrs:          c.OwnAddrs,
+		ClusterCIDRs:      c.ClusterCIDRs,
+		ExternalIPCIDRs:   c.ExternalIPCIDRs,
+		Limits:            c.Limits,
+	}
+}
+
 // HealthChecks is the health-check node port server (see internal/healthcheck).
 type HealthChecks interface {
 	Sync(map[healthcheck.ServiceName]healthcheck.Service) error
@@ -129,7 +146,7 @@ type Proxy struct {
 	// first retry delay of ServiceCIDR discovery (doubling up to discoveryBackoffMax)
 	discoveryBackoff time.Duration
 
-	pipeline  *pipeline
+	pipeline  *pipeline.Pipeline
 	pending   *pending               // names of Services and EndpointSlices changed since the last sync (pending.go)
 	triggers  *triggers              // EndpointSlice trigger times not yet programmed
 	prevSnap  *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
@@ -163,7 +180,7 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	}
 	p := &Proxy{
 		cfg: cfg, log: log, client: client, dataplane: dp,
-		pipeline:   &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
+		pipeline:   pipeline.New(),
 		pending:    newPending(),
 		reported:   map[model.Problem]bool{},
 		quarantine: map[quarantineKey]*nft.Part{},
@@ -500,7 +517,7 @@ func (p *Proxy) sync(periodic bool) error {
 // entries to time out.
 func (p *Proxy) cleanConntrack(snap *model.Snapshot, repaired string) {
 	prev, prevWon := p.prevSnap, p.prevWon
-	p.prevSnap, p.prevWon = snap, p.pipeline.won
+	p.prevSnap, p.prevWon = snap, p.pipeline.Won()
 	if p.cfg.Conntrack == nil {
 		return
 	}
@@ -580,7 +597,7 @@ func (p *Proxy) compileTaken(cfg Config, taken takenChanges, node *v1.Node) (*mo
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		return p.pipeline.compileChanges(cfg, d, node)
+		return p.pipeline.Changes(cfg.Pipeline(), d, node)
 	}
 	// The names taken are of objects in the lists (or noted again if they change after).
 	svcs, err := p.services.List(labels.Everything())
@@ -593,128 +610,8 @@ func (p *Proxy) compileTaken(cfg Config, taken takenChanges, node *v1.Node) (*mo
 	}
 	// a new cache: the one there is may be half updated by a sync that panicked (its
 	// first snapshot follows none, so the compilers compare every service port)
-	p.pipeline.models = model.NewCache()
-	return p.pipeline.compile(cfg, svcs, slices, node)
-}
-
-// Families are the address families nftproxy programs, one table each.
-var Families = []nft.Family{nft.IPv4, nft.IPv6}
-
-// Compile turns API objects into the ruleset of every family. slots holds one allocator
-// per family (see compile.Slots); problems lists bad input that was skipped. The
-// rulesets are flat (no parts): this is the pure form of what a running Proxy compiles
-// incrementally.
-func Compile(cfg Config, slots map[nft.Family]*compile.Slots, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	pl := &pipeline{slots: slots}
-	snap, rulesets, problems, err := pl.compile(cfg, svcs, slices, node)
-	for i, rs := range rulesets {
-		rulesets[i] = rs.Flatten()
-	}
-	return snap, rulesets, problems, err
-}
-
-// pipeline compiles API objects into rulesets, incrementally when it keeps a model cache
-// and compilers between calls: a service whose objects did not change costs pointer
-// comparisons, and its ruleset part is the same as last time (see nft.Part).
-type pipeline struct {
-	models    *model.Cache // nil: build from scratch
-	slots     map[nft.Family]*compile.Slots
-	compilers map[nft.Family]*compiler
-	// won holds the frontends every UDP service port won in the rulesets compiled
-	// last, all families: the stale UDP flows are those of the addresses a port really
-	// has, never of one another Service holds
-	won conntrack.Won
-}
-
-type compiler struct {
-	cfg compile.Config
-	c   *compile.Compiler
-}
-
-// compile compiles the full lists of Services and EndpointSlices.
-func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	return pl.run(cfg, node, func(in model.Inputs) (*model.Snapshot, []model.Problem) {
-		in.Services, in.Slices = svcs, slices
-		if pl.models != nil {
-			return pl.models.BuildFrom(in)
-		}
-		return model.BuildFrom(in)
-	})
-}
-
-// compileChanges compiles the model cache's objects with the changes d (see
-// model.Cache.BuildChanges); the pipeline must have a model cache.
-func (pl *pipeline) compileChanges(cfg Config, d model.Delta, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	return pl.run(cfg, node, func(in model.Inputs) (*model.Snapshot, []model.Problem) {
-		return pl.models.BuildChanges(d, in)
-	})
-}
-
-// run builds the snapshot with build, given the inputs other than Services and
-// EndpointSlices, and compiles it. It fails only before it builds.
-func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*model.Snapshot, []model.Problem)) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	// What the model cannot know (the machine's addresses) is resolved first, so that
-	// the snapshot is complete when built; from there on, all is pure.
-	npAddrs, allLocal, err := nodePortAddrs(cfg, model.NodeOf(node))
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	snap, problems := build(model.Inputs{Node: node, ServiceCIDRs: cfg.ServiceCIDRs, NodePortAddrs: npAddrs})
-	if pl.compilers == nil {
-		pl.compilers = map[nft.Family]*compiler{}
-	}
-	// Each family has its own compiler and slots, and reads the snapshot, which nothing
-	// modifies: the families are compiled at once (a dual-stack cold start takes the
-	// time of the larger one).
-	type result struct {
-		rs        *nft.Ruleset
-		conflicts []model.Problem
-	}
-	results := make([]result, len(Families))
-	jobs := make([]func(), len(Families))
-	for i, fam := range Families {
-		cc := compile.Config{
-			Family:           fam,
-			MasqueradeAll:    cfg.MasqueradeAll,
-			MasqueradeBit:    cfg.MasqueradeBit,
-			NodePortAllLocal: allLocal[fam],
-			NoExternalIPs:    cfg.NoExternalIPs,
-			ServedPorts:      cfg.ServedPorts,
-			OwnAddrs:         cfg.OwnAddrs,
-			ClusterCIDRs:     cfg.ClusterCIDRs,
-			ExternalIPCIDRs:  cfg.ExternalIPCIDRs,
-			Limits:           cfg.Limits,
-			DetectLocal:      cfg.DetectLocal,
-		}
-		if pl.slots[fam] == nil {
-			pl.slots[fam] = compile.NewSlots()
-		}
-		c := pl.compilers[fam]
-		if c == nil || !reflect.DeepEqual(c.cfg, cc) {
-			c = &compiler{cfg: cc, c: compile.NewCompiler(cc, pl.slots[fam])}
-			pl.compilers[fam] = c
-		}
-		jobs[i] = func() {
-			rs, conflicts := c.c.Compile(snap)
-			results[i] = result{rs, conflicts}
-		}
-	}
-	par.Do(jobs...)
-	out := make([]*nft.Ruleset, 0, len(results))
-	for _, r := range results {
-		problems = append(problems, r.conflicts...)
-		out = append(out, r.rs)
-	}
-	pl.won = conntrack.Won{}
-	for _, fam := range Families {
-		pl.compilers[fam].c.Won(model.ProtoUDP, func(name model.ServicePortName, ips []netip.Addr, nodePort uint16) {
-			f := pl.won[name]
-			f.IPs = append(f.IPs, ips...)
-			f.NodePort = max(f.NodePort, nodePort)
-			pl.won[name] = f
-		})
-	}
-	return snap, out, problems, nil
+	p.pipeline.Reset()
+	return p.pipeline.Full(cfg.Pipeline(), svcs, slices, node)
 }
 
 // serviceCIDRs collects the ranges of ServiceCIDR objects that are not being deleted.
@@ -731,21 +628,6 @@ func serviceCIDRs(objs []*networkingv1.ServiceCIDR) []netip.Prefix {
 		}
 	}
 	return out
-}
-
-// nodePortAddrs resolves --nodeport-addresses into addresses, or "all local" per family.
-func nodePortAddrs(cfg Config, node model.Node) ([]netip.Addr, map[nft.Family]bool, error) {
-	allLocal := map[nft.Family]bool{}
-	var out []netip.Addr
-	for _, fam := range Families {
-		r, err := cfg.NodePortAddresses.Resolve(fam == nft.IPv6, node.IPs, cfg.LocalAddrs)
-		if err != nil {
-			return nil, nil, err
-		}
-		allLocal[fam] = r.AllLocal
-		out = append(out, r.Addrs...)
-	}
-	return out, allLocal, nil
 }
 
 // report logs each problem once (while it persists) and records it as a Warning event on

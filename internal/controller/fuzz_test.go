@@ -17,6 +17,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -38,7 +39,7 @@ func FuzzCompile(f *testing.F) {
 		}
 
 		// The listers return objects in no particular order.
-		_, rev, _, _ := controller.Compile(w.cfg, map[nft.Family]*compile.Slots{},
+		_, rev, _, _ := pipeline.Compile(w.cfg.Pipeline(), map[nft.Family]*compile.Slots{},
 			reversed(w.svcs), reversed(w.slices), w.node)
 		for i := range rulesets {
 			if a, b := nft.Render(rulesets[i]), nft.Render(rev[i]); a != b {
@@ -46,7 +47,7 @@ func FuzzCompile(f *testing.F) {
 			}
 		}
 		// A sync without a change compiles the same ruleset (and the kernel diff is empty).
-		_, again, _, _ := controller.Compile(w.cfg, slots, w.svcs, w.slices, w.node)
+		_, again, _, _ := pipeline.Compile(w.cfg.Pipeline(), slots, w.svcs, w.slices, w.node)
 		for i := range rulesets {
 			if a, b := nft.Render(rulesets[i]), nft.Render(again[i]); a != b {
 				t.Fatalf("compiling the same input twice gives different rulesets\n%s\n--- first:\n%s\n--- second:\n%s", describe(w), a, b)
@@ -55,7 +56,7 @@ func FuzzCompile(f *testing.F) {
 
 		// The incremental compiler: parts that are consistent, and all of them reused
 		// (the same pointers) when nothing changed.
-		for _, fam := range controller.Families {
+		for _, fam := range pipeline.Families {
 			cc := compile.NewCompiler(compileConfig(w.cfg, snap.Node, fam), compile.NewSlots())
 			first, _ := cc.Compile(snap)
 			mustBeValidParts(t, w, "Compiler.Compile", first, fam)
@@ -94,7 +95,7 @@ func FuzzCompileIncremental(f *testing.F) {
 			if !ok {
 				continue
 			}
-			_, fresh, _, _ := controller.Compile(w.cfg, map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
+			_, fresh, _, _ := pipeline.Compile(w.cfg.Pipeline(), map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
 			csnap, _ := cache.BuildFrom(model.Inputs{Services: w.svcs, Slices: w.slices, Node: w.node, ServiceCIDRs: snap.ServiceCIDRs, NodePortAddrs: snap.NodePortAddrs})
 			for i, rs := range rulesets {
 				what := fmt.Sprintf("sync %d: controller.Compile", step)
@@ -103,7 +104,7 @@ func FuzzCompileIncremental(f *testing.F) {
 					t.Fatalf("%s: %s ruleset differs from a fresh compilation\n%s\n%s", what, rs.Family, describe(w), diffLines(b, a))
 				}
 			}
-			for _, fam := range controller.Families {
+			for _, fam := range pipeline.Families {
 				what := fmt.Sprintf("sync %d: Compiler.Compile", step)
 				cfg := compileConfig(w.cfg, snap.Node, fam)
 				if compilerSlots[fam] == nil {
@@ -140,17 +141,17 @@ func FuzzCompileIncremental(f *testing.F) {
 // options boundary refuses bad --nodeport-addresses; the Config holds parsed values).
 func compileWorld(t *testing.T, w world, slots map[nft.Family]*compile.Slots) (*model.Snapshot, []*nft.Ruleset, bool) {
 	t.Helper()
-	snap, rulesets, _, err := controller.Compile(w.cfg, slots, w.svcs, w.slices, w.node)
+	snap, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline(), slots, w.svcs, w.slices, w.node)
 	if err != nil {
 		t.Fatalf("controller.Compile: error %v with --nodeport-addresses %+v", err, w.cfg.NodePortAddresses)
 	}
 	if err != nil {
 		return nil, nil, false
 	}
-	if len(rulesets) != len(controller.Families) {
-		t.Fatalf("controller.Compile returned %d rulesets for %d families", len(rulesets), len(controller.Families))
+	if len(rulesets) != len(pipeline.Families) {
+		t.Fatalf("controller.Compile returned %d rulesets for %d families", len(rulesets), len(pipeline.Families))
 	}
-	for i, fam := range controller.Families {
+	for i, fam := range pipeline.Families {
 		if rulesets[i].Family != fam {
 			t.Fatalf("ruleset %d is of family %s, want %s", i, rulesets[i].Family, fam)
 		}
@@ -263,7 +264,7 @@ func compileConfig(cfg controller.Config, node model.Node, fam nft.Family) compi
 	cc := compile.Config{Family: fam, MasqueradeAll: cfg.MasqueradeAll, MasqueradeBit: cfg.MasqueradeBit, DetectLocal: cfg.DetectLocal}
 	npa := cfg.NodePortAddresses
 	local, _ := cfg.LocalAddrs()
-	for _, f := range controller.Families {
+	for _, f := range pipeline.Families {
 		v6 := f == nft.IPv6
 		var cidrs []netip.Prefix
 		all := false

@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -63,7 +64,7 @@ func isKubeProxyChain(name string) bool {
 // Rules of iptables-legacy live outside nftables and are not seen.
 func FindKubeProxyLeftovers(tl TableLister) ([]Leftover, error) {
 	var out []Leftover
-	for _, fam := range Families {
+	for _, fam := range pipeline.Families {
 		tables, err := tl.Tables(fam)
 		if err != nil {
 			return out, err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -332,8 +333,8 @@ func TestSlimBuildsTheSameModel(t *testing.T) {
 	cfg := Config{NodeName: "node-1", MasqueradeBit: 14, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
 		DetectLocal: compile.DetectLocal{Mode: compile.LocalNodeCIDR}}
 	run := func(svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem) {
-		pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
-		snap, rs, problems, err := pl.compile(cfg, svcs, slices, node)
+		pl := pipeline.New()
+		snap, rs, problems, err := pl.Full(cfg.Pipeline(), svcs, slices, node)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -204,8 +204,8 @@ func (p *Proxy) syncMetrics(snap *model.Snapshot, taken map[types.NamespacedName
 	for fam, n := range noLocalEndpoints(snap) {
 		p.cfg.Metrics.NoLocalEndpoints(fam, n[0], n[1])
 	}
-	for fam, c := range p.pipeline.compilers {
-		p.cfg.Metrics.SetAside(familyLabel(fam == nft.IPv6), c.c.SetAside())
+	for fam, n := range p.pipeline.SetAside() {
+		p.cfg.Metrics.SetAside(familyLabel(fam == nft.IPv6), n)
 	}
 }
 
