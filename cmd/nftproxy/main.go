@@ -33,6 +33,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
+	"github.com/nftproxy/nftproxy/internal/leftovers"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/options"
 	"github.com/nftproxy/nftproxy/internal/pipeline"
@@ -215,7 +216,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 		return fmt.Errorf("could not set conntrack parameters: %w", err)
 	}
 	log.Info("Starting nftproxy", "node", nodeName, "detectLocalMode", cfg.DetectLocal.Mode, "clusterCIDRs", o.ClusterCIDRs, "apiServer", rc.Host)
-	controller.WarnKubeProxyLeftovers(log, applier)
+	leftovers.Warn(log, applier)
 	ct, err := netlink.NewHandle(unix.NETLINK_NETFILTER) // stale UDP conntrack entries
 	if err != nil {
 		return fmt.Errorf("netlink handle for conntrack: %w", err)
