@@ -3,7 +3,6 @@ package source
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -95,17 +94,4 @@ func (l *logLines) count(s string) int {
 		}
 	}
 	return n
-}
-
-func (l *logLines) contains(s string) bool { return l.count(s) > 0 }
-
-func (l *logLines) first(s string) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, line := range l.lines {
-		if strings.Contains(line, s) {
-			return line
-		}
-	}
-	return fmt.Sprint("no line with ", s)
 }
