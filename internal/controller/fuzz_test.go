@@ -35,7 +35,7 @@ func FuzzCompile(f *testing.F) {
 		}
 		checkSnapshot(t, w, snap)
 		for _, rs := range rulesets {
-			mustBeValid(t, w, "controller.Compile", rs, rs.Family)
+			mustBeValid(t, w, "pipeline.Compile", rs, rs.Family)
 		}
 
 		// The listers return objects in no particular order.
@@ -77,7 +77,7 @@ func FuzzCompile(f *testing.F) {
 }
 
 // FuzzCompileIncremental compiles every state of an input in turn, as the controller's
-// syncs do: with the same slot allocators (controller.Compile) and the same incremental
+// syncs do: with the same slot allocators (pipeline.Compile) and the same incremental
 // compilers. Each ruleset must be consistent and program the same as a compilation from
 // scratch of that state (compared without slot numbers).
 func FuzzCompileIncremental(f *testing.F) {
@@ -98,7 +98,7 @@ func FuzzCompileIncremental(f *testing.F) {
 			_, fresh, _, _ := pipeline.Compile(w.cfg.Pipeline(), map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
 			csnap, _ := cache.BuildFrom(model.Inputs{Services: w.svcs, Slices: w.slices, Node: w.node, ServiceCIDRs: snap.ServiceCIDRs, NodePortAddrs: snap.NodePortAddrs})
 			for i, rs := range rulesets {
-				what := fmt.Sprintf("sync %d: controller.Compile", step)
+				what := fmt.Sprintf("sync %d: pipeline.Compile", step)
 				mustBeValid(t, w, what, rs, rs.Family)
 				if a, b := normalize(rs), normalize(fresh[i]); a != b {
 					t.Fatalf("%s: %s ruleset differs from a fresh compilation\n%s\n%s", what, rs.Family, describe(w), diffLines(b, a))
@@ -137,19 +137,19 @@ func FuzzCompileIncremental(f *testing.F) {
 	})
 }
 
-// compileWorld runs controller.Compile, which must accept every configuration (the
+// compileWorld runs pipeline.Compile, which must accept every configuration (the
 // options boundary refuses bad --nodeport-addresses; the Config holds parsed values).
 func compileWorld(t *testing.T, w world, slots map[nft.Family]*compile.Slots) (*model.Snapshot, []*nft.Ruleset, bool) {
 	t.Helper()
 	snap, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline(), slots, w.svcs, w.slices, w.node)
 	if err != nil {
-		t.Fatalf("controller.Compile: error %v with --nodeport-addresses %+v", err, w.cfg.NodePortAddresses)
+		t.Fatalf("pipeline.Compile: error %v with --nodeport-addresses %+v", err, w.cfg.NodePortAddresses)
 	}
 	if err != nil {
 		return nil, nil, false
 	}
 	if len(rulesets) != len(pipeline.Families) {
-		t.Fatalf("controller.Compile returned %d rulesets for %d families", len(rulesets), len(pipeline.Families))
+		t.Fatalf("pipeline.Compile returned %d rulesets for %d families", len(rulesets), len(pipeline.Families))
 	}
 	for i, fam := range pipeline.Families {
 		if rulesets[i].Family != fam {
@@ -256,7 +256,7 @@ func diffLines(want, got string) string {
 	return "--- fresh (-) vs incremental (+):\n" + strings.Join(out, "\n")
 }
 
-// compileConfig is the compile.Config controller.Compile uses for fam: kube-proxy's
+// compileConfig is the compile.Config pipeline.Compile uses for fam: kube-proxy's
 // nodePortAddresses semantics, written out independently. Per family (IPv4 first): the
 // node's primary IP ("primary") and the local addresses in the family's CIDRs, never
 // loopback; a family without any entry, or with a /0, answers on all local addresses.
