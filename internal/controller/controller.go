@@ -1,6 +1,8 @@
-// Package controller watches Services, EndpointSlices and this node's Node through
-// client-go informers and, on every change (batched by the sync runner), builds a model
-// snapshot, compiles it and hands the ruleset to the kernel applier.
+// Package controller is the running proxy: on every change internal/source reports
+// (batched by the sync runner) it takes the changes, builds and compiles the snapshot
+// through internal/pipeline and hands the rulesets to the kernel applier; it isolates
+// the service ports the kernel refuses, repairs the table on the monitor's reports and
+// cleans conntrack after each sync.
 package controller
 
 import (
@@ -136,8 +138,8 @@ type Proxy struct {
 	reported  map[model.Problem]bool // problems already logged, so each is logged once
 
 	mu           sync.Mutex
-	status       status.Sync
-	repairReason string // a full rewrite was requested (RequestRepair); "" if not
+	status       status.Sync // OldestPending is the source's, read in Status
+	repairReason string      // a full rewrite was requested (RequestRepair); "" if not
 
 	lastFull time.Time // end of the last sync that rewrote the whole table (sync goroutine only)
 	// the reason of a repair whose sync has not succeeded yet: the sync that does
