@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
-	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/inspect"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft/readback"
 )
 
@@ -51,7 +51,7 @@ func listCommand(args []string, r inspect.TableReader, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "nftproxy list: --output %q: want text or json\n", *output)
 		return 2
 	}
-	l, err := inspect.List(r, controller.Families, interfaceAddrs)
+	l, err := inspect.List(r, pipeline.Families, interfaceAddrs)
 	for _, s := range l.Ignored {
 		fmt.Fprintln(stderr, "nftproxy list:", s)
 	}

@@ -33,8 +33,10 @@ import (
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
+	"github.com/nftproxy/nftproxy/internal/leftovers"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/options"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/internal/serve"
 	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
 	"github.com/nftproxy/nftproxy/internal/version"
@@ -179,7 +181,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 	started := time.Now()
 	applier := kernel.New()
 	if o.Cleanup {
-		for _, fam := range controller.Families {
+		for _, fam := range pipeline.Families {
 			if err := applier.Delete(fam, compile.TableName); err != nil {
 				return fmt.Errorf("cleanup of %s %s: %w", fam, compile.TableName, err)
 			}
@@ -214,7 +216,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 		return fmt.Errorf("could not set conntrack parameters: %w", err)
 	}
 	log.Info("Starting nftproxy", "node", nodeName, "detectLocalMode", cfg.DetectLocal.Mode, "clusterCIDRs", o.ClusterCIDRs, "apiServer", rc.Host)
-	controller.WarnKubeProxyLeftovers(log, applier)
+	leftovers.Warn(log, applier)
 	ct, err := netlink.NewHandle(unix.NETLINK_NETFILTER) // stale UDP conntrack entries
 	if err != nil {
 		return fmt.Errorf("netlink handle for conntrack: %w", err)
@@ -229,7 +231,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 	rec := metrics.New(metrics.Options{
 		// per-service counters, attributed by element key, served on /metrics/services
 		// only and read at most once per interval however often scraped
-		ServiceCounters:         metrics.KernelCounters(applier, controller.Families, applied),
+		ServiceCounters:         metrics.KernelCounters(applier, pipeline.Families, applied),
 		NoServiceCounters:       !o.ServiceCounters,
 		ServiceCountersInterval: o.ServiceCountersMinInterval,
 		Log:                     log,

@@ -25,7 +25,7 @@ import "runtime/debug"
 //     mostly kept, so a collection during it marks a growing heap and frees little; at
 //     +30% there were five. At +120% the heap may more than double before one.
 //     +200% (once a sixth faster than +30% for the first sync) was no
-//     faster than +120% once the lists were streamed (internal/controller/listing.go),
+//     faster than +120% once the lists were streamed (internal/source/listing.go),
 //     and its peak was 3–6 MiB higher at 10,000 × 10 (figures in docs/bench/notebook.md).
 //  3. After the first sync (firstSyncDone): one forced collection returns the cold
 //     start's free pages to the system (otherwise the runtime keeps them resident for

@@ -252,6 +252,6 @@ func (c *compiler) setAsideGroup(services []*model.ServicePort, from, to int, st
 	}
 	sp := services[from]
 	if len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0].Is6() == c.v6 {
-		c.problems = append(c.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
+		c.problems = append(c.problems, model.Problem{Kind: model.KindService, Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
 	}
 }

@@ -242,7 +242,7 @@ func (t *claimTable) add(c *compiler, sp *model.ServicePort) {
 		external = true
 		t.watch[ip]++
 		if reason := t.refusal(c, sp, what, ip); reason != "" {
-			refused = append(refused, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
+			refused = append(refused, model.Problem{Kind: model.KindService, Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
 			return
 		}
 		t.external.add(frontendOf(sp, ip), sp, t.affected)
@@ -506,7 +506,7 @@ func (t *claimTable) problems(c *compiler) []model.Problem {
 		out = append(out, ps...)
 	}
 	lost := func(sp *model.ServicePort, format string, args ...any) {
-		out = append(out, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name,
+		out = append(out, model.Problem{Kind: model.KindService, Namespace: sp.Name.Namespace, Name: sp.Name.Name,
 			Reason: fmt.Sprintf("port %q: ", sp.Name.Port) + fmt.Sprintf(format, args...) + ", ignored"})
 	}
 	for _, m := range []*claimMap[frontendKey]{&t.cluster, &t.external} {

@@ -794,7 +794,7 @@ func (c *compiler) endpoints(cp *compiledPart, sp *model.ServicePort) []model.En
 		case keep(e):
 			eps = append(eps, *e)
 		case e.Addr.Is6() == c.v6: // of this family, so at a cluster IP
-			cp.problems = append(cp.problems, model.Problem{Kind: "Service", Namespace: sp.Name.Namespace, Name: sp.Name.Name,
+			cp.problems = append(cp.problems, model.Problem{Kind: model.KindService, Namespace: sp.Name.Namespace, Name: sp.Name.Name,
 				Reason: fmt.Sprintf("port %q: endpoint address %s is a service's cluster IP, skipped", sp.Name.Port, e.Addr)})
 		}
 	}

@@ -9,9 +9,6 @@ import (
 	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
@@ -19,8 +16,9 @@ import (
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
+	"github.com/nftproxy/nftproxy/internal/source"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
-	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
 
@@ -63,10 +61,9 @@ func newBenchProxy(b testing.TB, svcs []*v1.Service, slices []*discovery.Endpoin
 		_ = bp.sliceStore.Add(s)
 	}
 	cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits(), Metrics: metrics.Nop{}} // the defaults the proxy runs with
-	bp.p = &Proxy{cfg: cfg, log: logr.Discard(), reported: map[model.Problem]bool{}, pending: newPending(),
-		pipeline: &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
-		services: corelisters.NewServiceLister(bp.svcStore), slices: discoverylisters.NewEndpointSliceLister(bp.sliceStore),
-		nodes: corelisters.NewNodeLister(newStore())}
+	src := source.NewFromStores(source.Config{NodeName: cfg.NodeName}, bp.svcStore, bp.sliceStore, newStore(), logr.Discard())
+	bp.p = &Proxy{cfg: cfg, log: logr.Discard(), reported: map[model.Problem]bool{}, src: src, lists: src.Lists,
+		pipeline: pipeline.New()}
 	if _, err := bp.sync(); err != nil { // the first sync: full lists
 		b.Fatal(err)
 	}
@@ -79,29 +76,25 @@ func (bp *benchProxy) update(obj any) {
 	switch obj.(type) {
 	case *v1.Service:
 		_ = bp.svcStore.Update(obj)
-		bp.p.pending.add(serviceKind, obj)
+		bp.p.src.Add(source.Services, obj, false)
 	case *discovery.EndpointSlice:
 		_ = bp.sliceStore.Update(obj)
-		bp.p.pending.add(sliceKind, obj)
+		bp.p.src.Add(source.EndpointSlices, obj, false)
 	}
 }
 
 // sync builds and compiles the snapshot, as Proxy.sync before it writes to the kernel.
 func (bp *benchProxy) sync() (*model.Snapshot, error) {
+	c := bp.p.src.Take()
 	if !bp.lists {
-		snap, _, err := bp.p.compile()
+		snap, _, err := bp.p.compile(&c)
 		return snap, err
 	}
-	bp.p.pending.take()
-	svcs, err := bp.p.services.List(labels.Everything())
+	svcs, slices, err := bp.p.src.Lists()
 	if err != nil {
 		return nil, err
 	}
-	slices, err := bp.p.slices.List(labels.Everything())
-	if err != nil {
-		return nil, err
-	}
-	snap, _, problems, err := bp.p.pipeline.compile(bp.p.cfg, svcs, slices, nil)
+	snap, _, problems, err := bp.p.pipeline.Full(bp.p.cfg.Pipeline(), svcs, slices, nil)
 	bp.p.report(problems)
 	return snap, err
 }
@@ -186,8 +179,8 @@ func BenchmarkColdSync(b *testing.B) {
 				a := kernel.New(kernel.WithNetNS(ns.FD))
 				runtime.GC()
 				b.StartTimer()
-				pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
-				_, rulesets, _, err := pl.compile(cfg, svcs, slices, nil)
+				pl := pipeline.New()
+				_, rulesets, _, err := pl.Full(cfg.Pipeline(), svcs, slices, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -218,8 +211,8 @@ func BenchmarkColdSyncHeap(b *testing.B) {
 				a := kernel.New(kernel.WithNetNS(ns.FD))
 				before := liveHeap()
 				b.StartTimer()
-				pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
-				_, rulesets, _, err := pl.compile(cfg, svcs, slices, nil)
+				pl := pipeline.New()
+				_, rulesets, _, err := pl.Full(cfg.Pipeline(), svcs, slices, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

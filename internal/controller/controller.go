@@ -1,6 +1,8 @@
-// Package controller watches Services, EndpointSlices and this node's Node through
-// client-go informers and, on every change (batched by the sync runner), builds a model
-// snapshot, compiles it and hands the ruleset to the kernel applier.
+// Package controller is the running proxy: on every change internal/source reports
+// (batched by the sync runner) it takes the changes, builds and compiles the snapshot
+// through internal/pipeline and hands the rulesets to the kernel applier; it isolates
+// the service ports the kernel refuses, repairs the table on the monitor's reports and
+// cleans conntrack after each sync.
 package controller
 
 import (
@@ -8,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -16,19 +17,10 @@ import (
 	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	discoverylisters "k8s.io/client-go/listers/discovery/v1"
-	networkinglisters "k8s.io/client-go/listers/networking/v1"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
@@ -37,8 +29,10 @@ import (
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
-	"github.com/nftproxy/nftproxy/internal/par"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/internal/runner"
+	"github.com/nftproxy/nftproxy/internal/source"
+	"github.com/nftproxy/nftproxy/internal/status"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
@@ -93,6 +87,24 @@ type Config struct {
 	Limits compile.Limits
 }
 
+// Pipeline is what the pipeline reads of the configuration.
+func (c Config) Pipeline() pipeline.Config {
+	return pipeline.Config{
+		DetectLocal:       c.DetectLocal,
+		MasqueradeAll:     c.MasqueradeAll,
+		MasqueradeBit:     c.MasqueradeBit,
+		NodePortAddresses: c.NodePortAddresses,
+		LocalAddrs:        c.LocalAddrs,
+		ServiceCIDRs:      c.ServiceCIDRs,
+		NoExternalIPs:     c.NoExternalIPs,
+		ServedPorts:       c.ServedPorts,
+		OwnAddrs:          c.OwnAddrs,
+		ClusterCIDRs:      c.ClusterCIDRs,
+		ExternalIPCIDRs:   c.ExternalIPCIDRs,
+		Limits:            c.Limits,
+	}
+}
+
 // HealthChecks is the health-check node port server (see internal/healthcheck).
 type HealthChecks interface {
 	Sync(map[healthcheck.ServiceName]healthcheck.Service) error
@@ -114,31 +126,20 @@ type Proxy struct {
 	runner    *runner.Runner
 	recorder  record.EventRecorder
 
-	factory      informers.SharedInformerFactory // Services
-	sliceFactory informers.SharedInformerFactory
-	cidrFactory  informers.SharedInformerFactory
-	nodeFactory  informers.SharedInformerFactory
-	informers    []namedInformer // those the first sync waits for
-	services     corelisters.ServiceLister
-	slices       discoverylisters.EndpointSliceLister
-	nodes        corelisters.NodeLister
-	// cidrs is nil when the API has no ServiceCIDRs; set before the first sync (Run)
-	cidrs   networkinglisters.ServiceCIDRLister
-	apiErrs *apiErrors
-	// first retry delay of ServiceCIDR discovery (doubling up to discoveryBackoffMax)
-	discoveryBackoff time.Duration
+	src *source.Source // the informers' caches and what changed in them
+	// lists is src.Lists, the full lists of a sync that builds the model anew
+	lists func() ([]*v1.Service, []*discovery.EndpointSlice, error)
 
-	pipeline  *pipeline
-	pending   *pending               // names of Services and EndpointSlices changed since the last sync (pending.go)
-	triggers  *triggers              // EndpointSlice trigger times not yet programmed
-	prevSnap  *model.Snapshot        // the snapshot the kernel has, for conntrack cleanup
-	prevWon   conntrack.Won          // the UDP frontends its rulesets hold
+	pipeline *pipeline.Pipeline
+	// the snapshot the kernel has and the UDP frontends its rulesets hold, for
+	// conntrack cleanup
+	prev      conntrack.Programmed
 	healthErr string                 // last health-check server error, logged once
 	reported  map[model.Problem]bool // problems already logged, so each is logged once
 
 	mu           sync.Mutex
-	status       Status
-	repairReason string // a full rewrite was requested (RequestRepair); "" if not
+	status       status.Sync // OldestPending is the source's, read in Status
+	repairReason string      // a full rewrite was requested (RequestRepair); "" if not
 
 	lastFull time.Time // end of the last sync that rewrote the whole table (sync goroutine only)
 	// the reason of a repair whose sync has not succeeded yet: the sync that does
@@ -155,15 +156,6 @@ type Proxy struct {
 	firstSyncStarted bool
 }
 
-// Status is the proxy's sync state, for health checks. (Metrics go to Config.Metrics.)
-type Status struct {
-	LastSync      time.Time // end of the last successful sync
-	OldestPending time.Time // first change not yet synced; zero if none
-	Syncs         int
-	Failures      int
-	LastError     string
-}
-
 // New creates a Proxy; Run starts it.
 func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger) *Proxy {
 	if cfg.Metrics == nil {
@@ -171,95 +163,30 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	}
 	p := &Proxy{
 		cfg: cfg, log: log, client: client, dataplane: dp,
-		pipeline:   &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}},
-		pending:    newPending(),
+		pipeline:   pipeline.New(),
 		reported:   map[model.Problem]bool{},
 		quarantine: map[quarantineKey]*nft.Part{},
 		synced:     make(chan struct{}),
-		triggers:   newTriggers(log, time.Now()),
 	}
 	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod, max(cfg.MinSyncPeriod, time.Second), nil)
 	p.runner.OnPanic(func(v any) { log.Error(fmt.Errorf("%v", v), "Sync panicked; will retry") })
 	p.runner.MeasureCPU(runner.ProcessCPU)
 
-	p.apiErrs = &apiErrors{log: log, server: cfg.APIServer, now: time.Now}
-	p.discoveryBackoff = discoveryBackoffMin
-
-	// Services and EndpointSlices with kube-proxy's server-side filters (filter.go);
-	// ServiceCIDRs unfiltered, their informer started once discovery says they are
-	// served (apiwait.go); this node's Node only.
-	p.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(ServiceListOptions))
-	p.sliceFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(SliceListOptions))
-	p.cidrFactory = informers.NewSharedInformerFactory(client, 0)
-	p.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
-		}))
-	// Services and EndpointSlices without the factories' namespace index: the proxy
-	// looks objects up by key or lists them all, and the index is a set entry per object
-	// to build at the cold start and keep (a few megabytes at 30,000 of each); their
-	// lists are decoded as they arrive (listing.go)
-	svcInf := p.factory.InformerFor(&v1.Service{}, func(c kubernetes.Interface, _ time.Duration) cache.SharedIndexInformer {
-		return newServiceInformer(c, ServiceListOptions, p.slim)
-	})
-	sliceInf := p.sliceFactory.InformerFor(&discovery.EndpointSlice{}, func(c kubernetes.Interface, _ time.Duration) cache.SharedIndexInformer {
-		return newSliceInformer(c, SliceListOptions, p.slim)
-	})
-	nodeInf := p.nodeFactory.Core().V1().Nodes()
-	p.services, p.slices = corelisters.NewServiceLister(svcInf.GetIndexer()), discoverylisters.NewEndpointSliceLister(sliceInf.GetIndexer())
-	p.nodes = nodeInf.Lister()
-	p.watch(svcInf, serviceKind)
-	p.watch(sliceInf, sliceKind)
-	p.slimInCache(nodeInf.Informer())
-	p.watch(nodeInf.Informer(), otherKind)
-	p.informers = []namedInformer{{"Services", svcInf}, {"EndpointSlices", sliceInf}, {"Node " + cfg.NodeName, nodeInf.Informer()}}
+	p.src = source.New(client, source.Config{NodeName: cfg.NodeName, ServiceCIDRs: cfg.ServiceCIDRs, APIServer: cfg.APIServer,
+		Changed: p.changed}, log)
+	p.lists = p.src.Lists
 	return p
 }
 
-type namedInformer struct {
-	what     string
-	informer cache.SharedIndexInformer
-}
-
-// watch sets up an informer before it starts: the change handlers and the rate-limited
-// logging of API errors. k says what it watches.
-func (p *Proxy) watch(inf cache.SharedIndexInformer, k kind) {
-	_ = inf.SetWatchErrorHandlerWithContext(p.apiErrs.watchErrors)
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.triggers.sliceEvent(obj, false); p.changed(k, obj) },
-		UpdateFunc: func(_, obj any) { p.triggers.sliceEvent(obj, false); p.changed(k, obj) },
-		DeleteFunc: func(obj any) { p.triggers.sliceEvent(obj, true); p.changed(k, obj) },
-	})
-}
-
-// slimInCache makes an informer slim what it stores (slim.go): the caches keep only what
-// the proxy reads, compactly. For the Node and the ServiceCIDRs; the Services' and
-// EndpointSlices' informers slim their objects in their own list and watch functions,
-// as the objects arrive (listing.go).
-func (p *Proxy) slimInCache(inf cache.SharedIndexInformer) {
-	_ = inf.SetTransform(func(obj any) (any, error) { return slim(obj, p.triggers.timed), nil })
-}
-
-// slim is the Services' and EndpointSlices' transform: slim.go's, keeping the trigger
-// times to observe.
-func (p *Proxy) slim(obj runtime.Object) runtime.Object {
-	return slim(obj, p.triggers.timed).(runtime.Object)
-}
-
-// changed notes a change from the API (of an object of kind k) and asks for a sync.
-func (p *Proxy) changed(k kind, obj any) {
+// changed counts a change from the API (of an object of kind k; the source tracks it)
+// and asks for a sync.
+func (p *Proxy) changed(k source.Kind) {
 	switch k {
-	case serviceKind:
+	case source.Services:
 		p.cfg.Metrics.Changes(0, 1)
-	case sliceKind:
+	case source.EndpointSlices:
 		p.cfg.Metrics.Changes(1, 0)
 	}
-	p.pending.add(k, obj)
-	p.mu.Lock()
-	if p.status.OldestPending.IsZero() {
-		p.status.OldestPending = time.Now()
-	}
-	p.mu.Unlock()
 	p.runner.Request()
 }
 
@@ -276,10 +203,12 @@ func (p *Proxy) hasSynced() bool {
 }
 
 // Status returns a copy of the sync state.
-func (p *Proxy) Status() Status {
+func (p *Proxy) Status() status.Sync {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.status
+	st := p.status
+	p.mu.Unlock()
+	st.OldestPending = p.src.Oldest()
+	return st
 }
 
 // Run starts the informers, waits for their caches (as long as it takes: an unreachable
@@ -296,28 +225,21 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.recorder = broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "nftproxy", Host: p.cfg.NodeName})
 
 	ctx, stop := context.WithCancel(ctx) // so that an error return stops the informers
-	p.factory.Start(ctx.Done())
-	p.sliceFactory.Start(ctx.Done())
-	p.nodeFactory.Start(ctx.Done())
+	shutdown := p.src.Start(ctx)
 	defer func() {
 		stop()
-		p.factory.Shutdown()
-		p.sliceFactory.Shutdown()
-		p.cidrFactory.Shutdown()
-		p.nodeFactory.Shutdown()
+		shutdown()
 	}()
-	cidrsReady := make(chan struct{})
-	go p.discoverServiceCIDRs(ctx, cidrsReady)
 	p.log.Info("Waiting for informer caches", "server", p.cfg.APIServer)
 	waitStart := time.Now()
-	if !p.waitForCaches(ctx, cidrsReady) {
+	if !p.src.WaitForCaches(ctx) {
 		p.log.Info("Stopped before the first sync")
 		return nil
 	}
 	if err := p.waitForPodCIDRs(ctx); err != nil || ctx.Err() != nil {
 		return err
 	}
-	p.log.Info("Informer caches synced; starting sync loop", append(p.listed(),
+	p.log.Info("Informer caches synced; starting sync loop", append(p.src.Listed(),
 		"took", time.Since(waitStart).Round(time.Millisecond), "minSyncPeriod", p.cfg.MinSyncPeriod, "syncPeriod", p.cfg.SyncPeriod)...)
 	if p.cfg.CachesSynced != nil {
 		p.cfg.CachesSynced()
@@ -374,30 +296,7 @@ func (p *Proxy) waitForPodCIDRs(ctx context.Context) error {
 
 // Node returns this node's Node object as the controller's informer has it; nil while
 // it is unknown or after it is deleted. Callers must not modify it.
-func (p *Proxy) Node() *v1.Node {
-	n, err := p.nodes.Get(p.cfg.NodeName)
-	if err != nil {
-		return nil
-	}
-	return n
-}
-
-// listed counts what the informers listed, for the log line at -v=0 that ends the wait
-// for the API server (a large cluster's first list can take a while).
-func (p *Proxy) listed() []any {
-	svcs, _ := p.services.List(labels.Everything())
-	eps, _ := p.slices.List(labels.Everything())
-	endpoints := 0
-	for _, s := range eps {
-		endpoints += len(s.Endpoints)
-	}
-	kv := []any{"services", len(svcs), "endpointSlices", len(eps), "endpoints", endpoints}
-	if p.cidrs != nil {
-		cidrs, _ := p.cidrs.List(labels.Everything())
-		kv = append(kv, "serviceCIDRs", len(cidrs))
-	}
-	return kv
-}
+func (p *Proxy) Node() *v1.Node { return p.src.Node() }
 
 // eventCacheSize bounds the event correlator's caches (see Run).
 const eventCacheSize = 256
@@ -418,13 +317,9 @@ func (p *Proxy) sync(periodic bool) error {
 		p.log.Info("First sync started") // shown at -v=0: on a large cluster it takes a while
 	}
 	p.cfg.Metrics.SyncStarted()
-	p.mu.Lock()
-	pendingSince := p.status.OldestPending
-	p.status.OldestPending = time.Time{}
-	p.mu.Unlock()
-	triggers := p.triggers.take()
+	changes := p.src.Take()
 
-	snap, rulesets, err := p.compile()
+	snap, rulesets, err := p.compile(&changes)
 	compiled := time.Since(start)
 	if err == nil {
 		repair := p.takeRepair()
@@ -475,7 +370,7 @@ func (p *Proxy) sync(periodic bool) error {
 			p.syncHealthChecks(snap)
 			p.cfg.Metrics.SyncDone(st.Full, time.Since(start), st.Kernel)
 			p.cfg.Metrics.ServicePorts(len(snap.Services))
-			p.syncMetrics(snap, triggers)
+			p.syncMetrics(snap, changes.Triggers)
 			p.mu.Lock()
 			p.status.LastSync = time.Now()
 			p.status.Syncs++
@@ -485,14 +380,11 @@ func (p *Proxy) sync(periodic bool) error {
 		}
 	}
 	p.cfg.Metrics.SyncFailed(periodic, time.Since(start))
-	p.triggers.giveBack(triggers)
+	p.src.GiveBack(changes)
 	p.log.Error(err, "Sync failed; the previous ruleset stays in the kernel, will retry")
 	p.mu.Lock()
 	p.status.Failures++
 	p.status.LastError = err.Error()
-	if p.status.OldestPending.IsZero() || (!pendingSince.IsZero() && pendingSince.Before(p.status.OldestPending)) {
-		p.status.OldestPending = pendingSince
-	}
 	p.mu.Unlock()
 	return err
 }
@@ -507,12 +399,12 @@ func (p *Proxy) sync(periodic bool) error {
 // Failures are logged: the rules are right, only some clients may wait for their
 // entries to time out.
 func (p *Proxy) cleanConntrack(snap *model.Snapshot, repaired string) {
-	prev, prevWon := p.prevSnap, p.prevWon
-	p.prevSnap, p.prevWon = snap, p.pipeline.won
+	prev := p.prev
+	p.prev = conntrack.Programmed{Snap: snap, Won: p.pipeline.Won()}
 	if p.cfg.Conntrack == nil {
 		return
 	}
-	stale := conntrack.StaleFrom(conntrack.Programmed{Snap: prev, Won: prevWon}, conntrack.Programmed{Snap: snap, Won: p.prevWon}, conntrack.Serving)
+	stale := conntrack.StaleFrom(prev, p.prev, conntrack.Serving)
 	var escaped []conntrack.Flow
 	if repaired != "" {
 		escaped = conntrack.Escaped(snap)
@@ -556,204 +448,43 @@ func (p *Proxy) syncHealthChecks(snap *model.Snapshot) {
 	}
 }
 
-// compile builds the snapshot and the rulesets of every family, reporting bad input.
-// The model cache is handed the Services and EndpointSlices changed since the last sync
-// (pending.go); the first sync, and one after a sync that may have left the cache half
-// updated, build it anew from the full lists.
-func (p *Proxy) compile() (*model.Snapshot, []*nft.Ruleset, error) {
-	node, _ := p.nodes.Get(p.cfg.NodeName) // nil until the Node is known
+// compile builds the snapshot and the rulesets of every family from the changes a sync
+// took, reporting bad input. The model cache is handed the Services and EndpointSlices
+// changed since the last sync (source.Changes); the first sync, and one after a sync
+// that may have left the cache half updated, build it anew from the full lists. Once
+// the model has them, c keeps only what the sync still has to program (Done).
+func (p *Proxy) compile(c *source.Changes) (*model.Snapshot, []*nft.Ruleset, error) {
 	cfg := p.cfg
-	if p.cidrs != nil {
-		objs, err := p.cidrs.List(labels.Everything())
-		if err != nil {
-			return nil, nil, err
-		}
-		cfg.ServiceCIDRs = serviceCIDRs(objs)
-	}
-	taken := p.pending.take()
-	snap, rulesets, problems, err := p.compileTaken(cfg, taken, node)
+	cidrs, err := p.src.ServiceCIDRs()
 	if err != nil {
-		p.pending.giveBack(taken)
-	} else {
-		p.pending.done()
+		return nil, nil, err
+	}
+	cfg.ServiceCIDRs = cidrs
+	snap, rulesets, problems, err := p.compileChanges(cfg.Pipeline(), *c, p.src.Node()) // no Node until it is known
+	if err == nil {
+		p.src.Done(c)
 	}
 	p.report(problems)
 	return snap, rulesets, err
 }
 
-// compileTaken runs the pipeline on the changes taken from p.pending.
-func (p *Proxy) compileTaken(cfg Config, taken takenChanges, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	if !taken.full {
-		d, err := p.delta(taken)
+// compileChanges runs the pipeline on the changes c.
+func (p *Proxy) compileChanges(cfg pipeline.Config, c source.Changes, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	if !c.Full {
+		d, err := p.src.Delta(c)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		return p.pipeline.compileChanges(cfg, d, node)
+		return p.pipeline.Changes(cfg, d, node)
 	}
 	// The names taken are of objects in the lists (or noted again if they change after).
-	svcs, err := p.services.List(labels.Everything())
+	svcs, slices, err := p.lists()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	slices, err := p.slices.List(labels.Everything())
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	// a new cache: the one there is may be half updated by a sync that panicked (its
-	// first snapshot follows none, so the compilers compare every service port)
-	p.pipeline.models = model.NewCache()
-	return p.pipeline.compile(cfg, svcs, slices, node)
-}
-
-// Families are the address families nftproxy programs, one table each.
-var Families = []nft.Family{nft.IPv4, nft.IPv6}
-
-// Compile turns API objects into the ruleset of every family. slots holds one allocator
-// per family (see compile.Slots); problems lists bad input that was skipped. The
-// rulesets are flat (no parts): this is the pure form of what a running Proxy compiles
-// incrementally.
-func Compile(cfg Config, slots map[nft.Family]*compile.Slots, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	pl := &pipeline{slots: slots}
-	snap, rulesets, problems, err := pl.compile(cfg, svcs, slices, node)
-	for i, rs := range rulesets {
-		rulesets[i] = rs.Flatten()
-	}
-	return snap, rulesets, problems, err
-}
-
-// pipeline compiles API objects into rulesets, incrementally when it keeps a model cache
-// and compilers between calls: a service whose objects did not change costs pointer
-// comparisons, and its ruleset part is the same as last time (see nft.Part).
-type pipeline struct {
-	models    *model.Cache // nil: build from scratch
-	slots     map[nft.Family]*compile.Slots
-	compilers map[nft.Family]*compiler
-	// won holds the frontends every UDP service port won in the rulesets compiled
-	// last, all families: the stale UDP flows are those of the addresses a port really
-	// has, never of one another Service holds
-	won conntrack.Won
-}
-
-type compiler struct {
-	cfg compile.Config
-	c   *compile.Compiler
-}
-
-// compile compiles the full lists of Services and EndpointSlices.
-func (pl *pipeline) compile(cfg Config, svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	return pl.run(cfg, node, func(in model.Inputs) (*model.Snapshot, []model.Problem) {
-		in.Services, in.Slices = svcs, slices
-		if pl.models != nil {
-			return pl.models.BuildFrom(in)
-		}
-		return model.BuildFrom(in)
-	})
-}
-
-// compileChanges compiles the model cache's objects with the changes d (see
-// model.Cache.BuildChanges); the pipeline must have a model cache.
-func (pl *pipeline) compileChanges(cfg Config, d model.Delta, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	return pl.run(cfg, node, func(in model.Inputs) (*model.Snapshot, []model.Problem) {
-		return pl.models.BuildChanges(d, in)
-	})
-}
-
-// run builds the snapshot with build, given the inputs other than Services and
-// EndpointSlices, and compiles it. It fails only before it builds.
-func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*model.Snapshot, []model.Problem)) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
-	// What the model cannot know (the machine's addresses) is resolved first, so that
-	// the snapshot is complete when built; from there on, all is pure.
-	npAddrs, allLocal, err := nodePortAddrs(cfg, model.NodeOf(node))
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	snap, problems := build(model.Inputs{Node: node, ServiceCIDRs: cfg.ServiceCIDRs, NodePortAddrs: npAddrs})
-	if pl.compilers == nil {
-		pl.compilers = map[nft.Family]*compiler{}
-	}
-	// Each family has its own compiler and slots, and reads the snapshot, which nothing
-	// modifies: the families are compiled at once (a dual-stack cold start takes the
-	// time of the larger one).
-	type result struct {
-		rs        *nft.Ruleset
-		conflicts []model.Problem
-	}
-	results := make([]result, len(Families))
-	jobs := make([]func(), len(Families))
-	for i, fam := range Families {
-		cc := compile.Config{
-			Family:           fam,
-			MasqueradeAll:    cfg.MasqueradeAll,
-			MasqueradeBit:    cfg.MasqueradeBit,
-			NodePortAllLocal: allLocal[fam],
-			NoExternalIPs:    cfg.NoExternalIPs,
-			ServedPorts:      cfg.ServedPorts,
-			OwnAddrs:         cfg.OwnAddrs,
-			ClusterCIDRs:     cfg.ClusterCIDRs,
-			ExternalIPCIDRs:  cfg.ExternalIPCIDRs,
-			Limits:           cfg.Limits,
-			DetectLocal:      cfg.DetectLocal,
-		}
-		if pl.slots[fam] == nil {
-			pl.slots[fam] = compile.NewSlots()
-		}
-		c := pl.compilers[fam]
-		if c == nil || !reflect.DeepEqual(c.cfg, cc) {
-			c = &compiler{cfg: cc, c: compile.NewCompiler(cc, pl.slots[fam])}
-			pl.compilers[fam] = c
-		}
-		jobs[i] = func() {
-			rs, conflicts := c.c.Compile(snap)
-			results[i] = result{rs, conflicts}
-		}
-	}
-	par.Do(jobs...)
-	out := make([]*nft.Ruleset, 0, len(results))
-	for _, r := range results {
-		problems = append(problems, r.conflicts...)
-		out = append(out, r.rs)
-	}
-	pl.won = conntrack.Won{}
-	for _, fam := range Families {
-		pl.compilers[fam].c.Won(model.ProtoUDP, func(name model.ServicePortName, ips []netip.Addr, nodePort uint16) {
-			f := pl.won[name]
-			f.IPs = append(f.IPs, ips...)
-			f.NodePort = max(f.NodePort, nodePort)
-			pl.won[name] = f
-		})
-	}
-	return snap, out, problems, nil
-}
-
-// serviceCIDRs collects the ranges of ServiceCIDR objects that are not being deleted.
-func serviceCIDRs(objs []*networkingv1.ServiceCIDR) []netip.Prefix {
-	var out []netip.Prefix
-	for _, o := range objs {
-		if o.DeletionTimestamp != nil {
-			continue
-		}
-		for _, c := range o.Spec.CIDRs {
-			if p, err := netip.ParsePrefix(c); err == nil {
-				out = append(out, p.Masked())
-			}
-		}
-	}
-	return out
-}
-
-// nodePortAddrs resolves --nodeport-addresses into addresses, or "all local" per family.
-func nodePortAddrs(cfg Config, node model.Node) ([]netip.Addr, map[nft.Family]bool, error) {
-	allLocal := map[nft.Family]bool{}
-	var out []netip.Addr
-	for _, fam := range Families {
-		r, err := cfg.NodePortAddresses.Resolve(fam == nft.IPv6, node.IPs, cfg.LocalAddrs)
-		if err != nil {
-			return nil, nil, err
-		}
-		allLocal[fam] = r.AllLocal
-		out = append(out, r.Addrs...)
-	}
-	return out, allLocal, nil
+	// a new cache: the one there is may be half updated by a sync that panicked
+	p.pipeline.Reset()
+	return p.pipeline.Full(cfg, svcs, slices, node)
 }
 
 // report logs each problem once (while it persists) and records it as a Warning event on
@@ -774,15 +505,5 @@ func (p *Proxy) report(problems []model.Problem) {
 }
 
 func (p *Proxy) object(pr model.Problem) runtime.Object {
-	switch pr.Kind {
-	case "Service":
-		if s, err := p.services.Services(pr.Namespace).Get(pr.Name); err == nil {
-			return s
-		}
-	case "EndpointSlice":
-		if s, err := p.slices.EndpointSlices(pr.Namespace).Get(pr.Name); err == nil {
-			return s
-		}
-	}
-	return nil
+	return p.src.Object(pr.Kind, pr.Namespace, pr.Name)
 }

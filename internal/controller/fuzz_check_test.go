@@ -15,8 +15,8 @@ import (
 	"testing"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
-	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/trace"
 )
@@ -880,7 +880,7 @@ func slotEndpoints(m *nft.Set, d nft.DNATNumgenMap) string {
 func TestChecksCatchCorruption(t *testing.T) {
 	compileSeed := func(name string) *nft.Ruleset {
 		w := decode(seeds()[name])[0]
-		_, rulesets, _, err := controller.Compile(w.cfg, map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
+		_, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline(), map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
 		if err != nil {
 			t.Fatal(err)
 		}

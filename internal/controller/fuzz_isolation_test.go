@@ -30,6 +30,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/trace"
 )
@@ -402,7 +403,7 @@ func checkIsolation(t *testing.T, data []byte) {
 			cache: model.NewCache(), compilers: map[nft.Family]*compile.Compiler{}}
 		ns.local, _ = ns.cfg.LocalAddrs()
 		ns.probes = victimProbes(n, vsvcs, vslices, victimIPs)
-		_, alone, _, err := controller.Compile(ns.cfg, map[nft.Family]*compile.Slots{}, vsvcs, vslices, ns.node)
+		_, alone, _, err := pipeline.Compile(ns.cfg.Pipeline(), map[nft.Family]*compile.Slots{}, vsvcs, vslices, ns.node)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -423,7 +424,7 @@ func checkIsolation(t *testing.T, data []byte) {
 		svcs, eps := slices.Concat(vsvcs, tsvcs), slices.Concat(vslices, tslices)
 		for _, ns := range nodes {
 			cfg, node := ns.cfg, ns.node
-			snap, rulesets, _, err := controller.Compile(cfg, ns.slots, svcs, eps, node)
+			snap, rulesets, _, err := pipeline.Compile(cfg.Pipeline(), ns.slots, svcs, eps, node)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -537,13 +538,13 @@ func TestIsolationCheckCatchesHijack(t *testing.T) {
 	cfg, node := isolationConfig(), isolationNode()
 	vsvcs, vslices := victim()
 	victimIPs := map[netip.Addr]bool{netip.MustParseAddr("10.96.0.1"): true}
-	_, alone, _, _ := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, vsvcs, vslices, node)
+	_, alone, _, _ := pipeline.Compile(cfg.Pipeline(), map[nft.Family]*compile.Slots{}, vsvcs, vslices, node)
 	hijack := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: tenantNS, Name: "a", CreationTimestamp: victimCreated},
 		Spec: v1.ServiceSpec{ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1"}, Ports: []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80}}}}
 	hslice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: tenantNS, Name: "a-1", Labels: map[string]string{discovery.LabelServiceName: "a"}},
 		AddressType: discovery.AddressTypeIPv4, Ports: []discovery.EndpointPort{{Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr(int32(8080))}},
 		Endpoints: []discovery.Endpoint{{Addresses: []string{"10.244.66.6"}}}}
-	_, with, _, _ := controller.Compile(cfg, map[nft.Family]*compile.Slots{}, append(vsvcs, hijack), append(vslices, hslice), node)
+	_, with, _, _ := pipeline.Compile(cfg.Pipeline(), map[nft.Family]*compile.Slots{}, append(vsvcs, hijack), append(vslices, hslice), node)
 	probes, local := victimProbes(0, vsvcs, vslices, victimIPs), []netip.Addr{netip.MustParseAddr("192.0.2.10")}
 	a, b := victimMapping(alone[0], victimIPs, probes, local), victimMapping(with[0], victimIPs, probes, local)
 	if a == b || !strings.Contains(b, "10.244.66.6") {

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
-	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
@@ -46,7 +46,7 @@ func TestFuzzCorpusKernel(t *testing.T) {
 				in := inputs[i]
 				worlds := decode(in.data)
 				for step, w := range worlds {
-					_, rulesets, _, err := controller.Compile(w.cfg, slots, w.svcs, w.slices, w.node)
+					_, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline(), slots, w.svcs, w.slices, w.node)
 					if err != nil {
 						continue // a rejected configuration (FuzzCompile checks when)
 					}

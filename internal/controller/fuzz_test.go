@@ -17,6 +17,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -34,11 +35,11 @@ func FuzzCompile(f *testing.F) {
 		}
 		checkSnapshot(t, w, snap)
 		for _, rs := range rulesets {
-			mustBeValid(t, w, "controller.Compile", rs, rs.Family)
+			mustBeValid(t, w, "pipeline.Compile", rs, rs.Family)
 		}
 
 		// The listers return objects in no particular order.
-		_, rev, _, _ := controller.Compile(w.cfg, map[nft.Family]*compile.Slots{},
+		_, rev, _, _ := pipeline.Compile(w.cfg.Pipeline(), map[nft.Family]*compile.Slots{},
 			reversed(w.svcs), reversed(w.slices), w.node)
 		for i := range rulesets {
 			if a, b := nft.Render(rulesets[i]), nft.Render(rev[i]); a != b {
@@ -46,7 +47,7 @@ func FuzzCompile(f *testing.F) {
 			}
 		}
 		// A sync without a change compiles the same ruleset (and the kernel diff is empty).
-		_, again, _, _ := controller.Compile(w.cfg, slots, w.svcs, w.slices, w.node)
+		_, again, _, _ := pipeline.Compile(w.cfg.Pipeline(), slots, w.svcs, w.slices, w.node)
 		for i := range rulesets {
 			if a, b := nft.Render(rulesets[i]), nft.Render(again[i]); a != b {
 				t.Fatalf("compiling the same input twice gives different rulesets\n%s\n--- first:\n%s\n--- second:\n%s", describe(w), a, b)
@@ -55,7 +56,7 @@ func FuzzCompile(f *testing.F) {
 
 		// The incremental compiler: parts that are consistent, and all of them reused
 		// (the same pointers) when nothing changed.
-		for _, fam := range controller.Families {
+		for _, fam := range pipeline.Families {
 			cc := compile.NewCompiler(compileConfig(w.cfg, snap.Node, fam), compile.NewSlots())
 			first, _ := cc.Compile(snap)
 			mustBeValidParts(t, w, "Compiler.Compile", first, fam)
@@ -76,7 +77,7 @@ func FuzzCompile(f *testing.F) {
 }
 
 // FuzzCompileIncremental compiles every state of an input in turn, as the controller's
-// syncs do: with the same slot allocators (controller.Compile) and the same incremental
+// syncs do: with the same slot allocators (pipeline.Compile) and the same incremental
 // compilers. Each ruleset must be consistent and program the same as a compilation from
 // scratch of that state (compared without slot numbers).
 func FuzzCompileIncremental(f *testing.F) {
@@ -94,16 +95,16 @@ func FuzzCompileIncremental(f *testing.F) {
 			if !ok {
 				continue
 			}
-			_, fresh, _, _ := controller.Compile(w.cfg, map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
+			_, fresh, _, _ := pipeline.Compile(w.cfg.Pipeline(), map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
 			csnap, _ := cache.BuildFrom(model.Inputs{Services: w.svcs, Slices: w.slices, Node: w.node, ServiceCIDRs: snap.ServiceCIDRs, NodePortAddrs: snap.NodePortAddrs})
 			for i, rs := range rulesets {
-				what := fmt.Sprintf("sync %d: controller.Compile", step)
+				what := fmt.Sprintf("sync %d: pipeline.Compile", step)
 				mustBeValid(t, w, what, rs, rs.Family)
 				if a, b := normalize(rs), normalize(fresh[i]); a != b {
 					t.Fatalf("%s: %s ruleset differs from a fresh compilation\n%s\n%s", what, rs.Family, describe(w), diffLines(b, a))
 				}
 			}
-			for _, fam := range controller.Families {
+			for _, fam := range pipeline.Families {
 				what := fmt.Sprintf("sync %d: Compiler.Compile", step)
 				cfg := compileConfig(w.cfg, snap.Node, fam)
 				if compilerSlots[fam] == nil {
@@ -136,21 +137,21 @@ func FuzzCompileIncremental(f *testing.F) {
 	})
 }
 
-// compileWorld runs controller.Compile, which must accept every configuration (the
+// compileWorld runs pipeline.Compile, which must accept every configuration (the
 // options boundary refuses bad --nodeport-addresses; the Config holds parsed values).
 func compileWorld(t *testing.T, w world, slots map[nft.Family]*compile.Slots) (*model.Snapshot, []*nft.Ruleset, bool) {
 	t.Helper()
-	snap, rulesets, _, err := controller.Compile(w.cfg, slots, w.svcs, w.slices, w.node)
+	snap, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline(), slots, w.svcs, w.slices, w.node)
 	if err != nil {
-		t.Fatalf("controller.Compile: error %v with --nodeport-addresses %+v", err, w.cfg.NodePortAddresses)
+		t.Fatalf("pipeline.Compile: error %v with --nodeport-addresses %+v", err, w.cfg.NodePortAddresses)
 	}
 	if err != nil {
 		return nil, nil, false
 	}
-	if len(rulesets) != len(controller.Families) {
-		t.Fatalf("controller.Compile returned %d rulesets for %d families", len(rulesets), len(controller.Families))
+	if len(rulesets) != len(pipeline.Families) {
+		t.Fatalf("pipeline.Compile returned %d rulesets for %d families", len(rulesets), len(pipeline.Families))
 	}
-	for i, fam := range controller.Families {
+	for i, fam := range pipeline.Families {
 		if rulesets[i].Family != fam {
 			t.Fatalf("ruleset %d is of family %s, want %s", i, rulesets[i].Family, fam)
 		}
@@ -255,7 +256,7 @@ func diffLines(want, got string) string {
 	return "--- fresh (-) vs incremental (+):\n" + strings.Join(out, "\n")
 }
 
-// compileConfig is the compile.Config controller.Compile uses for fam: kube-proxy's
+// compileConfig is the compile.Config pipeline.Compile uses for fam: kube-proxy's
 // nodePortAddresses semantics, written out independently. Per family (IPv4 first): the
 // node's primary IP ("primary") and the local addresses in the family's CIDRs, never
 // loopback; a family without any entry, or with a /0, answers on all local addresses.
@@ -263,7 +264,7 @@ func compileConfig(cfg controller.Config, node model.Node, fam nft.Family) compi
 	cc := compile.Config{Family: fam, MasqueradeAll: cfg.MasqueradeAll, MasqueradeBit: cfg.MasqueradeBit, DetectLocal: cfg.DetectLocal}
 	npa := cfg.NodePortAddresses
 	local, _ := cfg.LocalAddrs()
-	for _, f := range controller.Families {
+	for _, f := range pipeline.Families {
 		v6 := f == nft.IPv6
 		var cidrs []netip.Prefix
 		all := false

@@ -196,7 +196,7 @@ func (p *Proxy) isolate(rulesets []*nft.Ruleset, refusal error) (kernel.Stats, [
 			what = "it is not programmed"
 		}
 		p.log.Error(refusal, "The kernel refuses this service port's rules; "+what+" until it changes", "servicePort", name, "family", k.fam, "attempts", attempts)
-		if obj := p.object(model.Problem{Kind: "Service", Namespace: name.Namespace, Name: name.Name}); obj != nil && p.recorder != nil {
+		if obj := p.src.Object(model.KindService, name.Namespace, name.Name); obj != nil && p.recorder != nil {
 			p.recorder.Eventf(obj, "Warning", "NftproxyRefused", "port %q (%s): the kernel refused its rules (%v); %s until the service changes", name.Port, k.fam, refusal, what)
 		}
 	}

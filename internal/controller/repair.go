@@ -9,6 +9,8 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/metrics"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
+	"github.com/nftproxy/nftproxy/internal/status"
 	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
@@ -33,10 +35,10 @@ func (p *Proxy) takeRepair() string {
 	return r
 }
 
-// Tables are nftproxy's tables, one per family in Families: what the monitor watches.
+// Tables are nftproxy's tables, one per family in pipeline.Families: what the monitor watches.
 func Tables() []monitor.TableID {
-	out := make([]monitor.TableID, 0, len(Families))
-	for _, fam := range Families {
+	out := make([]monitor.TableID, 0, len(pipeline.Families))
+	for _, fam := range pipeline.Families {
 		out = append(out, monitor.TableID{Family: fam, Name: compile.TableName})
 	}
 	return out
@@ -76,7 +78,7 @@ func (b RepairBackoff) withDefaults() RepairBackoff {
 // repairTarget is what a Repairer drives: the Proxy.
 type repairTarget interface {
 	RequestRepair(reason string)
-	Status() Status
+	Status() status.Sync
 }
 
 // Repairer turns the nftables monitor's reports (Changed is its callback) into repair

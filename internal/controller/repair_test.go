@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/nftproxy/nftproxy/internal/metrics"
+	"github.com/nftproxy/nftproxy/internal/status"
 	"github.com/nftproxy/nftproxy/nft/monitor"
 )
 
@@ -79,10 +80,10 @@ func (f *fakeRepairTarget) RequestRepair(reason string) {
 	}
 }
 
-func (f *fakeRepairTarget) Status() Status {
+func (f *fakeRepairTarget) Status() status.Sync {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var s Status
+	var s status.Sync
 	for _, r := range f.requests {
 		if done := r.Add(f.syncTime); !done.After(f.clock.Now()) {
 			s.LastSync = done

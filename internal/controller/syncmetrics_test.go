@@ -15,11 +15,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/source"
 )
 
 // syncRecorder keeps the sync metrics a Proxy reports.
@@ -84,96 +84,31 @@ func (r *syncRecorder) observed() []programmed {
 }
 
 func triggered(s *discovery.EndpointSlice, at time.Time) *discovery.EndpointSlice {
-	s.Annotations = map[string]string{TriggerTimeAnnotation: at.UTC().Format(time.RFC3339Nano)}
+	s.Annotations = map[string]string{source.TriggerTimeAnnotation: at.UTC().Format(time.RFC3339Nano)}
 	return s
 }
 
-func TestTriggersCollect(t *testing.T) {
+// TestObserveTriggers: every trigger time a sync programmed is observed under its
+// family, as the time from it to the sync.
+func TestObserveTriggers(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	tr := newTriggers(logr.Discard(), start)
-	web := types.NamespacedName{Namespace: "default", Name: "web"}
-
-	tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(-time.Second)), false) // before start
-	tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(time.Second)), false)
-	v6 := triggered(slice("web", "web-2", "fd00::1"), start.Add(2*time.Second))
-	v6.AddressType = discovery.AddressTypeIPv6
-	tr.sliceEvent(v6, false)
-	fqdn := triggered(slice("web", "web-3", "example.com"), start.Add(3*time.Second))
-	fqdn.AddressType = discovery.AddressTypeFQDN
-	tr.sliceEvent(fqdn, false)
-	bad := slice("web", "web-4", "10.244.1.4")
-	bad.Annotations = map[string]string{TriggerTimeAnnotation: "yesterday"}
-	tr.sliceEvent(bad, false)
-	tr.sliceEvent(slice("web", "web-5", "10.244.1.5"), false) // no annotation
-	tr.sliceEvent(service("web", "10.96.0.1"), false)         // not a slice
-
-	want := map[types.NamespacedName][]trigger{web: {{metrics.IPv4, start.Add(time.Second)}, {metrics.IPv6, start.Add(2 * time.Second)}}}
-	taken := tr.take()
-	if !reflect.DeepEqual(taken, want) {
-		t.Fatalf("taken %v, want %v", taken, want)
-	}
-	if again := tr.take(); again != nil {
-		t.Errorf("taken twice: %v", again)
-	}
-
-	// a failed sync gives them back, before what came since
-	tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(5*time.Second)), false)
-	tr.giveBack(taken)
-	want[web] = append(want[web], trigger{metrics.IPv4, start.Add(5 * time.Second)})
-	taken = tr.take()
-	if !reflect.DeepEqual(taken, want) {
-		t.Fatalf("after giveBack %v, want %v", taken, want)
-	}
+	web, db := types.NamespacedName{Namespace: "default", Name: "web"}, types.NamespacedName{Namespace: "default", Name: "db"}
 	rec := &syncRecorder{}
-	tr.observe(taken, rec, start.Add(10*time.Second))
-	got := rec.observed()
-	if len(got) != 3 {
-		t.Fatalf("observed %v", got)
+	observe(map[types.NamespacedName][]source.Trigger{
+		web: {{IPv6: false, At: start.Add(time.Second)}, {IPv6: true, At: start.Add(2 * time.Second)}},
+		db:  {{IPv6: false, At: start.Add(5 * time.Second)}},
+	}, rec, logr.Discard(), start.Add(10*time.Second))
+	got := map[programmed]int{}
+	for _, o := range rec.observed() {
+		got[o]++
 	}
-	for _, o := range got {
-		if o.latency != 9*time.Second && o.latency != 8*time.Second && o.latency != 5*time.Second {
-			t.Errorf("latency %v", o)
-		}
+	want := map[programmed]int{{metrics.IPv4, 9 * time.Second}: 1, {metrics.IPv6, 8 * time.Second}: 1, {metrics.IPv4, 5 * time.Second}: 1}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("observed %v, want %v", got, want)
 	}
-
-	// a deleted slice drops its Service's pending times, also through a tombstone
-	tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(6*time.Second)), false)
-	tr.sliceEvent(cache.DeletedFinalStateUnknown{Key: "default/web-1", Obj: slice("web", "web-1")}, false)
-	if taken := tr.take(); taken != nil {
-		t.Errorf("after delete: %v", taken)
-	}
-
-	// bounded per Service while syncs fail
-	for i := range 2 * maxTriggersPerService {
-		tr.sliceEvent(triggered(slice("web", "web-1", "10.244.1.1"), start.Add(time.Duration(i+1)*time.Second)), false)
-	}
-	taken = tr.take()
-	tr.giveBack(taken)
-	if n := len(tr.take()[web]); n != maxTriggersPerService || taken[web][0].at != start.Add(time.Second) {
-		t.Errorf("%d pending, first %v", n, taken[web][0].at)
-	}
-}
-
-// TestTriggersTransform: the informers keep a slice's trigger time only when it can be
-// timed.
-func TestTriggersTransform(t *testing.T) {
-	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	tr := newTriggers(logr.Discard(), start)
-	for _, tc := range []struct {
-		value string
-		kept  bool
-	}{{"2026-01-01T00:00:01.5Z", true}, {"2025-12-31T23:59:59Z", false}, {"yesterday", false}} {
-		s := slice("web", "web-1", "10.244.1.1")
-		s.Annotations = map[string]string{TriggerTimeAnnotation: tc.value, "other": "x"}
-		got := slim(s, tr.timed).(*discovery.EndpointSlice).Annotations
-		if (tc.kept && (len(got) != 1 || got[TriggerTimeAnnotation] != tc.value)) || (!tc.kept && got != nil) {
-			t.Errorf("%s: annotations %v", tc.value, got)
-		}
-	}
-	svc := service("web", "10.96.0.1")
-	svc.Annotations = map[string]string{TriggerTimeAnnotation: "2026-01-01T00:00:01Z"}
-	if slim(svc, tr.timed).(*v1.Service).Annotations != nil {
-		t.Error("a Service kept annotations")
+	observe(nil, rec, logr.Discard(), start)
+	if n := len(rec.observed()); n != 3 {
+		t.Errorf("%d observations after a sync without triggers, want still 3", n)
 	}
 }
 

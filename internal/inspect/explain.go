@@ -162,7 +162,7 @@ func problemsOf(problems []model.Problem, fs []servicePortAt) []string {
 	var out []string
 	for _, p := range problems {
 		for _, f := range fs {
-			if p.Kind == "Service" && p.Namespace+"/"+p.Name == f.service {
+			if p.Kind == model.KindService && p.Namespace+"/"+p.Name == f.service {
 				out = append(out, p.String())
 				break
 			}

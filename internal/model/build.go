@@ -71,7 +71,7 @@ type builder struct {
 	seen     map[Problem]bool // a slice read for several service ports reports once
 }
 
-func (b *builder) problem(kind, ns, name, format string, args ...any) {
+func (b *builder) problem(kind ObjectKind, ns, name, format string, args ...any) {
 	p := Problem{Kind: kind, Namespace: ns, Name: name, Reason: fmt.Sprintf(format, args...)}
 	if b.seen[p] {
 		return
@@ -144,35 +144,35 @@ func (b *builder) service(svc *v1.Service, slices []*discovery.EndpointSlice) []
 	if len(ips) == 0 || ips[0] == v1.ClusterIPNone {
 		return nil // headless
 	}
-	clusterIPs := b.addrs("Service", svc.Namespace, svc.Name, "clusterIP", ips)
+	clusterIPs := b.addrs(KindService, svc.Namespace, svc.Name, "clusterIP", ips)
 	if len(clusterIPs) == 0 {
 		return nil
 	}
-	externalIPs := b.addrs("Service", svc.Namespace, svc.Name, "externalIP", svc.Spec.ExternalIPs)
+	externalIPs := b.addrs(KindService, svc.Namespace, svc.Name, "externalIP", svc.Spec.ExternalIPs)
 	var lbIPs []netip.Addr
 	if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 		for _, ing := range svc.Status.LoadBalancer.Ingress {
 			if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
 				continue
 			}
-			lbIPs = append(lbIPs, b.addrs("Service", svc.Namespace, svc.Name, "load-balancer ingress IP", []string{ing.IP})...)
+			lbIPs = append(lbIPs, b.addrs(KindService, svc.Namespace, svc.Name, "load-balancer ingress IP", []string{ing.IP})...)
 		}
 	}
 	var out []ServicePort
 	seenPort := map[string]bool{}
 	for _, p := range svc.Spec.Ports {
 		if seenPort[p.Name] { // the API requires unique port names (and a name when there are several)
-			b.problem("Service", svc.Namespace, svc.Name, "port %q: another port has the same name, port skipped", p.Name)
+			b.problem(KindService, svc.Namespace, svc.Name, "port %q: another port has the same name, port skipped", p.Name)
 			continue
 		}
 		seenPort[p.Name] = true
 		proto, ok := protocol(p.Protocol)
 		if !ok {
-			b.problem("Service", svc.Namespace, svc.Name, "port %q: unsupported protocol %q, port skipped", p.Name, p.Protocol)
+			b.problem(KindService, svc.Namespace, svc.Name, "port %q: unsupported protocol %q, port skipped", p.Name, p.Protocol)
 			continue
 		}
 		if p.Port <= 0 || p.Port > 65535 {
-			b.problem("Service", svc.Namespace, svc.Name, "port %q: invalid port number %d, port skipped", p.Name, p.Port)
+			b.problem(KindService, svc.Namespace, svc.Name, "port %q: invalid port number %d, port skipped", p.Name, p.Port)
 			continue
 		}
 		sp := ServicePort{
@@ -218,10 +218,10 @@ func (b *builder) policies(svc *v1.Service, sp *ServicePort) {
 		}
 		switch {
 		case t <= 0:
-			b.problem("Service", svc.Namespace, svc.Name, "sessionAffinityConfig.clientIP.timeoutSeconds %d is not positive, using %d", t, DefaultAffinityTimeout)
+			b.problem(KindService, svc.Namespace, svc.Name, "sessionAffinityConfig.clientIP.timeoutSeconds %d is not positive, using %d", t, DefaultAffinityTimeout)
 			t = DefaultAffinityTimeout
 		case t > MaxAffinityTimeout:
-			b.problem("Service", svc.Namespace, svc.Name, "sessionAffinityConfig.clientIP.timeoutSeconds %d exceeds %d, using %d", t, MaxAffinityTimeout, MaxAffinityTimeout)
+			b.problem(KindService, svc.Namespace, svc.Name, "sessionAffinityConfig.clientIP.timeoutSeconds %d exceeds %d, using %d", t, MaxAffinityTimeout, MaxAffinityTimeout)
 			t = MaxAffinityTimeout
 		}
 		sp.AffinityTimeout = uint32(t)
@@ -233,7 +233,7 @@ func (b *builder) policies(svc *v1.Service, sp *ServicePort) {
 			}
 			p, err := ParsePrefixSloppy(r)
 			if err != nil {
-				b.problem("Service", svc.Namespace, svc.Name, "loadBalancerSourceRanges entry %q is not a CIDR; a family without a usable entry is closed to everyone", r)
+				b.problem(KindService, svc.Namespace, svc.Name, "loadBalancerSourceRanges entry %q is not a CIDR; a family without a usable entry is closed to everyone", r)
 				sp.SourceRangesBroken = true
 				continue
 			}
@@ -258,7 +258,7 @@ func parseIP(s string) (netip.Addr, error) {
 
 // addrs parses a list of IP strings, reporting and skipping garbage, keeping at most one
 // address per family for cluster IPs.
-func (b *builder) addrs(kind, ns, name, what string, in []string) []netip.Addr {
+func (b *builder) addrs(kind ObjectKind, ns, name, what string, in []string) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range in {
 		ip, err := parseIP(s)
@@ -325,11 +325,11 @@ func (b *builder) endpoints(portName string, proto uint8, slices []*discovery.En
 			for _, a := range ep.Addresses {
 				addr, err := parseIP(a)
 				if err != nil || addr.Is4() != (s.AddressType == discovery.AddressTypeIPv4) {
-					b.problem("EndpointSlice", s.Namespace, s.Name, "endpoint address %q is not an %s address, skipped", a, s.AddressType)
+					b.problem(KindEndpointSlice, s.Namespace, s.Name, "endpoint address %q is not an %s address, skipped", a, s.AddressType)
 					continue
 				}
 				if why := SpecialAddr(addr); why != "" {
-					b.problem("EndpointSlice", s.Namespace, s.Name, "endpoint address %s is %s, skipped", addr, why)
+					b.problem(KindEndpointSlice, s.Namespace, s.Name, "endpoint address %s is %s, skipped", addr, why)
 					continue
 				}
 				e := Endpoint{
@@ -381,14 +381,14 @@ func (b *builder) slicePort(s *discovery.EndpointSlice, name string, proto uint8
 		}
 		got, ok := protocol(pproto)
 		if !ok {
-			b.problem("EndpointSlice", s.Namespace, s.Name, "port %q: unsupported protocol %q, skipped", name, pproto)
+			b.problem(KindEndpointSlice, s.Namespace, s.Name, "port %q: unsupported protocol %q, skipped", name, pproto)
 			continue
 		}
 		if got != proto {
 			continue
 		}
 		if p.Port == nil || *p.Port <= 0 || *p.Port > 65535 {
-			b.problem("EndpointSlice", s.Namespace, s.Name, "port %q: invalid port number, skipped", name)
+			b.problem(KindEndpointSlice, s.Namespace, s.Name, "port %q: invalid port number, skipped", name)
 			return 0, false
 		}
 		return uint16(*p.Port), true

@@ -179,7 +179,7 @@ func dumpSnapshot(snap *model.Snapshot) []string {
 // the reason part of want is a substring of p.Reason.
 func problemMatches(p model.Problem, want string) bool {
 	head, reason, _ := strings.Cut(want, ": ")
-	return head == p.Kind+" "+p.Namespace+"/"+p.Name && strings.Contains(p.Reason, reason)
+	return head == p.Kind.String()+" "+p.Namespace+"/"+p.Name && strings.Contains(p.Reason, reason)
 }
 
 // ---- Build -----------------------------------------------------------------------------

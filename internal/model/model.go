@@ -187,11 +187,21 @@ type Snapshot struct {
 // logged once and reported as an event on the object where it fits; the rest of the
 // object and all other objects are still programmed.
 type Problem struct {
-	Kind      string // "Service" or "EndpointSlice"
+	Kind      ObjectKind
 	Namespace string
 	Name      string
 	Reason    string
 }
+
+// ObjectKind is the kind of API object a Problem is about.
+type ObjectKind string
+
+const (
+	KindService       ObjectKind = "Service"
+	KindEndpointSlice ObjectKind = "EndpointSlice"
+)
+
+func (k ObjectKind) String() string { return string(k) }
 
 func (p Problem) String() string {
 	return fmt.Sprintf("%s %s/%s: %s", p.Kind, p.Namespace, p.Name, p.Reason)

@@ -352,7 +352,7 @@ func TestBuildPolicies(t *testing.T) {
 			ok := len(problems) == len(tc.problems)
 			for i := 0; ok && i < len(problems); i++ {
 				p := problems[i]
-				ok = p.Kind == "Service" && p.Namespace == "default" && p.Name == "pol" && strings.Contains(p.Reason, tc.problems[i])
+				ok = p.Kind == model.KindService && p.Namespace == "default" && p.Name == "pol" && strings.Contains(p.Reason, tc.problems[i])
 			}
 			if !ok {
 				t.Errorf("problems:\n%s\nwant (reasons containing):\n%s", polProblems(problems), strings.Join(tc.problems, "\n"))

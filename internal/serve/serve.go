@@ -21,12 +21,12 @@ import (
 	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
+	"github.com/nftproxy/nftproxy/internal/status"
 )
 
 // StatusFunc returns the controller's current status.
-type StatusFunc func() controller.Status
+type StatusFunc func() status.Sync
 
 // ToBeDeletedTaint is the taint the cluster autoscaler puts on a node it is about to
 // delete; like kube-proxy, /healthz then fails so load balancers drain the node.
@@ -38,7 +38,7 @@ const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 // Time without changes is not staleness: with nothing queued the proxy is healthy
 // however long ago the last change arrived, e.g. while the API server is unreachable
 // and the programmed rules are still the latest state the proxy knows.
-func Healthy(st controller.Status, syncPeriod time.Duration, now time.Time) bool {
+func Healthy(st status.Sync, syncPeriod time.Duration, now time.Time) bool {
 	return st.OldestPending.IsZero() || now.Sub(st.OldestPending) < 2*syncPeriod
 }
 

@@ -20,8 +20,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/serve/httplimit"
+	"github.com/nftproxy/nftproxy/internal/status"
 )
 
 type probes struct{ got []string }
@@ -32,7 +32,7 @@ func (p *probes) Probe(path string, code int) {
 
 // fixture is a Health with a settable status, node and clock.
 type fixture struct {
-	st     controller.Status
+	st     status.Sync
 	node   *v1.Node
 	now    time.Time
 	probes probes
@@ -42,7 +42,7 @@ type fixture struct {
 func newFixture() *fixture {
 	f := &fixture{now: time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC), node: &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}}
 	f.h = &Health{
-		Status:     func() controller.Status { return f.st },
+		Status:     func() status.Sync { return f.st },
 		SyncPeriod: 30 * time.Second,
 		Node:       func() *v1.Node { return f.node },
 		Now:        func() time.Time { return f.now },
@@ -71,7 +71,7 @@ func ts(t time.Time) string { return t.Format(time.RFC3339Nano) }
 func TestHealthTransitions(t *testing.T) {
 	f := newFixture()
 	lastSync := f.now.Add(-time.Minute)
-	f.st = controller.Status{LastSync: lastSync, Syncs: 5, Failures: 1}
+	f.st = status.Sync{LastSync: lastSync, Syncs: 5, Failures: 1}
 
 	// Synced, nothing pending: healthy; lastUpdated is "now" like kube-proxy's.
 	for _, path := range []string{"/healthz", "/livez"} {
@@ -152,12 +152,12 @@ func TestHealthyRule(t *testing.T) {
 		pendingFor time.Duration
 		want       bool
 	}{{0, true}, {59 * time.Second, true}, {60 * time.Second, false}, {time.Hour, false}} {
-		st := controller.Status{OldestPending: now.Add(-tc.pendingFor)}
+		st := status.Sync{OldestPending: now.Add(-tc.pendingFor)}
 		if got := Healthy(st, 30*time.Second, now); got != tc.want {
 			t.Errorf("pending for %v: %v, want %v", tc.pendingFor, got, tc.want)
 		}
 	}
-	if !Healthy(controller.Status{}, time.Nanosecond, now) {
+	if !Healthy(status.Sync{}, time.Nanosecond, now) {
 		t.Error("nothing pending must be healthy")
 	}
 }
@@ -240,7 +240,7 @@ func TestStart(t *testing.T) {
 func TestHealthLikeKubeProxy(t *testing.T) {
 	f := newFixture()
 	lastSync := f.now.Add(-time.Hour)
-	f.st = controller.Status{LastSync: lastSync, Syncs: 1}
+	f.st = status.Sync{LastSync: lastSync, Syncs: 1}
 	for _, path := range []string{"/healthz", "/livez"} {
 		code, body := f.get(t, path)
 		if code != 200 || body["lastUpdated"] != ts(f.now) {
@@ -264,7 +264,7 @@ func TestHealthLikeKubeProxy(t *testing.T) {
 		}
 	}
 	// Before the first sync kube-proxy has no per-family entry.
-	f.st = controller.Status{}
+	f.st = status.Sync{}
 	if code, body := f.get(t, "/livez"); code != 200 || body["status"] != nil {
 		t.Errorf("/livez before the first sync: %d %v", code, body)
 	}
@@ -275,7 +275,7 @@ func TestHealthLikeKubeProxy(t *testing.T) {
 func TestHealthWhileStarting(t *testing.T) {
 	f := newFixture()
 	f.h.Started, f.h.StartupGrace = f.now, StartupGrace
-	f.st = controller.Status{}
+	f.st = status.Sync{}
 	f.now = f.h.Started.Add(StartupGrace - time.Second)
 	if code, body := f.get(t, "/healthz"); code != 503 || body["starting"] != true {
 		t.Errorf("/healthz before the first sync: %d %v", code, body)
@@ -287,7 +287,7 @@ func TestHealthWhileStarting(t *testing.T) {
 	if code, _ := f.get(t, "/livez"); code != 503 {
 		t.Errorf("/livez after %v without a sync: %d, want 503", StartupGrace, code)
 	}
-	f.st = controller.Status{LastSync: f.now, Syncs: 1}
+	f.st = status.Sync{LastSync: f.now, Syncs: 1}
 	for _, path := range []string{"/healthz", "/livez"} {
 		if code, body := f.get(t, path); code != 200 || body["starting"] != nil {
 			t.Errorf("%s after the first sync: %d %v", path, code, body)

@@ -17,18 +17,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/nftproxy/nftproxy/internal/source"
 )
 
 // A Service labelled with another proxy's name is not proxied at all; a Service whose
 // EndpointSlice is labelled headless gets no endpoints from it (kube-proxy's filters).
 func TestProxyNameAndHeadlessLabels(t *testing.T) {
 	other := service("other", "10.96.0.2")
-	other.Labels = map[string]string{LabelServiceProxyName: "some-other-proxy"}
+	other.Labels = map[string]string{source.LabelServiceProxyName: "some-other-proxy"}
 	headless := slice("hl", "hl-1", "10.244.1.3")
 	headless.Labels[v1.IsHeadlessService] = ""
 	dp := &fakeDataplane{}
@@ -42,7 +43,7 @@ func TestProxyNameAndHeadlessLabels(t *testing.T) {
 		t.Errorf("unlabelled service a lost its endpoint:\n%s", out)
 	}
 	if strings.Contains(out, "default/other") || strings.Contains(out, "10.96.0.2") || strings.Contains(out, "10.244.1.2") {
-		t.Errorf("service labelled %s=some-other-proxy was proxied:\n%s", LabelServiceProxyName, out)
+		t.Errorf("service labelled %s=some-other-proxy was proxied:\n%s", source.LabelServiceProxyName, out)
 	}
 	if fate(dp.lastRuleset(), "10.244.0.5", "10.96.0.3:80") != "reject" || !strings.Contains(out, `10.96.0.3 . tcp . 80 comment "default/hl:http"`) ||
 		strings.Contains(out, "10.244.1.3") {
@@ -122,33 +123,6 @@ func TestInformersSendKubeProxysSelectors(t *testing.T) {
 	}
 }
 
-func TestServesServiceCIDRsOnlyNoOnADefiniteAnswer(t *testing.T) {
-	withCIDRs := &fakediscovery.FakeDiscovery{Fake: &k8stesting.Fake{Resources: []*metav1.APIResourceList{{
-		GroupVersion: "networking.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "ingresses"}, {Name: "servicecidrs"}},
-	}}}}
-	without := &fakediscovery.FakeDiscovery{Fake: &k8stesting.Fake{Resources: []*metav1.APIResourceList{{
-		GroupVersion: "networking.k8s.io/v1", APIResources: []metav1.APIResource{{Name: "ingresses"}},
-	}}}}
-	noGroup := &fakediscovery.FakeDiscovery{Fake: &k8stesting.Fake{}} // 404
-	failing := &fakediscovery.FakeDiscovery{Fake: &k8stesting.Fake{}}
-	failing.AddReactor("get", "resource", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
-	})
-	for name, c := range map[string]struct {
-		d       *fakediscovery.FakeDiscovery
-		want    bool
-		wantErr bool
-	}{
-		"served": {withCIDRs, true, false}, "not in the group": {without, false, false},
-		"group not found": {noGroup, false, false}, "unreachable": {failing, false, true},
-	} {
-		got, err := servesServiceCIDRs(context.Background(), c.d)
-		if got != c.want || (err != nil) != c.wantErr {
-			t.Errorf("%s: got %v, %v; want %v, error %v", name, got, err, c.want, c.wantErr)
-		}
-	}
-}
-
 // Discovery that fails at first is retried; once the API answers, the ServiceCIDR
 // informer starts and the first sync uses the ServiceCIDRs, not the flag.
 func TestServiceCIDRDiscoveryIsRetried(t *testing.T) {
@@ -169,7 +143,7 @@ func TestServiceCIDRDiscoveryIsRetried(t *testing.T) {
 	logs := &logLines{}
 	p := New(client, &fakeDataplane{}, Config{NodeName: "node-1", MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
 		ServiceCIDRs: nil, APIServer: "https://api.example:6443"}, logs.logger())
-	p.discoveryBackoff = 10 * time.Millisecond
+	p.src.DiscoveryBackoff = 10 * time.Millisecond
 	dp := p.dataplane.(*fakeDataplane)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -217,7 +191,7 @@ func TestUnreachableAPIServerIsLoggedAndWaitedFor(t *testing.T) {
 	}
 	n := logs.count("API server request failed")
 	if n != 1 {
-		t.Errorf("%d API error lines in 1.5 s, want 1 (at most one per %v):\n%s", n, APIErrorLogInterval, logs)
+		t.Errorf("%d API error lines in 1.5 s, want 1 (at most one per %v):\n%s", n, source.APIErrorLogInterval, logs)
 	}
 	line := logs.first("API server request failed")
 	if !strings.Contains(line, server) || !strings.Contains(line, "connection refused") {
@@ -225,27 +199,6 @@ func TestUnreachableAPIServerIsLoggedAndWaitedFor(t *testing.T) {
 	}
 	if logs.contains("does not serve") {
 		t.Errorf("misleading cause logged:\n%s", logs)
-	}
-}
-
-func TestAPIErrorsAreRateLimited(t *testing.T) {
-	logs := &logLines{}
-	now := time.Unix(1000, 0)
-	a := &apiErrors{log: logs.logger(), server: "https://x:6443", now: func() time.Time { return now }}
-	for range 5 {
-		a.report("list", errors.New("boom"))
-		now = now.Add(time.Second)
-	}
-	if n := logs.count("API server request failed"); n != 1 {
-		t.Fatalf("%d lines in 5 s, want 1", n)
-	}
-	now = now.Add(APIErrorLogInterval)
-	a.report("list", errors.New("boom"))
-	if n := logs.count("API server request failed"); n != 2 {
-		t.Fatalf("%d lines after the interval, want 2", n)
-	}
-	if !strings.Contains(logs.String(), `"suppressedSinceLast"=4`) {
-		t.Errorf("the second line does not count the 4 suppressed errors:\n%s", logs)
 	}
 }
 

@@ -1,4 +1,7 @@
-package controller
+// Package leftovers finds the rules kube-proxy leaves in the kernel (its nftables-mode
+// table, its chains in iptables-nft's tables) and warns about them at start: they hook
+// where nftproxy's do. It reads the kernel through nft/kernel's table listing.
+package leftovers
 
 import (
 	"fmt"
@@ -7,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -58,12 +62,12 @@ func isKubeProxyChain(name string) bool {
 	return slices.ContainsFunc(kubeProxyChainPrefixes, func(p string) bool { return strings.HasPrefix(name, p) })
 }
 
-// FindKubeProxyLeftovers looks for kube-proxy's rules in the kernel: its nftables-mode
+// Find looks for kube-proxy's rules in the kernel: its nftables-mode
 // table, and its chains in the ip/ip6 tables of iptables-nft (iptables and ipvs modes).
 // Rules of iptables-legacy live outside nftables and are not seen.
-func FindKubeProxyLeftovers(tl TableLister) ([]Leftover, error) {
+func Find(tl TableLister) ([]Leftover, error) {
 	var out []Leftover
-	for _, fam := range Families {
+	for _, fam := range pipeline.Families {
 		tables, err := tl.Tables(fam)
 		if err != nil {
 			return out, err
@@ -92,11 +96,11 @@ func FindKubeProxyLeftovers(tl TableLister) ([]Leftover, error) {
 	return out, nil
 }
 
-// WarnKubeProxyLeftovers logs, at -v=0, kube-proxy rules still in the kernel and how to
+// Warn logs, at -v=0, kube-proxy rules still in the kernel and how to
 // remove them. They hook where nftproxy's do and use the same 0x4000 mark, so a packet
 // may be DNATed by kube-proxy's stale rules first, to endpoints that have gone.
-func WarnKubeProxyLeftovers(log logr.Logger, tl TableLister) {
-	found, err := FindKubeProxyLeftovers(tl)
+func Warn(log logr.Logger, tl TableLister) {
+	found, err := Find(tl)
 	if err != nil {
 		log.Error(err, "Cannot look for kube-proxy's leftover rules")
 	}

@@ -1,4 +1,4 @@
-package controller
+package leftovers
 
 import (
 	"strings"
@@ -14,7 +14,7 @@ import (
 func TestKubeProxyLeftoversInKernel(t *testing.T) {
 	ns := testnetns.New(t)
 	a := kernel.New(kernel.WithNetNS(ns.FD))
-	if found, err := FindKubeProxyLeftovers(a); err != nil || len(found) != 0 {
+	if found, err := Find(a); err != nil || len(found) != 0 {
 		t.Fatalf("empty namespace: %+v, %v", found, err)
 	}
 	ns.MustRun(t, `
@@ -35,7 +35,7 @@ table ip filter {
 	chain KUBE-FIREWALL { }
 }
 `, "nft", "-f", "-")
-	found, err := FindKubeProxyLeftovers(a)
+	found, err := Find(a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ table ip filter {
 		t.Errorf("found:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	logs := &logLines{}
-	WarnKubeProxyLeftovers(logs.logger(), a)
+	Warn(logs.logger(), a)
 	if line := logs.first("still in the kernel"); !strings.Contains(line, "table ip nat") || !strings.Contains(line, "kube-proxy --cleanup") {
 		t.Errorf("warning: %s", line)
 	}

@@ -1,4 +1,4 @@
-package controller
+package source
 
 import (
 	v1 "k8s.io/api/core/v1"

@@ -1,4 +1,4 @@
-package controller
+package source
 
 import (
 	"fmt"
@@ -135,7 +135,7 @@ func heapLive() uint64 {
 // -benchtime=1x: an iteration decodes 30,000 of each.
 func BenchmarkInformerObjectHeap(b *testing.B) {
 	const n = 30000
-	tr := newTriggers(logr.Discard(), time.Now())
+	tr := NewTracker(logr.Discard(), time.Now())
 	for _, shape := range []string{"bench", "realistic"} {
 		svcs, slices := &v1.ServiceList{}, &discovery.EndpointSliceList{}
 		for i := range n {

@@ -13,41 +13,16 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes/fake"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	discoverylisters "k8s.io/client-go/listers/discovery/v1"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftproxy/nftproxy/internal/config"
 )
 
-// countingServices and countingSlices count the lists of the informer caches.
-type countingServices struct {
-	corelisters.ServiceLister
-	lists *atomic.Int32
-}
-
-func (c countingServices) List(sel labels.Selector) ([]*v1.Service, error) {
-	c.lists.Add(1)
-	return c.ServiceLister.List(sel)
-}
-
-type countingSlices struct {
-	discoverylisters.EndpointSliceLister
-	lists *atomic.Int32
-}
-
-func (c countingSlices) List(sel labels.Selector) ([]*discovery.EndpointSlice, error) {
-	c.lists.Add(1)
-	return c.EndpointSliceLister.List(sel)
-}
-
 // TestChangesSyncWithoutLists: after the first sync, syncs hand the model cache only
 // the objects whose names the event handlers noted, read from the listers, and never
 // list the informer caches: for created, updated and moved objects, for deletions the
-// informer reports as DeletedFinalStateUnknown (a relist after a missed watch event),
-// and across a sync that failed after taking the names.
+// and across a sync that failed after taking the names. (The source's tests cover the
+// deletions an informer reports as DeletedFinalStateUnknown.)
 func TestChangesSyncWithoutLists(t *testing.T) {
 	dp := &fakeDataplane{}
 	client := fake.NewClientset()
@@ -66,8 +41,10 @@ func TestChangesSyncWithoutLists(t *testing.T) {
 		}}
 	p := New(client, dp, cfg, logr.Discard())
 	var lists atomic.Int32
-	p.services = countingServices{p.services, &lists}
-	p.slices = countingSlices{p.slices, &lists}
+	p.lists = func() ([]*v1.Service, []*discovery.EndpointSlice, error) {
+		lists.Add(1)
+		return p.src.Lists()
+	}
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -102,28 +79,10 @@ func TestChangesSyncWithoutLists(t *testing.T) {
 	failLocal.Store(false)
 	waitFor(t, "c after the retry", func() bool { return strings.Contains(dp.last(), "default/c:http") })
 
-	// Deletions the informer found by relisting: gone from its cache, reported as
-	// DeletedFinalStateUnknown, as its handlers are called (the tombstone's object may
-	// be stale; only its key is read). The API objects stay; nothing relists here.
-	svcInformer := p.factory.Core().V1().Services().Informer()
-	sliceInformer := p.sliceFactory.Discovery().V1().EndpointSlices().Informer()
-	b, err := p.services.Services("default").Get("b")
-	if err != nil {
+	// and a deletion
+	if err := client.CoreV1().Services("default").Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	b1, err := p.slices.EndpointSlices("default").Get("b-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sliceInformer.GetIndexer().Delete(b1); err != nil {
-		t.Fatal(err)
-	}
-	p.changed(sliceKind, cache.DeletedFinalStateUnknown{Key: "default/b-1", Obj: b1})
-	waitFor(t, "b-1's endpoint gone", func() bool { return fate(dp.lastRuleset(), "10.244.0.5", "10.96.0.2:80") == "10.244.1.3:8080 100%" })
-	if err := svcInformer.GetIndexer().Delete(b); err != nil {
-		t.Fatal(err)
-	}
-	p.changed(serviceKind, cache.DeletedFinalStateUnknown{Key: "default/b"}) // a tombstone without its object
 	waitFor(t, "service b gone", func() bool { return !strings.Contains(dp.last(), "default/b:http") })
 
 	if got := lists.Load(); got != listsAfterFirst {
@@ -131,38 +90,5 @@ func TestChangesSyncWithoutLists(t *testing.T) {
 	}
 	if st := p.Status(); st.Syncs < 4 {
 		t.Fatalf("status: %+v", st)
-	}
-}
-
-// TestPendingFullUntilDone: the first take says full; after a sync that took the names
-// and finished (done), the next does not; one that failed (giveBack) returns the names
-// and the flag as they were; one that never finished (a panic) leaves full set.
-func TestPendingFullUntilDone(t *testing.T) {
-	pc := newPending()
-	svc := service("a", "10.96.0.1")
-	pc.add(serviceKind, svc)
-	pc.add(sliceKind, cache.DeletedFinalStateUnknown{Key: "ns/gone"})
-	pc.add(otherKind, svc) // the Node's and ServiceCIDRs' names are not kept
-	first := pc.take()
-	if !first.full || len(first.services) != 1 || len(first.slices) != 1 {
-		t.Fatalf("first take: %+v", first)
-	}
-	if _, ok := first.slices["ns/gone"]; !ok {
-		t.Fatalf("the tombstone's key is not pending: %+v", first.slices)
-	}
-	pc.done()
-	pc.add(serviceKind, svc)
-	next := pc.take()
-	if next.full || len(next.services) != 1 {
-		t.Fatalf("take after done: %+v", next)
-	}
-	pc.giveBack(next)
-	again := pc.take()
-	if again.full || len(again.services) != 1 {
-		t.Fatalf("take after giveBack: %+v", again)
-	}
-	// no done, no giveBack: the sync panicked
-	if afterPanic := pc.take(); !afterPanic.full || len(afterPanic.services) != 0 {
-		t.Fatalf("take after an unfinished sync: %+v", afterPanic)
 	}
 }

@@ -1,4 +1,4 @@
-package controller
+package source
 
 import (
 	"context"
@@ -93,14 +93,14 @@ func servesServiceCIDRs(ctx context.Context, d discovery.DiscoveryInterface) (bo
 
 // discoverServiceCIDRs decides, retrying until the API answers, whether ServiceCIDRs are
 // served; if so it starts their informer and waits for its cache. ready is closed once
-// p.cidrs is final (nil: --service-cluster-ip-range is used). It returns when ctx ends.
-func (p *Proxy) discoverServiceCIDRs(ctx context.Context, ready chan<- struct{}) {
-	backoff := p.discoveryBackoff
+// s.cidrs is final (nil: --service-cluster-ip-range is used). It returns when ctx ends.
+func (s *Source) discoverServiceCIDRs(ctx context.Context, ready chan<- struct{}) {
+	backoff := s.DiscoveryBackoff
 	for {
-		served, err := servesServiceCIDRs(ctx, p.client.Discovery())
+		served, err := servesServiceCIDRs(ctx, s.client.Discovery())
 		if err == nil {
 			if !served {
-				p.log.Info("The API server does not serve networking.k8s.io/v1 ServiceCIDRs; using --service-cluster-ip-range", "cidrs", p.cfg.ServiceCIDRs)
+				s.log.Info("The API server does not serve networking.k8s.io/v1 ServiceCIDRs; using --service-cluster-ip-range", "cidrs", s.cfg.ServiceCIDRs)
 				close(ready)
 				return
 			}
@@ -109,7 +109,7 @@ func (p *Proxy) discoverServiceCIDRs(ctx context.Context, ready chan<- struct{})
 		if ctx.Err() != nil {
 			return
 		}
-		p.apiErrs.report("discovery networking.k8s.io/v1", err)
+		s.apiErrs.report("discovery networking.k8s.io/v1", err)
 		select {
 		case <-ctx.Done():
 			return
@@ -117,34 +117,35 @@ func (p *Proxy) discoverServiceCIDRs(ctx context.Context, ready chan<- struct{})
 		}
 		backoff = min(2*backoff, discoveryBackoffMax)
 	}
-	inf := p.cidrFactory.Networking().V1().ServiceCIDRs()
-	p.slimInCache(inf.Informer())
-	p.watch(inf.Informer(), otherKind)
+	inf := s.cidrFactory.Networking().V1().ServiceCIDRs()
+	s.slimInCache(inf.Informer())
+	s.watch(inf.Informer(), Other)
 	lister := inf.Lister()
-	p.cidrFactory.Start(ctx.Done())
+	s.cidrFactory.Start(ctx.Done())
 	select { // not cache.WaitForCacheSync, which polls every 100 ms
 	case <-ctx.Done():
 		return
 	case <-inf.Informer().HasSyncedChecker().Done():
 	}
-	p.cidrs = lister // read by the sync loop only after ready is closed
-	p.log.V(2).Info("Watching ServiceCIDRs")
+	s.cidrs = lister // read by the sync loop only after ready is closed
+	s.log.V(2).Info("Watching ServiceCIDRs")
 	close(ready)
 }
 
-// waitForCaches waits until every informer has synced and ServiceCIDR discovery is
+// WaitForCaches waits until every informer has synced and ServiceCIDR discovery is
 // decided, however long the API takes: while it waits it logs at -v=0 every
 // APIErrorLogInterval what it still waits for. It returns false when ctx ends first.
 // It waits on the informers' completion channels, not by polling: a poll every 100 ms
 // (client-go's WaitForCacheSync) cost the cold start 50 ms on average.
-func (p *Proxy) waitForCaches(ctx context.Context, cidrsReady <-chan struct{}) bool {
+func (s *Source) WaitForCaches(ctx context.Context) bool {
+	cidrsReady := s.cidrsReady
 	start := time.Now()
 	type wait struct {
 		what string
 		done <-chan struct{}
 	}
-	waits := make([]wait, 0, len(p.informers)+1)
-	for _, inf := range p.informers {
+	waits := make([]wait, 0, len(s.informers)+1)
+	for _, inf := range s.informers {
 		waits = append(waits, wait{inf.what, inf.informer.HasSyncedChecker().Done()})
 	}
 	waits = append(waits, wait{"ServiceCIDR discovery", cidrsReady})
@@ -165,7 +166,7 @@ func (p *Proxy) waitForCaches(ctx context.Context, cidrsReady <-chan struct{}) b
 					missing = append(missing, w.what)
 				}
 			}
-			p.log.Info("Still waiting for the API server before the first sync", "server", p.cfg.APIServer,
+			s.log.Info("Still waiting for the API server before the first sync", "server", s.cfg.APIServer,
 				"waited", time.Since(start).Round(time.Second), "waitingFor", missing)
 		}
 	}

@@ -1,4 +1,4 @@
-package controller
+package leftovers
 
 import (
 	"errors"
@@ -18,7 +18,7 @@ func (f fakeTables) Tables(fam nft.Family) (map[string][]string, error) {
 	return f[fam], nil
 }
 
-func TestFindKubeProxyLeftovers(t *testing.T) {
+func TestFind(t *testing.T) {
 	tables := fakeTables{
 		nft.IPv4: {
 			"nftproxy":   {"services", "nodeports"},
@@ -28,7 +28,7 @@ func TestFindKubeProxyLeftovers(t *testing.T) {
 		},
 		nft.IPv6: {"mangle": {"KUBE-IPTABLES-HINT", "KUBE-PROXY-CANARY"}},
 	}
-	got, err := FindKubeProxyLeftovers(tables)
+	got, err := Find(tables)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,14 +40,14 @@ func TestFindKubeProxyLeftovers(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("found\n%+v\nwant\n%+v", got, want)
 	}
-	if none, _ := FindKubeProxyLeftovers(fakeTables{nft.IPv4: {"filter": {"KUBE-FIREWALL"}, "nftproxy": {"services"}}}); len(none) != 0 {
+	if none, _ := Find(fakeTables{nft.IPv4: {"filter": {"KUBE-FIREWALL"}, "nftproxy": {"services"}}}); len(none) != 0 {
 		t.Errorf("the kubelet's and nftproxy's own chains taken for leftovers: %+v", none)
 	}
 }
 
-func TestWarnKubeProxyLeftovers(t *testing.T) {
+func TestWarn(t *testing.T) {
 	logs := &logLines{}
-	WarnKubeProxyLeftovers(logs.logger(), fakeTables{nft.IPv4: {"kube-proxy": {"a", "b", "c", "d", "e", "f"}}, nft.IPv6: {"kube-proxy": {"a"}}})
+	Warn(logs.logger(), fakeTables{nft.IPv4: {"kube-proxy": {"a", "b", "c", "d", "e", "f"}}, nft.IPv6: {"kube-proxy": {"a"}}})
 	line := logs.first("kube-proxy's rules are still in the kernel")
 	for _, want := range []string{"table ip kube-proxy (6 chains: a, b, c, d and 2 more)", "table ip6 kube-proxy", "kube-proxy --cleanup", "nft delete table ip kube-proxy; nft delete table ip6 kube-proxy"} {
 		if !strings.Contains(line, want) {
@@ -55,12 +55,12 @@ func TestWarnKubeProxyLeftovers(t *testing.T) {
 		}
 	}
 	logs = &logLines{}
-	WarnKubeProxyLeftovers(logs.logger(), fakeTables{nft.IPv4: {"nat": {"KUBE-SERVICES"}}})
+	Warn(logs.logger(), fakeTables{nft.IPv4: {"nat": {"KUBE-SERVICES"}}})
 	if line := logs.first("still in the kernel"); !strings.Contains(line, "kube-proxy --cleanup") || strings.Contains(line, "nft delete") {
 		t.Errorf("iptables-mode leftovers: %s", line)
 	}
 	logs = &logLines{}
-	WarnKubeProxyLeftovers(logs.logger(), fakeTables{nft.IPv4: {"nftproxy": {"services"}}})
+	Warn(logs.logger(), fakeTables{nft.IPv4: {"nftproxy": {"services"}}})
 	if logs.count("") != 0 {
 		t.Errorf("logged without leftovers: %s", logs)
 	}

@@ -1,4 +1,4 @@
-package controller
+package source
 
 import (
 	"strings"
@@ -287,8 +287,31 @@ func (r *recentPtrs) add(p *string) {
 
 // slimSlice rebuilds an EndpointSlice (see slim); timed keeps its trigger time.
 func slimSlice(o *discovery.EndpointSlice, timed bool) {
-	// Count what the arrays hold: addresses, then the distinct node names and zones (as
-	// the build below finds them), port names and app protocols in one []string; hints.
+	a := newSliceArena(o)
+	eps := a.endpoints(o.Endpoints)
+	ports := a.ports(o.Ports)
+	*o = discovery.EndpointSlice{TypeMeta: o.TypeMeta, ObjectMeta: slimSliceMeta(o, timed), AddressType: o.AddressType, Endpoints: eps, Ports: ports}
+	a.pack(o)
+}
+
+// sliceArena holds the exact-sized arrays a slimmed EndpointSlice's endpoints and ports
+// point into: the addresses, then the distinct node names and zones, port names and app
+// protocols in one []string; the hints and their zones and nodes. Each part is handed
+// out from the front as the endpoints and ports are rebuilt.
+type sliceArena struct {
+	allStrs  []string
+	addrs    []string // the addresses not handed out yet
+	strs     []string // the other strings not handed out yet
+	hints    []discovery.EndpointHints
+	forZones []discovery.ForZone
+	forNodes []discovery.ForNode
+	allZones []discovery.ForZone
+	allNodes []discovery.ForNode
+}
+
+// newSliceArena counts what o's arrays hold (the distinct node names and zones as
+// endpoints rebuilds them) and allocates them.
+func newSliceArena(o *discovery.EndpointSlice) sliceArena {
 	nAddrs, nStr, nHints, nZones, nNodes := 0, 0, 0, 0, 0
 	var nodes, zones recentPtrs
 	for i := range o.Endpoints {
@@ -316,89 +339,107 @@ func slimSlice(o *discovery.EndpointSlice, timed bool) {
 			nStr++
 		}
 	}
-	allStrs := make([]string, nAddrs+nStr) // the addresses, then the others
-	addrs, strs := allStrs[:nAddrs:nAddrs], allStrs[nAddrs:]
-	hints := make([]discovery.EndpointHints, nHints)
-	forZones := make([]discovery.ForZone, nZones)
-	forNodes := make([]discovery.ForNode, nNodes)
-	allZones, allNodes := forZones, forNodes
-	// str puts a string into strs and returns its address
-	str := func(s string) *string {
-		strs[0] = s
-		p := &strs[0]
-		strs = strs[1:]
-		return p
-	}
+	a := sliceArena{allStrs: make([]string, nAddrs+nStr), // the addresses, then the others
+		hints:    make([]discovery.EndpointHints, nHints),
+		forZones: make([]discovery.ForZone, nZones),
+		forNodes: make([]discovery.ForNode, nNodes)}
+	a.addrs, a.strs = a.allStrs[:nAddrs:nAddrs], a.allStrs[nAddrs:]
+	a.allZones, a.allNodes = a.forZones, a.forNodes
+	return a
+}
 
-	// the endpoints are rewritten into their own array when it is exact-sized (the
-	// streamed lists decode them into one, listing.go), else into a new one
-	eps := o.Endpoints
+// str puts a string into the arena and returns its address.
+func (a *sliceArena) str(s string) *string {
+	a.strs[0] = s
+	p := &a.strs[0]
+	a.strs = a.strs[1:]
+	return p
+}
+
+// endpoints rewrites the endpoints into their own array when it is exact-sized (the
+// streamed lists decode them into one, listing.go), else into a new one.
+func (a *sliceArena) endpoints(in []discovery.Endpoint) []discovery.Endpoint {
+	eps := in
 	if len(eps) != cap(eps) {
-		eps = make([]discovery.Endpoint, len(o.Endpoints))
+		eps = make([]discovery.Endpoint, len(in))
 	}
-	nodes, zones = recentPtrs{}, recentPtrs{}
-	for i := range o.Endpoints {
-		in, out := o.Endpoints[i], &eps[i] // in: a copy, as out may be the same element
+	var nodes, zones recentPtrs
+	for i := range in {
+		e, out := in[i], &eps[i] // e: a copy, as out may be the same element
 		*out = discovery.Endpoint{}
-		if in.Addresses != nil {
-			n := copy(addrs, in.Addresses)
-			out.Addresses, addrs = addrs[:n:n], addrs[n:]
+		if e.Addresses != nil {
+			n := copy(a.addrs, e.Addresses)
+			out.Addresses, a.addrs = a.addrs[:n:n], a.addrs[n:]
 		}
-		out.Conditions = discovery.EndpointConditions{Ready: shareBool(in.Conditions.Ready),
-			Serving: shareBool(in.Conditions.Serving), Terminating: shareBool(in.Conditions.Terminating)}
-		if in.NodeName != nil {
-			if out.NodeName = nodes.find(*in.NodeName); out.NodeName == nil {
-				out.NodeName = str(*in.NodeName)
+		out.Conditions = discovery.EndpointConditions{Ready: shareBool(e.Conditions.Ready),
+			Serving: shareBool(e.Conditions.Serving), Terminating: shareBool(e.Conditions.Terminating)}
+		if e.NodeName != nil {
+			if out.NodeName = nodes.find(*e.NodeName); out.NodeName == nil {
+				out.NodeName = a.str(*e.NodeName)
 				nodes.add(out.NodeName)
 			}
 		}
-		if in.Zone != nil {
-			if out.Zone = zones.find(*in.Zone); out.Zone == nil {
-				out.Zone = str(*in.Zone)
+		if e.Zone != nil {
+			if out.Zone = zones.find(*e.Zone); out.Zone == nil {
+				out.Zone = a.str(*e.Zone)
 				zones.add(out.Zone)
 			}
 		}
-		if h := in.Hints; h != nil {
-			out.Hints = &hints[0]
-			hints = hints[1:]
-			if h.ForZones != nil {
-				n := copy(forZones, h.ForZones)
-				out.Hints.ForZones, forZones = forZones[:n:n], forZones[n:]
-			}
-			if h.ForNodes != nil {
-				n := copy(forNodes, h.ForNodes)
-				out.Hints.ForNodes, forNodes = forNodes[:n:n], forNodes[n:]
-			}
+		if e.Hints != nil {
+			out.Hints = a.hint(e.Hints)
 		}
 	}
+	return eps
+}
 
-	var ports []discovery.EndpointPort
-	var portNums []int32
-	if o.Ports != nil {
-		ports = make([]discovery.EndpointPort, len(o.Ports))
-		n := 0
-		for _, pt := range o.Ports {
-			if pt.Port != nil {
-				n++
-			}
-		}
-		portNums = make([]int32, n)
+// hint copies h into the arena.
+func (a *sliceArena) hint(h *discovery.EndpointHints) *discovery.EndpointHints {
+	out := &a.hints[0]
+	a.hints = a.hints[1:]
+	if h.ForZones != nil {
+		n := copy(a.forZones, h.ForZones)
+		out.ForZones, a.forZones = a.forZones[:n:n], a.forZones[n:]
 	}
-	for i, in := range o.Ports {
-		out := &ports[i]
-		out.Protocol = shareProtocol(in.Protocol)
-		if in.Name != nil {
-			out.Name = str(*in.Name)
+	if h.ForNodes != nil {
+		n := copy(a.forNodes, h.ForNodes)
+		out.ForNodes, a.forNodes = a.forNodes[:n:n], a.forNodes[n:]
+	}
+	return out
+}
+
+// ports copies the ports into an exact-sized array, their numbers into another.
+func (a *sliceArena) ports(in []discovery.EndpointPort) []discovery.EndpointPort {
+	if in == nil {
+		return nil
+	}
+	ports := make([]discovery.EndpointPort, len(in))
+	n := 0
+	for _, pt := range in {
+		if pt.Port != nil {
+			n++
 		}
-		if in.Port != nil {
-			portNums[0] = *in.Port
+	}
+	portNums := make([]int32, n)
+	for i, pt := range in {
+		out := &ports[i]
+		out.Protocol = shareProtocol(pt.Protocol)
+		if pt.Name != nil {
+			out.Name = a.str(*pt.Name)
+		}
+		if pt.Port != nil {
+			portNums[0] = *pt.Port
 			out.Port, portNums = &portNums[0], portNums[1:]
 		}
-		if in.AppProtocol != nil {
-			out.AppProtocol = str(*in.AppProtocol)
+		if pt.AppProtocol != nil {
+			out.AppProtocol = a.str(*pt.AppProtocol)
 		}
 	}
+	return ports
+}
 
+// slimSliceMeta is o's metadata as slim keeps it: the service name label alone (the map
+// is replaced only when it has other entries), the trigger time only when timed.
+func slimSliceMeta(o *discovery.EndpointSlice, timed bool) metav1.ObjectMeta {
 	m := slimMeta(&o.ObjectMeta)
 	if svc, ok := o.Labels[discovery.LabelServiceName]; ok {
 		m.Labels = o.Labels
@@ -409,8 +450,12 @@ func slimSlice(o *discovery.EndpointSlice, timed bool) {
 	if v, ok := o.Annotations[TriggerTimeAnnotation]; ok && timed {
 		m.Annotations = map[string]string{TriggerTimeAnnotation: v}
 	}
-	*o = discovery.EndpointSlice{TypeMeta: o.TypeMeta, ObjectMeta: m, AddressType: o.AddressType, Endpoints: eps, Ports: ports}
+	return m
+}
 
+// pack moves the rebuilt slice's strings into one allocation: a first round sizes it,
+// the second copies.
+func (a *sliceArena) pack(o *discovery.EndpointSlice) {
 	p := newPacker()
 	for range 2 {
 		p.meta(&o.ObjectMeta)
@@ -423,12 +468,12 @@ func slimSlice(o *discovery.EndpointSlice, timed bool) {
 		}
 		// every other string is in the arrays built above, each once (an endpoint's
 		// shared node name or zone too)
-		packAll(p, allStrs)
-		for i := range allZones {
-			pack(p, &allZones[i].Name)
+		packAll(p, a.allStrs)
+		for i := range a.allZones {
+			pack(p, &a.allZones[i].Name)
 		}
-		for i := range allNodes {
-			pack(p, &allNodes[i].Name)
+		for i := range a.allNodes {
+			pack(p, &a.allNodes[i].Name)
 		}
 		p.copying()
 	}

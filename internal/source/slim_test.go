@@ -1,4 +1,4 @@
-package controller
+package source
 
 import (
 	"fmt"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -329,11 +330,11 @@ func sortedProblems(p []model.Problem) []model.Problem {
 func TestSlimBuildsTheSameModel(t *testing.T) {
 	svcs, slices, node := modelInput()
 	slimSvcs, slimSlices, slimNode := slimAll(svcs, slices, node)
-	cfg := Config{NodeName: "node-1", MasqueradeBit: 14, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+	cfg := pipeline.Config{MasqueradeBit: 14, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
 		DetectLocal: compile.DetectLocal{Mode: compile.LocalNodeCIDR}}
 	run := func(svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem) {
-		pl := &pipeline{models: model.NewCache(), slots: map[nft.Family]*compile.Slots{}}
-		snap, rs, problems, err := pl.compile(cfg, svcs, slices, node)
+		pl := pipeline.New()
+		snap, rs, problems, err := pl.Full(cfg, svcs, slices, node)
 		if err != nil {
 			t.Fatal(err)
 		}
