@@ -52,6 +52,7 @@ type Applier struct {
 	applies  int
 	refusals int
 	resyncs  int
+	applied  map[tableKey]*nft.Ruleset // the rulesets of the accepted transactions, by table
 }
 
 type tableKey struct {
@@ -139,7 +140,23 @@ func (f *Applier) Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error) {
 		f.tables[k] = t
 		f.believed[k] = wants[k]
 	}
+	if f.applied == nil {
+		f.applied = map[tableKey]*nft.Ruleset{}
+	}
+	for _, rs := range rulesets {
+		f.applied[tableKey{rs.Family, rs.Table}] = rs
+	}
 	return st, nil
+}
+
+// Applied is what the accepted transactions wrote, as kernel.Applier.Applied.
+func (f *Applier) Applied() *kernel.Applied {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.applied == nil {
+		return nil
+	}
+	return kernel.AppliedOf(slices.Collect(maps.Values(f.applied))...)
 }
 
 // Delete removes the given tables if they exist, in one transaction.

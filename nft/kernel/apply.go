@@ -41,7 +41,7 @@ type Applier struct {
 	port  uint32        // its port id
 	own   sockets       // every write socket's port and generations, for Monitors
 
-	published atomic.Pointer[applied] // the rulesets last written, for CountersByOwner
+	published atomic.Pointer[Applied] // the rulesets last written (Applied, CountersByOwner)
 	indexMu   sync.Mutex
 	index     map[tableKey]*ownerIndex // CountersByOwner's attribution, by table
 }
@@ -231,15 +231,15 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	return st, nil
 }
 
-// publish makes the rulesets in a.prev visible to CountersByOwner.
+// publish makes the rulesets in a.prev visible to Applied and CountersByOwner.
 func (a *Applier) publish() {
-	p := applied{}
-	for k, s := range a.prev {
+	rss := make([]*nft.Ruleset, 0, len(a.prev))
+	for _, s := range a.prev {
 		if s.rs != nil {
-			p[k] = s.rs
+			rss = append(rss, s.rs)
 		}
 	}
-	a.published.Store(&p)
+	a.published.Store(AppliedOf(rss...))
 }
 
 // Delete removes the given tables if they exist, in one transaction.
