@@ -95,8 +95,8 @@ type HealthChecks interface {
 	Sync(map[healthcheck.ServiceName]healthcheck.Service) error
 }
 
-// Dataplane is what the controller needs from the kernel side: *kernel.Applier, or
-// nft/fake's Applier (the kernel's commit semantics in memory) in tests. What was
+// Dataplane is what the controller needs from the kernel side: *kernel.Applier (in
+// tests, nft/fake's: one on an in-memory nf_tables). What was
 // last applied is the Dataplane's (Applied): the controller keeps no copy.
 type Dataplane interface {
 	Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error)

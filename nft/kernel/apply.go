@@ -35,7 +35,8 @@ import (
 // It writes on one netlink socket that stays open between transactions (see own.go:
 // that is how nft/monitor tells its transactions from everyone else's); Close closes it.
 type Applier struct {
-	netns int // fd of the target network namespace, or 0 for the current one
+	netns int       // fd of the target network namespace, or 0 for the current one
+	peer  wire.Peer // in place of the kernel (WithPeer); nil: the kernel
 	prev  map[tableKey]*state
 	conn  *netlink.Conn // the write socket; nil until the first transaction or after a failure
 	port  uint32        // its port id
@@ -132,6 +133,19 @@ type Option func(*Applier)
 
 // WithNetNS makes the Applier program the network namespace open at fd.
 func WithNetNS(fd int) Option { return func(a *Applier) { a.netns = fd } }
+
+// WithPeer makes the Applier talk to p instead of the kernel: every connection it
+// opens is wire.DialPeer(p), which carries the same messages (nft/fake is such a peer).
+func WithPeer(p wire.Peer) Option { return func(a *Applier) { a.peer = p } }
+
+// dial opens a connection to nf_tables: a socket in the Applier's namespace, or to its
+// peer.
+func (a *Applier) dial() (*netlink.Conn, error) {
+	if a.peer != nil {
+		return wire.DialPeer(a.peer), nil
+	}
+	return wire.Dial(a.netns)
+}
 
 // New returns an Applier.
 func New(opts ...Option) *Applier {
@@ -268,7 +282,7 @@ func (a *Applier) Delete(fam nft.Family, tables ...string) error {
 }
 
 func (a *Applier) tableNames(fam nft.Family) ([]string, error) {
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -280,7 +294,7 @@ func (a *Applier) tableNames(fam nft.Family) ([]string, error) {
 // unknown, so diff rewrites every one of them.
 func (a *Applier) kernelState(fam nft.Family, table string) (*state, error) {
 	st := newState(nil)
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,7 @@ type Count struct {
 
 // SetCounts reads the counters of every element of a counter set.
 func (a *Applier) SetCounts(fam nft.Family, table, set string) ([]Count, error) {
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -33,7 +33,7 @@ func (a *Applier) SetCounts(fam nft.Family, table, set string) ([]Count, error) 
 
 // RuleCounts reads the counters of the rules of a chain that have one.
 func (a *Applier) RuleCounts(fam nft.Family, table, chain string) ([]Count, error) {
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +65,7 @@ type OwnerCount struct {
 // call while another goroutine applies.
 func (a *Applier) CountersByOwner(fam nft.Family, table string, sets ...string) (counts []OwnerCount, unattributed int, err error) {
 	owners := a.owners(fam, table, sets)
-	conn, err := wire.Dial(a.netns)
+	conn, err := a.dial()
 	if err != nil {
 		return nil, 0, err
 	}
