@@ -444,10 +444,8 @@ func (p *Proxy) sync(periodic bool) error {
 		var rejected *kernel.RejectedError
 		if errors.As(err, &rejected) {
 			p.log.Error(err, "The kernel refused the transaction; it keeps the previous ruleset. Looking for the service ports it refuses")
-			var applied []*nft.Ruleset
-			if st, applied, err = p.isolate(rulesets, err); err == nil {
-				rulesets = applied
-			}
+			// what isolation finally applied is the dataplane's (Dataplane.Applied)
+			st, _, err = p.isolate(rulesets, err)
 		}
 		if err == nil {
 			p.syncedOnce.Do(func() { close(p.synced) })
