@@ -462,10 +462,19 @@ func (s *staged) check(k tableKey) []error {
 	jumps := map[string][]string{} // chain → chains it may jump or go to
 	for _, name := range slices.Sorted(maps.Keys(t.Sets)) {
 		set := t.Sets[name]
-		for _, kb := range slices.Sorted(maps.Keys(set.Elements)) {
-			if c := set.Elements[kb].VerdictChain; c != "" && t.Chains[c] == nil {
-				fail("set %s: element %s: to chain %s: %w", name, wire.DataString([]byte(kb)), c, s.missing("", c))
+		if !set.Verdicts() {
+			continue
+		}
+		var dangling []string // sorted only when there are some
+		for kb, e := range set.Elements {
+			if c := e.VerdictChain; c != "" && t.Chains[c] == nil {
+				dangling = append(dangling, kb)
 			}
+		}
+		slices.Sort(dangling)
+		for _, kb := range dangling {
+			c := set.Elements[kb].VerdictChain
+			fail("set %s: element %s: to chain %s: %w", name, wire.DataString([]byte(kb)), c, s.missing("", c))
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(t.Chains)) {
