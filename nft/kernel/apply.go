@@ -5,7 +5,9 @@
 // after a refusal it undoes its bookkeeping, so the next attempt is still a delta. It
 // also answers queries about the kernel: the tables present (Tables), counters
 // (CountersByOwner, SetCounts, RuleCounts), the running release and the nf_tables
-// features nftproxy needs (features.go). Messages are encoded by nft/wire.
+// features nftproxy needs (features.go). Messages are encoded by nft/wire. What was
+// last applied is published as an immutable snapshot (Applied); WithPeer puts an
+// in-process nf_tables (nft/fake) in place of the kernel.
 package kernel
 
 import (
