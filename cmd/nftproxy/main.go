@@ -226,12 +226,10 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 	hc := healthcheck.New(net.Listen, "", log.WithName("healthcheck")) // healthCheckNodePorts
 	defer hc.Close()
 	cfg.HealthChecks = hc
-	applied := &metrics.AppliedParts{} // the parts last applied, for the counters
-	cfg.Applied = applied.Publish
 	rec := metrics.New(metrics.Options{
 		// per-service counters, attributed by element key, served on /metrics/services
 		// only and read at most once per interval however often scraped
-		ServiceCounters:         metrics.KernelCounters(applier, pipeline.Families, applied),
+		ServiceCounters:         metrics.KernelCounters(applier, pipeline.Families),
 		NoServiceCounters:       !o.ServiceCounters,
 		ServiceCountersInterval: o.ServiceCountersMinInterval,
 		Log:                     log,

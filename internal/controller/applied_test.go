@@ -1,12 +1,7 @@
 package controller
 
 import (
-	"context"
 	"testing"
-	"time"
-
-	"github.com/go-logr/logr"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/metrics"
@@ -14,35 +9,25 @@ import (
 	"github.com/nftproxy/nftproxy/nft"
 )
 
-// Config.Applied is told the rulesets of each accepted sync, and only of accepted ones:
-// the per-service counters name service ports through their parts' tags.
-func TestAppliedRulesetsArePublished(t *testing.T) {
-	dp := &fakeDataplane{fail: 1} // the first attempt fails: nothing is published for it
-	var parts metrics.AppliedParts
-	published := make(chan int, 10)
-	client := fake.NewClientset(service("web", "10.96.0.1"), slice("web", "web-1", "10.244.1.2"))
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
-		Applied: func(rs []*nft.Ruleset) {
-			dp.mu.Lock()
-			calls := dp.calls
-			dp.mu.Unlock()
-			parts.Publish(rs)
-			published <- calls
-		}}, logr.Discard())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = p.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case calls := <-published:
-		if calls < 2 {
-			t.Errorf("published after %d Apply calls; the first one failed", calls)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no rulesets published")
-	}
+// What a sync applied is the dataplane's: the per-service counters (metrics.PartsOf
+// over the Applier's Applied, as main wires them) name a service port through the
+// part the controller gave the dataplane, and only once a transaction was accepted.
+func TestAppliedPartsFromTheDataplane(t *testing.T) {
+	dp := &fakeDataplane{fail: 1} // the first attempt fails: nothing is applied by it
+	parts := metrics.PartsOf(dp.Applied)
 	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http", Protocol: model.ProtoTCP}
+	if _, ok := parts.ServicePort(nft.IPv4, compile.ChainName("port", web)); ok {
+		t.Fatal("a part found before any sync")
+	}
+	startProxy(t, dp, service("web", "10.96.0.1"), slice("web", "web-1", "10.244.1.2"))
+	waitFor(t, "an accepted sync", func() bool { dp.mu.Lock(); defer dp.mu.Unlock(); return len(dp.applied) > 0 })
+	dp.mu.Lock()
+	calls := dp.calls
+	dp.mu.Unlock()
+	if calls < 2 {
+		t.Errorf("a sync accepted after %d Apply calls; the first one failed", calls)
+	}
 	if got, ok := parts.ServicePort(nft.IPv4, compile.ChainName("port", web)); !ok || got != web {
-		t.Errorf("the published part: %v, %v; want %v", got, ok, web)
+		t.Errorf("the applied part: %v, %v; want %v", got, ok, web)
 	}
 }

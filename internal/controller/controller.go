@@ -61,9 +61,6 @@ type Config struct {
 	HealthChecks HealthChecks
 	// Metrics receives sync and change observations; nil: none.
 	Metrics metrics.Recorder
-	// Applied, if set, is told the rulesets after each sync the kernel accepted (the
-	// per-service counters map kernel elements back to service ports through them).
-	Applied func(rulesets []*nft.Ruleset)
 	// CachesSynced, if set, is called once the informers' caches are synced, before the
 	// first sync starts (on the sync loop's goroutine: the first sync waits for it).
 	CachesSynced func()
@@ -110,11 +107,14 @@ type HealthChecks interface {
 	Sync(map[healthcheck.ServiceName]healthcheck.Service) error
 }
 
-// Dataplane is what the controller needs from the kernel side: *kernel.Applier, or
-// nft/fake's Applier (the kernel's commit semantics in memory) in tests.
+// Dataplane is what the controller needs from the kernel side: *kernel.Applier (in
+// tests, nft/fake's: one on an in-memory nf_tables). What was
+// last applied is the Dataplane's (Applied): the controller keeps no copy.
 type Dataplane interface {
 	Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error)
 	Resync()
+	// Applied is what the last accepted transaction wrote (nil before the first).
+	Applied() *kernel.Applied
 }
 
 // Proxy is the running controller.
@@ -146,8 +146,8 @@ type Proxy struct {
 	// succeeds also deletes the conntrack entries that escaped NAT while the table was
 	// broken (sync goroutine only)
 	repairing string
-	// the rulesets the kernel last accepted, and the parts it refused (see isolate.go)
-	applied    []*nft.Ruleset
+	// the parts the kernel refused (see isolate.go); what it last accepted is the
+	// dataplane's (Dataplane.Applied)
 	quarantine map[quarantineKey]*nft.Part
 
 	synced     chan struct{} // closed after the first successful sync
@@ -339,17 +339,11 @@ func (p *Proxy) sync(periodic bool) error {
 		var rejected *kernel.RejectedError
 		if errors.As(err, &rejected) {
 			p.log.Error(err, "The kernel refused the transaction; it keeps the previous ruleset. Looking for the service ports it refuses")
-			var applied []*nft.Ruleset
-			if st, applied, err = p.isolate(rulesets, err); err == nil {
-				rulesets = applied
-			}
+			// what isolation finally applied is the dataplane's (Dataplane.Applied)
+			st, _, err = p.isolate(rulesets, err)
 		}
 		if err == nil {
 			p.syncedOnce.Do(func() { close(p.synced) })
-			p.applied = rulesets
-			if p.cfg.Applied != nil {
-				p.cfg.Applied(rulesets)
-			}
 			kv := []any{"services", len(snap.Services), "full", st.Full, "messages", st.Messages,
 				"bytes", st.Bytes, "elements", st.Elements, "chains", st.Chains,
 				"compile", compiled, "encode", st.Encode, "kernel", st.Kernel, "took", time.Since(start)}

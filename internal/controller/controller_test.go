@@ -59,6 +59,16 @@ func (f *fakeDataplane) Apply(rs ...*nft.Ruleset) (kernel.Stats, error) {
 
 func (f *fakeDataplane) Resync() { f.mu.Lock(); f.resyncs++; f.mu.Unlock() }
 
+// Applied is the rulesets of the last successful Apply.
+func (f *fakeDataplane) Applied() *kernel.Applied {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.applied) == 0 {
+		return nil
+	}
+	return kernel.AppliedOf(f.applied[len(f.applied)-1]...)
+}
+
 // last returns the rendered ip-family ruleset of the last successful Apply.
 func (f *fakeDataplane) last() string {
 	f.mu.Lock()

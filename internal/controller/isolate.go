@@ -90,10 +90,12 @@ func (p *Proxy) revert(rulesets []*nft.Ruleset, excluded map[quarantineKey]bool)
 	return out
 }
 
-// lastGoodParts indexes the parts of the last applied rulesets.
+// lastGoodParts indexes the parts of the last applied rulesets (the dataplane's: a
+// trial of isolate that the kernel accepts changes them only for service ports no later
+// trial excludes again).
 func (p *Proxy) lastGoodParts() map[quarantineKey]*nft.Part {
 	out := map[quarantineKey]*nft.Part{}
-	for _, rs := range p.applied {
+	for _, rs := range p.dataplane.Applied().Rulesets() {
 		for _, part := range rs.Parts {
 			out[quarantineKey{rs.Family, part.Owner}] = part
 		}

@@ -33,9 +33,7 @@ func TestKernelCounters(t *testing.T) {
 	if _, err := a.Apply(rs); err != nil {
 		t.Fatal(err)
 	}
-	parts := &AppliedParts{}
-	parts.Publish([]*nft.Ruleset{rs})
-	ports, rejects, err := KernelCounters(a, []nft.Family{nft.IPv4}, parts)()
+	ports, rejects, err := KernelCounters(a, []nft.Family{nft.IPv4})()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +51,7 @@ func TestKernelCounters(t *testing.T) {
 }
 
 // AppliedParts names the service port of a part by its tag, in the family it was
-// published for, and follows each publish.
+// applied in, and follows each snapshot of the Applier's.
 func TestAppliedParts(t *testing.T) {
 	cfg := compile.Config{Family: nft.IPv4, MasqueradeBit: 14}
 	web := port("default", "web", "http", model.ProtoTCP)
@@ -63,11 +61,12 @@ func TestAppliedParts(t *testing.T) {
 	}
 	cc := compile.NewCompiler(cfg, compile.NewSlots())
 	rs, _ := cc.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{svc(web, "10.96.0.1")})})
-	var ap AppliedParts
+	var applied *kernel.Applied
+	ap := PartsOf(func() *kernel.Applied { return applied })
 	if _, ok := ap.ServicePort(nft.IPv4, compile.ChainName("port", web)); ok {
-		t.Fatal("a part found before any publish")
+		t.Fatal("a part found before anything was applied")
 	}
-	ap.Publish([]*nft.Ruleset{rs})
+	applied = kernel.AppliedOf(rs)
 	if got, ok := ap.ServicePort(nft.IPv4, compile.ChainName("port", web)); !ok || got != web {
 		t.Errorf("web: %v, %v", got, ok)
 	}
@@ -78,7 +77,7 @@ func TestAppliedParts(t *testing.T) {
 		t.Error("an unknown owner found")
 	}
 	rs, _ = cc.Compile(&model.Snapshot{Services: model.Ports([]model.ServicePort{svc(dns, "10.96.0.10")})})
-	ap.Publish([]*nft.Ruleset{rs})
+	applied = kernel.AppliedOf(rs)
 	if got, ok := ap.ServicePort(nft.IPv4, compile.ChainName("port", dns)); !ok || got != dns {
 		t.Errorf("dns: %v, %v", got, ok)
 	}

@@ -1,35 +1,40 @@
-// Package fake is an in-memory nf_tables for tests that run without root: Applier
-// stands in for nft/kernel's Applier with the kernel's commit semantics. A transaction
-// (one Apply) is checked as the kernel checks it and committed as a whole or not at
-// all; what the fake holds can be read back (Ruleset, Render) and changed behind the
-// applier's back as another process would (Foreign).
+// Package fake is an in-memory nf_tables for tests that run without root: the peer
+// at the other end of a real nft/kernel Applier's connection (kernel.WithPeer). The
+// Applier diffs and encodes as it does for the kernel; its batches reach the fake as
+// netlink messages, which nft/wire parses, and the fake keeps the tables they build. A
+// transaction (one batch) is checked as the kernel checks it and committed as a whole
+// or not at all; what the fake holds can be read back (Ruleset, Render) and changed
+// behind the Applier's back as another process would (Foreign).
 //
-// Like the real Applier, it remembers what it last wrote and sends only the
-// difference: an element or chain it believes is there and is not (another process
-// removed it) makes the next delta fail, as it does in the kernel, until Resync makes
-// the next Apply rewrite the table.
+// Since the Applier remembers what it last wrote and sends only the difference, an
+// element or chain it believes is there and is not (another process removed it) makes
+// the next delta fail, as it does in the kernel, until Resync makes the next Apply
+// rewrite the table.
 //
-// Refused, with kernel.RejectedError and the errno the kernel gives: a jump or goto to a
-// chain that does not exist (ENOENT), a lookup, verdict map, dnat map or set update of a
-// set that does not exist (ENOENT), an element for a set the ruleset does not define
-// (ENOENT), an element whose key or value does not fit the set's types (EINVAL), a
-// verdict map lookup of a set without verdicts (EINVAL), an update of a set that is not
-// dynamic (EOPNOTSUPP), deleting a chain, set or element that does not exist (ENOENT),
-// deleting a chain or set something still refers to, such as another process's rule
-// (EBUSY), adding an element that exists with another value or a set that exists with
-// another definition (EEXIST), a jump loop reachable from a base chain (EMLINK: the
-// kernel gives up at its jump depth limit), and names longer than the kernel's limit
-// (ERANGE: the attribute fails policy validation).
+// Refused, with the errno the kernel gives (a *kernel.RejectedError from Apply): a jump
+// or goto to a chain that does not exist (ENOENT), a lookup, verdict map, dnat map or
+// set update of a set that does not exist (ENOENT), elements for a set that does not
+// exist (ENOENT), an element whose key or value does not have the set's lengths
+// (EINVAL), a verdict map lookup of a set without verdicts (EINVAL), an update of a set
+// that is not dynamic (EOPNOTSUPP), deleting a chain, set, element or table that does
+// not exist (ENOENT), deleting a chain or set something still refers to, such as
+// another process's rule (EBUSY), adding an element that exists with another value or
+// a set that exists with another definition (EEXIST), a jump loop reachable from a base
+// chain (EMLINK: the kernel gives up at its jump depth limit), and names longer than
+// the kernel's limit (ERANGE: the attribute fails policy validation). What the
+// Applier's encoder refuses (an element value that does not fit its set's types) never
+// reaches the fake, as it never reaches the kernel.
 package fake
 
 import (
 	"errors"
 	"fmt"
 	"maps"
-	"reflect"
 	"slices"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
@@ -40,18 +45,71 @@ import (
 // 256, with the terminating NUL).
 const maxName = 255
 
-// maxErrors is how many errors a refusal reports, as nft/wire collects from the kernel.
-const maxErrors = 5
-
-// Applier is an in-memory nf_tables with an applier's memory. It is safe for concurrent
-// use.
+// Applier is a kernel.Applier whose connections go to an in-memory nf_tables. It is
+// safe to use as a kernel.Applier is (one goroutine applies); Ruleset, Render, Foreign
+// and Counts may be called from any goroutine.
 type Applier struct {
-	mu       sync.Mutex
-	tables   map[tableKey]*table // what "the kernel" holds
-	believed map[tableKey]*table // what Apply last wrote, per table; absent: rewrite
-	applies  int
-	refusals int
-	resyncs  int
+	*kernel.Applier
+	nf *Netfilter
+
+	mu                         sync.Mutex
+	applies, refusals, resyncs int
+}
+
+// New returns an Applier on an empty fake.
+func New() *Applier {
+	nf := NewNetfilter()
+	return &Applier{Applier: kernel.New(kernel.WithPeer(nf)), nf: nf}
+}
+
+// Netfilter is the fake nf_tables itself (the wire.Peer); Applier.Netfilter returns it.
+func (f *Applier) Netfilter() *Netfilter { return f.nf }
+
+// Apply is kernel.Applier.Apply, counted.
+func (f *Applier) Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error) {
+	st, err := f.Applier.Apply(rulesets...)
+	var rejected *kernel.RejectedError
+	f.mu.Lock()
+	f.applies++
+	if errors.As(err, &rejected) {
+		f.refusals++
+	}
+	f.mu.Unlock()
+	return st, err
+}
+
+// Resync is kernel.Applier.Resync, counted.
+func (f *Applier) Resync() {
+	f.mu.Lock()
+	f.resyncs++
+	f.mu.Unlock()
+	f.Applier.Resync()
+}
+
+// Counts reports how many transactions Apply was given, how many the fake refused,
+// and how many times Resync was called.
+func (f *Applier) Counts() (applies, refusals, resyncs int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.applies, f.refusals, f.resyncs
+}
+
+// Ruleset returns what the fake holds in a table (Netfilter.Ruleset).
+func (f *Applier) Ruleset(fam nft.Family, name string) *nft.Ruleset { return f.nf.Ruleset(fam, name) }
+
+// Render is the table in nft syntax (Netfilter.Render).
+func (f *Applier) Render(fam nft.Family, name string) string { return f.nf.Render(fam, name) }
+
+// Foreign commits another process's transaction (Netfilter.Foreign).
+func (f *Applier) Foreign(fam nft.Family, name string, edit func(rs *nft.Ruleset)) error {
+	return f.nf.Foreign(fam, name, edit)
+}
+
+// Netfilter is an in-memory nf_tables: a wire.Peer with the kernel's commit semantics.
+type Netfilter struct {
+	mu     sync.Mutex
+	tables map[tableKey]*wire.TableState // committed: never changed in place
+	gen    uint32
 }
 
 type tableKey struct {
@@ -59,129 +117,57 @@ type tableKey struct {
 	name string
 }
 
-// table is one table's content: sets with their elements by encoded key, chains.
-type table struct {
-	sets   map[string]*set
-	chains map[string]*nft.Chain
-	// deleted by the transaction being checked: a reference left to one of them is
-	// EBUSY (in use), not ENOENT
-	goneSets, goneChains map[string]bool
+// NewNetfilter returns an empty fake nf_tables.
+func NewNetfilter() *Netfilter { return &Netfilter{tables: map[tableKey]*wire.TableState{}, gen: 1} }
+
+// Generation is the ruleset generation: one more per committed transaction.
+func (nf *Netfilter) Generation() uint32 {
+	nf.mu.Lock()
+	defer nf.mu.Unlock()
+	return nf.gen
 }
 
-type set struct {
-	def   *nft.Set                // definition; Elements unused
-	elems map[string]*nft.Element // encoded key → element
-}
-
-// New returns an empty fake.
-func New() *Applier {
-	return &Applier{tables: map[tableKey]*table{}, believed: map[tableKey]*table{}}
-}
-
-// Resync makes the next Apply rewrite the whole table, whatever the fake believes.
-func (f *Applier) Resync() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.resyncs++
-	f.believed = map[tableKey]*table{}
-}
-
-// Apply makes the tables equal to the rulesets in one transaction, or refuses it as a
-// whole with a *kernel.RejectedError and changes nothing.
-func (f *Applier) Apply(rulesets ...*nft.Ruleset) (kernel.Stats, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.applies++
-	var st kernel.Stats
-	var errs []error
-	staged := map[tableKey]*table{}
-	wants := map[tableKey]*table{}
-	for _, rs := range rulesets {
-		k := tableKey{rs.Family, rs.Table}
-		want, err := build(rs)
-		if err != nil {
-			errs = append(errs, err...)
-			continue
-		}
-		wants[k] = want
-		prev, known := f.believed[k]
-		if !known {
-			st.Full = true
-			st.Messages++
-			st.Chains += len(want.chains)
-			for _, s := range want.sets {
-				st.Elements += len(s.elems)
-			}
-			staged[k] = want.clone()
-			continue
-		}
-		cur := f.tables[k]
-		if cur == nil {
-			cur = &table{sets: map[string]*set{}, chains: map[string]*nft.Chain{}}
-		} else {
-			cur = cur.clone()
-		}
-		errs = append(errs, delta(prev, want, cur, &st)...)
-		staged[k] = cur
-	}
-	for k, t := range staged {
-		errs = append(errs, t.check(k)...)
-	}
-	st.Messages++ // the table message every transaction starts with
-	if len(errs) > 0 {
-		f.refusals++
-		if st.Full { // like the Applier: after a refused rewrite, every table is rewritten
-			f.believed = map[tableKey]*table{}
-		}
-		return st, &kernel.RejectedError{Messages: st.Messages, Err: errors.Join(errs[:min(len(errs), maxErrors)]...)}
-	}
-	for k, t := range staged {
-		f.tables[k] = t
-		f.believed[k] = wants[k]
-	}
-	return st, nil
-}
-
-// Delete removes the given tables if they exist, in one transaction.
-func (f *Applier) Delete(fam nft.Family, tables ...string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.believed = map[tableKey]*table{}
-	for _, t := range tables {
-		delete(f.tables, tableKey{fam, t})
-	}
-	return nil
-}
-
-// Tables lists the tables of family fam and the names of each one's chains, sorted.
-func (f *Applier) Tables(fam nft.Family) (map[string][]string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := map[string][]string{}
-	for k, t := range f.tables {
+// Tables returns the family's tables, by name.
+func (nf *Netfilter) Tables(fam nft.Family) []*wire.TableState {
+	nf.mu.Lock()
+	defer nf.mu.Unlock()
+	var out []*wire.TableState
+	for k, t := range nf.tables {
 		if k.fam == fam {
-			out[k.name] = slices.Sorted(maps.Keys(t.chains))
+			out = append(out, t)
 		}
 	}
-	return out, nil
+	slices.SortFunc(out, func(a, b *wire.TableState) int { return cmpString(a.Name, b.Name) })
+	return out
 }
 
-// Ruleset returns what the fake holds in a table as a flat ruleset (no parts): sets
-// and chains sorted by name (base chains last), elements sorted by key. Nil if the
-// table does not exist.
-func (f *Applier) Ruleset(fam nft.Family, name string) *nft.Ruleset {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	t := f.tables[tableKey{fam, name}]
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Ruleset returns what the fake holds in a table as a flat ruleset (no parts), decoded
+// by nft/wire: sets and chains sorted by name (base chains last), elements by key. Nil
+// if the table does not exist.
+func (nf *Netfilter) Ruleset(fam nft.Family, name string) *nft.Ruleset {
+	nf.mu.Lock()
+	t := nf.tables[tableKey{fam, name}]
+	nf.mu.Unlock()
 	if t == nil {
 		return nil
 	}
-	return t.ruleset(fam, name)
+	rs, _ := wire.Decode(t)
+	return rs
 }
 
 // Render is the table in nft syntax (nft.Render of Ruleset); "" if it does not exist.
-func (f *Applier) Render(fam nft.Family, name string) string {
-	rs := f.Ruleset(fam, name)
+func (nf *Netfilter) Render(fam nft.Family, name string) string {
+	rs := nf.Ruleset(fam, name)
 	if rs == nil {
 		return ""
 	}
@@ -190,304 +176,329 @@ func (f *Applier) Render(fam nft.Family, name string) string {
 
 // Foreign commits a transaction of another process: edit gets the table as Ruleset
 // returns it (an empty one if it does not exist) and changes it; the result is checked
-// as any transaction and replaces the table. The Applier does not learn of it.
-func (f *Applier) Foreign(fam nft.Family, name string, edit func(rs *nft.Ruleset)) error {
-	rs := f.Ruleset(fam, name)
+// as any transaction and replaces the table. No Applier learns of it.
+func (nf *Netfilter) Foreign(fam nft.Family, name string, edit func(rs *nft.Ruleset)) error {
+	rs := nf.Ruleset(fam, name)
 	if rs == nil {
 		rs = &nft.Ruleset{Family: fam, Table: name}
 	}
 	edit(rs)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	t, errs := build(rs)
-	if len(errs) == 0 {
-		errs = t.check(tableKey{fam, name})
+	st, err := wire.EncodeState(rs)
+	if err != nil {
+		return &kernel.RejectedError{Messages: 1, Err: fmt.Errorf("%w: %w", err, syscall.EINVAL)}
 	}
-	if len(errs) > 0 {
+	tx := &txn{nf: nf, staged: map[tableKey]*staged{}}
+	nf.mu.Lock()
+	defer nf.mu.Unlock()
+	k := tableKey{fam, name}
+	tx.staged[k] = &staged{t: st, sets: map[string]bool{}, chains: map[string]bool{}}
+	if errs := tx.check(); len(errs) > 0 {
 		return &kernel.RejectedError{Messages: 1, Err: errors.Join(errs...)}
 	}
-	f.tables[tableKey{fam, name}] = t
+	nf.tables[k] = st
+	nf.gen++
 	return nil
 }
 
-// Counts reports how many transactions Apply was given, how many it refused, and how
-// many times Resync was called.
-func (f *Applier) Counts() (applies, refusals, resyncs int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.applies, f.refusals, f.resyncs
+// Transaction applies one batch's messages to a copy of the tables they touch and
+// commits the copies if the kernel would (wire.Peer).
+func (nf *Netfilter) Transaction(msgs []wire.Msg) []wire.MsgError {
+	nf.mu.Lock()
+	defer nf.mu.Unlock()
+	tx := &txn{nf: nf, staged: map[tableKey]*staged{}, deleted: map[tableKey]bool{}}
+	var errs []wire.MsgError
+	for i, m := range msgs {
+		if err := tx.apply(m); err != nil {
+			errs = append(errs, wire.MsgError{Index: i, Err: err})
+		}
+	}
+	if len(errs) == 0 {
+		for _, err := range tx.check() {
+			errs = append(errs, wire.MsgError{Index: len(msgs) - 1, Err: err})
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	for k := range tx.deleted {
+		delete(nf.tables, k)
+	}
+	for k, s := range tx.staged {
+		nf.tables[k] = s.t
+	}
+	nf.gen++
+	return nil
 }
 
-// build indexes a ruleset (with its parts) as a table: what the kernel would hold after
-// a full rewrite.
-func build(rs *nft.Ruleset) (*table, []error) {
-	t := &table{sets: map[string]*set{}, chains: map[string]*nft.Chain{}}
-	var errs []error
-	addSet := func(s *nft.Set) {
-		def := *s
-		def.Elements = nil
-		t.sets[s.Name] = &set{def: &def, elems: map[string]*nft.Element{}}
-	}
-	for _, s := range rs.Sets {
-		addSet(s)
-	}
-	for _, p := range rs.Parts {
-		for _, s := range p.Sets {
-			addSet(s)
-		}
-	}
-	addElems := func(name string, es []nft.Element) {
-		s := t.sets[name]
-		if s == nil {
-			errs = append(errs, fmt.Errorf("%s %s: elements for set %s: %w", rs.Family, rs.Table, name, syscall.ENOENT))
-			return
-		}
-		for i := range es {
-			k, err := s.key(&es[i])
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s %s: set %s: element %s: %w", rs.Family, rs.Table, name, nft.RenderElementKey(s.def, es[i]), err))
-				continue
-			}
-			s.elems[k] = &es[i]
-		}
-	}
-	for _, s := range rs.Sets {
-		addElems(s.Name, s.Elements)
-	}
-	for _, p := range rs.Parts {
-		for _, s := range p.Sets {
-			addElems(s.Name, s.Elements)
-		}
-		for _, se := range p.Elements {
-			addElems(se.Set, se.All())
-		}
-	}
-	for _, c := range rs.Chains {
-		t.chains[c.Name] = c
-	}
-	for _, p := range rs.Parts {
-		for _, c := range p.Chains {
-			t.chains[c.Name] = c
-		}
-	}
-	return t, errs
+// txn is a transaction being checked: copies of the tables it changes.
+type txn struct {
+	nf      *Netfilter
+	staged  map[tableKey]*staged
+	deleted map[tableKey]bool
 }
 
-// key encodes an element's key as the kernel stores it, and checks its value fits.
-func (s *set) key(e *nft.Element) (string, error) {
-	k, err := wire.AppendValues(nil, s.def.Key, e.Key)
-	if err != nil {
-		return "", fmt.Errorf("%w: %w", err, syscall.EINVAL)
-	}
-	switch {
-	case e.Verdict != nil && !isVerdictMap(s.def):
-		return "", fmt.Errorf("a verdict in a set without verdicts: %w", syscall.EINVAL)
-	case s.def.IsMap() && !isVerdictMap(s.def):
-		if _, err := wire.AppendValues(nil, s.def.Data, e.Data); err != nil {
-			return "", fmt.Errorf("value: %w: %w", err, syscall.EINVAL)
-		}
-	case isVerdictMap(s.def) && e.Verdict == nil:
-		return "", fmt.Errorf("no verdict for a verdict map: %w", syscall.EINVAL)
-	}
-	return string(k), nil
+// staged is a copy of one table: its maps are copies, and so are the chains and sets
+// the transaction changed (cloned on their first change).
+type staged struct {
+	t              *wire.TableState
+	chains, sets   map[string]bool // copied already
+	gone, goneSets map[string]bool // chains and sets this transaction deleted
 }
 
-func isVerdictMap(s *nft.Set) bool { return len(s.Data) == 1 && s.Data[0] == nft.TypeVerdict }
-
-func (t *table) clone() *table {
-	out := &table{sets: make(map[string]*set, len(t.sets)), chains: maps.Clone(t.chains)}
-	for name, s := range t.sets {
-		out.sets[name] = &set{def: s.def, elems: maps.Clone(s.elems)}
+// table returns the staged copy of a table; nil if it does not exist.
+func (tx *txn) table(fam nft.Family, name string) *staged {
+	k := tableKey{fam, name}
+	if s := tx.staged[k]; s != nil {
+		return s
 	}
-	return out
+	t := tx.nf.tables[k]
+	if t == nil || tx.deleted[k] {
+		return nil
+	}
+	c := *t
+	c.Chains, c.Sets = maps.Clone(t.Chains), maps.Clone(t.Sets)
+	s := &staged{t: &c, chains: map[string]bool{}, sets: map[string]bool{}}
+	tx.staged[k] = s
+	return s
 }
 
-// delta applies to cur what the real Applier sends to turn prev (what it believes the
-// kernel holds) into want, failing as the kernel fails where cur is not what the
-// Applier believes.
-func delta(prev, want, cur *table, st *kernel.Stats) []error {
-	var errs []error
-	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	// sets: gone, new, replaced; elements of kept sets by key
-	for name := range prev.sets {
-		if want.sets[name] == nil {
-			st.Messages++
-			if cur.sets[name] == nil {
-				fail("deleting set %s: %w", name, syscall.ENOENT)
-			}
-			delete(cur.sets, name)
-			cur.gone(name, "")
-		}
+// chain returns the table's chain, copied for changing; nil if absent.
+func (s *staged) chain(name string) *wire.ChainState {
+	c := s.t.Chains[name]
+	if c == nil || s.chains[name] {
+		return c
 	}
-	for _, name := range slices.Sorted(maps.Keys(want.sets)) {
-		w, p := want.sets[name], prev.sets[name]
-		replaced := p != nil && !sameDef(p.def, w.def)
-		if replaced {
-			st.Messages++
-			if cur.sets[name] == nil {
-				fail("deleting set %s: %w", name, syscall.ENOENT)
-			}
-			delete(cur.sets, name)
-			p = nil
-		}
-		c := cur.sets[name]
-		switch {
-		case p == nil && c != nil && !sameDef(c.def, w.def):
-			fail("adding set %s: it exists with another definition: %w", name, syscall.EEXIST)
-			continue
-		case p == nil && c == nil:
-			st.Messages++
-			c = &set{def: w.def, elems: map[string]*nft.Element{}}
-			cur.sets[name] = c
-		case p == nil:
-		case w.def.Dynamic && p.def.Epoch != w.def.Epoch:
-			st.Messages++
-			c.elems = map[string]*nft.Element{} // flushed
-		}
-		c.def = w.def
-		if w.def.Dynamic {
-			continue // learned by the rules
-		}
-		var old map[string]*nft.Element
-		if p != nil {
-			old = p.elems
-		}
-		for k, e := range old {
-			if n, kept := w.elems[k]; kept && reflect.DeepEqual(n, e) {
-				continue
-			}
-			st.Elements++
-			if _, ok := c.elems[k]; !ok {
-				fail("set %s: deleting element %s: %w", name, nft.RenderElementKey(w.def, *e), syscall.ENOENT)
-			}
-			delete(c.elems, k)
-		}
-		for k, e := range w.elems {
-			if o, had := old[k]; had && reflect.DeepEqual(o, e) {
-				continue
-			}
-			st.Elements++
-			if x, ok := c.elems[k]; ok && !sameElem(x, e) {
-				fail("set %s: adding element %s: it exists with another value: %w", name, nft.RenderElementKey(w.def, *e), syscall.EEXIST)
-			}
-			c.elems[k] = e
-		}
-	}
-	// chains: gone, new (appended to if another process created it), changed (flushed)
-	for name := range prev.chains {
-		if want.chains[name] == nil {
-			st.Chains++
-			if cur.chains[name] == nil {
-				fail("deleting chain %s: %w", name, syscall.ENOENT)
-			}
-			delete(cur.chains, name)
-			cur.gone("", name)
-		}
-	}
-	for name, w := range want.chains {
-		p, had := prev.chains[name]
-		c := cur.chains[name]
-		switch {
-		case !had && c != nil:
-			st.Chains++
-			cur.chains[name] = &nft.Chain{Name: name, Hook: c.Hook, Rules: slices.Concat(c.Rules, w.Rules)}
-		case !had:
-			st.Chains++
-			cur.chains[name] = w
-		case !reflect.DeepEqual(p.Rules, w.Rules) || !reflect.DeepEqual(p.Hook, w.Hook):
-			st.Chains++
-			if c == nil {
-				fail("flushing chain %s: %w", name, syscall.ENOENT)
-			}
-			cur.chains[name] = w
-		}
-	}
-	return errs
+	cc := *c
+	cc.Rules = slices.Clone(c.Rules)
+	s.t.Chains[name] = &cc
+	s.chains[name] = true
+	return &cc
 }
 
-// gone notes a set or chain the transaction deletes.
-func (t *table) gone(set, chain string) {
-	if t.goneSets == nil {
-		t.goneSets, t.goneChains = map[string]bool{}, map[string]bool{}
+// set returns the table's set, copied for changing; nil if absent.
+func (s *staged) set(name string) *wire.SetState {
+	st := s.t.Sets[name]
+	if st == nil || s.sets[name] {
+		return st
 	}
-	if set != "" {
-		t.goneSets[set] = true
+	c := *st
+	c.Elements = maps.Clone(st.Elements)
+	s.t.Sets[name] = &c
+	s.sets[name] = true
+	return &c
+}
+
+func (s *staged) deleted(chain, set string) {
+	if s.gone == nil {
+		s.gone, s.goneSets = map[string]bool{}, map[string]bool{}
 	}
 	if chain != "" {
-		t.goneChains[chain] = true
+		s.gone[chain] = true
+	}
+	if set != "" {
+		s.goneSets[set] = true
 	}
 }
 
 // missing is the error of a reference to a set or chain that is not there: in use
 // (EBUSY) if this transaction deletes it, no such object (ENOENT) otherwise.
-func (t *table) missing(set, chain string) error {
-	if t.goneSets[set] && set != "" || t.goneChains[chain] && chain != "" {
+func (s *staged) missing(set, chain string) error {
+	if set != "" && s.goneSets[set] || chain != "" && s.gone[chain] {
 		return syscall.EBUSY
 	}
 	return syscall.ENOENT
 }
 
-func sameDef(a, b *nft.Set) bool {
-	return a.Comment == b.Comment && a.Dynamic == b.Dynamic && a.Timeout == b.Timeout && a.Size == b.Size &&
-		a.Counter == b.Counter && a.Interval == b.Interval && slices.Equal(a.Key, b.Key) && slices.Equal(a.Data, b.Data)
+// apply applies one message to the staged tables, as the kernel does while it
+// prepares a transaction.
+func (tx *txn) apply(m wire.Msg) error {
+	where := fmt.Sprintf("%s %s", m.Family, m.Table)
+	if len(m.Table) > maxName || len(m.Name) > maxName {
+		return fmt.Errorf("%s: name of %d bytes: %w", where, max(len(m.Table), len(m.Name)), syscall.ERANGE)
+	}
+	if m.Type == unix.NFT_MSG_NEWTABLE {
+		if tx.table(m.Family, m.Table) == nil {
+			k := tableKey{m.Family, m.Table}
+			delete(tx.deleted, k)
+			t := &wire.TableState{Family: m.Family, Name: m.Table, Exists: true,
+				Chains: map[string]*wire.ChainState{}, Sets: map[string]*wire.SetState{}}
+			tx.staged[k] = &staged{t: t, chains: map[string]bool{}, sets: map[string]bool{}}
+		}
+		return nil
+	}
+	s := tx.table(m.Family, m.Table)
+	if s == nil {
+		return fmt.Errorf("%s: no such table: %w", where, syscall.ENOENT)
+	}
+	switch m.Type {
+	case unix.NFT_MSG_DELTABLE:
+		k := tableKey{m.Family, m.Table}
+		delete(tx.staged, k)
+		tx.deleted[k] = true
+	case unix.NFT_MSG_NEWCHAIN:
+		c := *m.Chain
+		if old := s.t.Chains[c.Name]; old != nil { // another process's chain of that name
+			c.Rules = old.Rules
+		}
+		s.t.Chains[c.Name] = &c
+		s.chains[c.Name] = false // the copy's rules are still shared
+	case unix.NFT_MSG_NEWRULE:
+		c := s.chain(m.Name)
+		if c == nil {
+			return fmt.Errorf("%s: rule for chain %s: %w", where, m.Name, syscall.ENOENT)
+		}
+		c.Rules = append(c.Rules, *m.Rule)
+	case unix.NFT_MSG_DELRULE:
+		c := s.chain(m.Name)
+		if c == nil {
+			return fmt.Errorf("%s: flushing chain %s: %w", where, m.Name, syscall.ENOENT)
+		}
+		c.Rules = nil
+	case unix.NFT_MSG_DELCHAIN:
+		if s.t.Chains[m.Name] == nil {
+			return fmt.Errorf("%s: deleting chain %s: %w", where, m.Name, syscall.ENOENT)
+		}
+		delete(s.t.Chains, m.Name)
+		s.deleted(m.Name, "")
+	case unix.NFT_MSG_NEWSET:
+		if old := s.t.Sets[m.Name]; old != nil {
+			if !wire.SameSetDef(old, m.Set) {
+				return fmt.Errorf("%s: adding set %s: it exists with another definition: %w", where, m.Name, syscall.EEXIST)
+			}
+			return nil
+		}
+		s.t.Sets[m.Name] = m.Set
+		s.sets[m.Name] = true // parsed for this message: the transaction's own
+	case unix.NFT_MSG_DELSET:
+		if s.t.Sets[m.Name] == nil {
+			return fmt.Errorf("%s: deleting set %s: %w", where, m.Name, syscall.ENOENT)
+		}
+		delete(s.t.Sets, m.Name)
+		s.deleted("", m.Name)
+	case unix.NFT_MSG_NEWSETELEM:
+		set := s.set(m.Name)
+		if set == nil {
+			return fmt.Errorf("%s: elements for set %s: %w", where, m.Name, syscall.ENOENT)
+		}
+		var errs []error
+		for _, e := range m.Elems {
+			if err := fits(set, e); err != nil {
+				errs = append(errs, fmt.Errorf("%s: set %s: element %s: %w", where, m.Name, wire.DataString(e.Key), err))
+				continue
+			}
+			if old, ok := set.Elements[string(e.Key)]; ok && !sameValue(old, e) {
+				errs = append(errs, fmt.Errorf("%s: set %s: adding element %s: it exists with another value: %w", where, m.Name, wire.DataString(e.Key), syscall.EEXIST))
+				continue
+			}
+			set.Elements[string(e.Key)] = e
+		}
+		return errors.Join(errs...)
+	case unix.NFT_MSG_DELSETELEM:
+		set := s.set(m.Name)
+		if set == nil {
+			return fmt.Errorf("%s: deleting elements of set %s: %w", where, m.Name, syscall.ENOENT)
+		}
+		if len(m.Elems) == 0 { // a flush
+			set.Elements = map[string]wire.ElemState{}
+			return nil
+		}
+		var errs []error
+		for _, e := range m.Elems {
+			if _, ok := set.Elements[string(e.Key)]; !ok {
+				errs = append(errs, fmt.Errorf("%s: set %s: deleting element %s: %w", where, m.Name, wire.DataString(e.Key), syscall.ENOENT))
+				continue
+			}
+			delete(set.Elements, string(e.Key))
+		}
+		return errors.Join(errs...)
+	default:
+		return fmt.Errorf("%s: message type %d: %w", where, m.Type, syscall.EOPNOTSUPP)
+	}
+	return nil
 }
 
-// sameElem: the kernel keeps an existing element when the value is the same (a
+// fits checks an element against its set's key and value lengths and kind.
+func fits(s *wire.SetState, e wire.ElemState) error {
+	switch {
+	case uint32(len(e.Key)) != s.KeyLen:
+		return fmt.Errorf("a key of %d bytes in a set of %d-byte keys: %w", len(e.Key), s.KeyLen, syscall.EINVAL)
+	case e.Verdict && !s.Verdicts():
+		return fmt.Errorf("a verdict in a set without verdicts: %w", syscall.EINVAL)
+	case s.Verdicts() && !e.Verdict:
+		return fmt.Errorf("no verdict for a verdict map: %w", syscall.EINVAL)
+	case s.IsMap() && !s.Verdicts() && uint32(len(e.Data)) != s.DataLen:
+		return fmt.Errorf("a value of %d bytes in a map of %d-byte values: %w", len(e.Data), s.DataLen, syscall.EINVAL)
+	}
+	return nil
+}
+
+// sameValue: the kernel keeps an existing element when the value is the same (a
 // comment or counter is not compared).
-func sameElem(a, b *nft.Element) bool {
-	return reflect.DeepEqual(a.Data, b.Data) && reflect.DeepEqual(a.Verdict, b.Verdict)
+func sameValue(a, b wire.ElemState) bool {
+	return string(a.Data) == string(b.Data) && a.Verdict == b.Verdict && a.VerdictCode == b.VerdictCode && a.VerdictChain == b.VerdictChain
 }
 
-// check validates a table as the kernel does at commit: names, and every reference
-// from rules and verdict map elements to chains and sets, and no jump loop from a base chain.
-func (t *table) check(k tableKey) []error {
+// check validates the staged tables as the kernel does at commit: every reference from
+// rules and verdict map elements to chains and sets, and no jump loop from a base chain.
+func (tx *txn) check() []error {
+	var errs []error
+	for _, k := range slices.SortedFunc(maps.Keys(tx.staged), func(a, b tableKey) int {
+		if a.fam != b.fam {
+			return int(a.fam) - int(b.fam)
+		}
+		return cmpString(a.name, b.name)
+	}) {
+		errs = append(errs, tx.staged[k].check(k)...)
+	}
+	return errs
+}
+
+func (s *staged) check(k tableKey) []error {
 	var errs []error
 	fail := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s %s: "+format, append([]any{k.fam, k.name}, args...)...))
 	}
-	if len(k.name) > maxName {
-		fail("table name of %d bytes: %w", len(k.name), syscall.ERANGE)
-	}
+	t := s.t
 	jumps := map[string][]string{} // chain → chains it may jump or go to
-	for _, name := range slices.Sorted(maps.Keys(t.sets)) {
-		s := t.sets[name]
-		if len(name) > maxName {
-			fail("set name of %d bytes: %w", len(name), syscall.ERANGE)
+	for _, name := range slices.Sorted(maps.Keys(t.Sets)) {
+		set := t.Sets[name]
+		if !set.Verdicts() {
+			continue
 		}
-		for _, kb := range slices.Sorted(maps.Keys(s.elems)) {
-			if v := s.elems[kb].Verdict; v != nil && (v.Kind == nft.Jump || v.Kind == nft.Goto) && t.chains[v.Chain] == nil {
-				fail("set %s: element %s: %s to chain %s: %w", name, nft.RenderElementKey(s.def, *s.elems[kb]), verb(v.Kind), v.Chain, t.missing("", v.Chain))
+		var dangling []string // sorted only when there are some
+		for kb, e := range set.Elements {
+			if c := e.VerdictChain; c != "" && t.Chains[c] == nil {
+				dangling = append(dangling, kb)
 			}
 		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(t.chains)) {
-		c := t.chains[name]
-		if len(name) > maxName {
-			fail("chain name of %d bytes: %w", len(name), syscall.ERANGE)
+		slices.Sort(dangling)
+		for _, kb := range dangling {
+			c := set.Elements[kb].VerdictChain
+			fail("set %s: element %s: to chain %s: %w", name, wire.DataString([]byte(kb)), c, s.missing("", c))
 		}
-		for i, r := range c.Rules {
-			for _, s := range r.Stmts {
-				to, sets := refs(s)
-				for _, target := range to {
-					if t.chains[target] == nil {
-						fail("chain %s rule %d: jump to chain %s: %w", name, i, target, t.missing("", target))
-					}
-					jumps[name] = append(jumps[name], target)
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.Chains)) {
+		for i, r := range t.Chains[name].Rules {
+			chains, sets := wire.RuleRefs(r)
+			for _, target := range chains {
+				if t.Chains[target] == nil {
+					fail("chain %s rule %d: jump to chain %s: %w", name, i, target, s.missing("", target))
 				}
-				for _, ref := range sets {
-					ts := t.sets[ref.name]
-					switch {
-					case ts == nil:
-						fail("chain %s rule %d: %s @%s: %w", name, i, ref.use, ref.name, t.missing(ref.name, ""))
-					case ref.verdicts && !isVerdictMap(ts.def), ref.values && (!ts.def.IsMap() || isVerdictMap(ts.def)):
-						fail("chain %s rule %d: %s @%s: not a map of that kind: %w", name, i, ref.use, ref.name, syscall.EINVAL)
-					case ref.dynamic && !ts.def.Dynamic:
-						fail("chain %s rule %d: %s @%s: not a dynamic set: %w", name, i, ref.use, ref.name, syscall.EOPNOTSUPP)
-					case ref.verdicts:
-						for _, e := range ts.elems {
-							if v := e.Verdict; v != nil && (v.Kind == nft.Jump || v.Kind == nft.Goto) {
-								jumps[name] = append(jumps[name], v.Chain)
-							}
+				jumps[name] = append(jumps[name], target)
+			}
+			for _, ref := range sets {
+				set := t.Sets[ref.Set]
+				switch {
+				case set == nil:
+					fail("chain %s rule %d: set @%s: %w", name, i, ref.Set, s.missing(ref.Set, ""))
+				case ref.Verdicts && !set.Verdicts(), ref.Values && (!set.IsMap() || set.Verdicts()):
+					fail("chain %s rule %d: @%s: not a map of that kind: %w", name, i, ref.Set, syscall.EINVAL)
+				case ref.Update && !set.Dynamic():
+					fail("chain %s rule %d: update @%s: not a dynamic set: %w", name, i, ref.Set, syscall.EOPNOTSUPP)
+				case ref.Verdicts:
+					for _, e := range set.Elements {
+						if e.VerdictChain != "" {
+							jumps[name] = append(jumps[name], e.VerdictChain)
 						}
 					}
 				}
@@ -495,7 +506,7 @@ func (t *table) check(k tableKey) []error {
 		}
 	}
 	var bases []string
-	for name, c := range t.chains {
+	for name, c := range t.Chains {
 		if c.Hook != nil {
 			bases = append(bases, name)
 		}
@@ -504,43 +515,6 @@ func (t *table) check(k tableKey) []error {
 		fail("jump loop through chain %s: %w", loop, syscall.EMLINK)
 	}
 	return errs
-}
-
-func verb(k nft.VerdictKind) string {
-	if k == nft.Goto {
-		return "goto"
-	}
-	return "jump"
-}
-
-// setRef is a statement's use of a set.
-type setRef struct {
-	name     string
-	use      string // for errors: "lookup", "vmap", …
-	verdicts bool   // must be a verdict map
-	values   bool   // must be a map of values
-	dynamic  bool   // must be a dynamic set
-}
-
-// refs returns the chains a statement jumps or goes to and the sets it uses.
-func refs(s nft.Stmt) (chains []string, sets []setRef) {
-	switch s := s.(type) {
-	case nft.Verdict:
-		if s.Kind == nft.Jump || s.Kind == nft.Goto {
-			chains = append(chains, s.Chain)
-		}
-	case nft.Lookup:
-		sets = append(sets, setRef{name: s.Set, use: "lookup"})
-	case nft.VMap:
-		sets = append(sets, setRef{name: s.Map, use: "vmap", verdicts: true})
-	case nft.DNATNumgenMap:
-		sets = append(sets, setRef{name: s.Map, use: "dnat map", values: true})
-	case nft.DNATKeyMap:
-		sets = append(sets, setRef{name: s.Map, use: "dnat map", values: true})
-	case nft.UpdateSaddr:
-		sets = append(sets, setRef{name: s.Set, use: "update", dynamic: true})
-	}
-	return chains, sets
 }
 
 // findLoop returns a chain on a cycle of jumps reachable from the base chains, "" if
@@ -577,30 +551,4 @@ func findLoop(jumps map[string][]string, bases []string) string {
 		}
 	}
 	return ""
-}
-
-// ruleset is the table as a flat ruleset, sorted.
-func (t *table) ruleset(fam nft.Family, name string) *nft.Ruleset {
-	rs := &nft.Ruleset{Family: fam, Table: name}
-	for _, n := range slices.Sorted(maps.Keys(t.sets)) {
-		s := t.sets[n]
-		c := *s.def
-		c.Elements = nil
-		for _, k := range slices.Sorted(maps.Keys(s.elems)) {
-			c.Elements = append(c.Elements, *s.elems[k])
-		}
-		rs.Sets = append(rs.Sets, &c)
-	}
-	var base []*nft.Chain
-	for _, n := range slices.Sorted(maps.Keys(t.chains)) {
-		c := t.chains[n]
-		cc := &nft.Chain{Name: c.Name, Hook: c.Hook, Rules: slices.Clone(c.Rules)}
-		if c.Hook != nil {
-			base = append(base, cc)
-		} else {
-			rs.Chains = append(rs.Chains, cc)
-		}
-	}
-	rs.Chains = append(rs.Chains, base...)
-	return rs
 }

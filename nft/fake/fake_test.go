@@ -182,7 +182,10 @@ func TestFakeRefuses(t *testing.T) {
 			tc.edit(bad)
 			_, err := f.Apply(bad)
 			var rejected *kernel.RejectedError
-			if !errors.As(err, &rejected) || !errors.Is(err, tc.errno) {
+			switch {
+			case tc.encoder && (err == nil || errors.As(err, &rejected)):
+				t.Fatalf("Apply: %v, want the Applier's encoder to refuse it", err)
+			case !tc.encoder && (!errors.As(err, &rejected) || !errors.Is(err, tc.errno)):
 				t.Fatalf("Apply: %v, want a RejectedError with %v", err, tc.errno)
 			}
 			if got := f.Render(nft.IPv4, "t"); got != before {

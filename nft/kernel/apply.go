@@ -5,7 +5,9 @@
 // after a refusal it undoes its bookkeeping, so the next attempt is still a delta. It
 // also answers queries about the kernel: the tables present (Tables), counters
 // (CountersByOwner, SetCounts, RuleCounts), the running release and the nf_tables
-// features nftproxy needs (features.go). Messages are encoded by nft/wire.
+// features nftproxy needs (features.go). Messages are encoded by nft/wire. What was
+// last applied is published as an immutable snapshot (Applied); WithPeer puts an
+// in-process nf_tables (nft/fake) in place of the kernel.
 package kernel
 
 import (
@@ -35,13 +37,14 @@ import (
 // It writes on one netlink socket that stays open between transactions (see own.go:
 // that is how nft/monitor tells its transactions from everyone else's); Close closes it.
 type Applier struct {
-	netns int // fd of the target network namespace, or 0 for the current one
+	netns int       // fd of the target network namespace, or 0 for the current one
+	peer  wire.Peer // in place of the kernel (WithPeer); nil: the kernel
 	prev  map[tableKey]*state
 	conn  *netlink.Conn // the write socket; nil until the first transaction or after a failure
 	port  uint32        // its port id
 	own   sockets       // every write socket's port and generations, for Monitors
 
-	published atomic.Pointer[applied] // the rulesets last written, for CountersByOwner
+	published atomic.Pointer[Applied] // the rulesets last written (Applied, CountersByOwner)
 	indexMu   sync.Mutex
 	index     map[tableKey]*ownerIndex // CountersByOwner's attribution, by table
 }
@@ -132,6 +135,19 @@ type Option func(*Applier)
 
 // WithNetNS makes the Applier program the network namespace open at fd.
 func WithNetNS(fd int) Option { return func(a *Applier) { a.netns = fd } }
+
+// WithPeer makes the Applier talk to p instead of the kernel: every connection it
+// opens is wire.DialPeer(p), which carries the same messages (nft/fake is such a peer).
+func WithPeer(p wire.Peer) Option { return func(a *Applier) { a.peer = p } }
+
+// dial opens a connection to nf_tables: a socket in the Applier's namespace, or to its
+// peer.
+func (a *Applier) dial() (*netlink.Conn, error) {
+	if a.peer != nil {
+		return wire.DialPeer(a.peer), nil
+	}
+	return wire.Dial(a.netns)
+}
 
 // New returns an Applier.
 func New(opts ...Option) *Applier {
@@ -231,15 +247,15 @@ func (a *Applier) Apply(rulesets ...*nft.Ruleset) (Stats, error) {
 	return st, nil
 }
 
-// publish makes the rulesets in a.prev visible to CountersByOwner.
+// publish makes the rulesets in a.prev visible to Applied and CountersByOwner.
 func (a *Applier) publish() {
-	p := applied{}
-	for k, s := range a.prev {
+	rss := make([]*nft.Ruleset, 0, len(a.prev))
+	for _, s := range a.prev {
 		if s.rs != nil {
-			p[k] = s.rs
+			rss = append(rss, s.rs)
 		}
 	}
-	a.published.Store(&p)
+	a.published.Store(AppliedOf(rss...))
 }
 
 // Delete removes the given tables if they exist, in one transaction.
@@ -268,7 +284,7 @@ func (a *Applier) Delete(fam nft.Family, tables ...string) error {
 }
 
 func (a *Applier) tableNames(fam nft.Family) ([]string, error) {
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -280,7 +296,7 @@ func (a *Applier) tableNames(fam nft.Family) ([]string, error) {
 // unknown, so diff rewrites every one of them.
 func (a *Applier) kernelState(fam nft.Family, table string) (*state, error) {
 	st := newState(nil)
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,9 @@
 package kernel
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/wire"
@@ -17,7 +19,7 @@ type Count struct {
 
 // SetCounts reads the counters of every element of a counter set.
 func (a *Applier) SetCounts(fam nft.Family, table, set string) ([]Count, error) {
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -31,7 +33,7 @@ func (a *Applier) SetCounts(fam nft.Family, table, set string) ([]Count, error) 
 
 // RuleCounts reads the counters of the rules of a chain that have one.
 func (a *Applier) RuleCounts(fam nft.Family, table, chain string) ([]Count, error) {
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +65,7 @@ type OwnerCount struct {
 // call while another goroutine applies.
 func (a *Applier) CountersByOwner(fam nft.Family, table string, sets ...string) (counts []OwnerCount, unattributed int, err error) {
 	owners := a.owners(fam, table, sets)
-	conn, err := wire.Dial(a.netns)
+	conn, err := a.dial()
 	if err != nil {
 		return nil, 0, err
 	}
@@ -92,9 +94,54 @@ func (a *Applier) CountersByOwner(fam nft.Family, table string, sets ...string) 
 	return counts, unattributed, nil
 }
 
-// applied is what an Applier last wrote successfully, published for readers on other
-// goroutines (rulesets and parts are never modified once built).
-type applied map[tableKey]*nft.Ruleset
+// Applied is what an Applier last wrote successfully: the ruleset of each table, as
+// given to Apply. A snapshot never changes (nor do rulesets and parts once built);
+// Applier.Applied returns a new one after each accepted transaction, so readers on
+// other goroutines may compare snapshots by pointer to see whether anything changed.
+type Applied struct {
+	tables map[tableKey]*nft.Ruleset
+	order  []*nft.Ruleset // by family, then table
+}
+
+// AppliedOf is the snapshot of rulesets as if an Applier had just written them (one per
+// table; a later one for the same table wins).
+func AppliedOf(rulesets ...*nft.Ruleset) *Applied {
+	p := &Applied{tables: map[tableKey]*nft.Ruleset{}}
+	for _, rs := range rulesets {
+		p.tables[tableKey{rs.Family, rs.Table}] = rs
+	}
+	for _, rs := range p.tables {
+		p.order = append(p.order, rs)
+	}
+	slices.SortFunc(p.order, func(a, b *nft.Ruleset) int {
+		if a.Family != b.Family {
+			return cmp.Compare(a.Family, b.Family)
+		}
+		return cmp.Compare(a.Table, b.Table)
+	})
+	return p
+}
+
+// Ruleset is the ruleset last written to a table; nil if none (or p is nil).
+func (p *Applied) Ruleset(fam nft.Family, table string) *nft.Ruleset {
+	if p == nil {
+		return nil
+	}
+	return p.tables[tableKey{fam, table}]
+}
+
+// Rulesets are the rulesets last written, by family and table (nil if p is nil). The
+// slice is the caller's; the rulesets must not be modified.
+func (p *Applied) Rulesets() []*nft.Ruleset {
+	if p == nil {
+		return nil
+	}
+	return slices.Clone(p.order)
+}
+
+// Applied returns what the Applier last wrote successfully; nil before its first
+// accepted transaction. It is safe to call while another goroutine applies.
+func (a *Applier) Applied() *Applied { return a.published.Load() }
 
 // ownerIndex maps the keys of a table's counter sets to the owners of the parts that
 // added them, for one applied ruleset.
@@ -106,10 +153,7 @@ type ownerIndex struct {
 // owners returns the owner index of the given sets of a table as last applied,
 // rebuilt only when the ruleset changed since the last call.
 func (a *Applier) owners(fam nft.Family, table string, sets []string) map[string]map[string]string {
-	var rs *nft.Ruleset
-	if p := a.published.Load(); p != nil {
-		rs = (*p)[tableKey{fam, table}]
-	}
+	rs := a.Applied().Ruleset(fam, table)
 	a.indexMu.Lock()
 	defer a.indexMu.Unlock()
 	if a.index == nil {

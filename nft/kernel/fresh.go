@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/nftproxy/nftproxy/internal/par"
 	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/par"
 	"github.com/nftproxy/nftproxy/nft/wire"
 )
 

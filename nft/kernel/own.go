@@ -104,7 +104,7 @@ func (a *Applier) writer() (*netlink.Conn, error) {
 	if a.conn != nil {
 		return a.conn, nil
 	}
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +148,7 @@ func (a *Applier) retire() error {
 	}
 	a.own.mu.Unlock()
 	var gerr error
-	if q, err := wire.Dial(a.netns); err != nil {
+	if q, err := a.dial(); err != nil {
 		gerr = err
 	} else {
 		if g, err := wire.GenID(q); err == nil {

@@ -11,7 +11,7 @@ import (
 // owns them (read-only; for example to find another proxy's leftover rules).
 // iptables-nft's tables (nat, filter, …) are nftables tables and are listed too.
 func (a *Applier) Tables(fam nft.Family) (map[string][]string, error) {
-	c, err := wire.Dial(a.netns)
+	c, err := a.dial()
 	if err != nil {
 		return nil, err
 	}

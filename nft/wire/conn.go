@@ -44,6 +44,9 @@ func QueryGen(netns int) (uint32, error) {
 // PortOf returns the netlink port id the socket is bound to. The kernel stamps every
 // event and the NEWGEN of each transaction with the committing socket's port id.
 func PortOf(c *netlink.Conn) (uint32, error) {
+	if p := peerOf(c); p != nil {
+		return p.port, nil
+	}
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return 0, err

@@ -2,11 +2,9 @@ package wire
 
 import (
 	"bytes"
-	"encoding/binary"
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -209,100 +207,6 @@ func encodeStmt(fam nft.Family, s nft.Stmt) ([]ExprState, error) {
 		return nil, err
 	}
 	return st.Chains[""].Rules[0].Exprs, nil
-}
-
-// candidates are the statements the expressions could start with, their operands read
-// from the attributes; decodeStmt keeps the one whose encoding matches.
-func candidates(fam nft.Family, es []ExprState) []nft.Stmt {
-	e := es[0]
-	at := func(i int) ExprState {
-		if i < len(es) {
-			return es[i]
-		}
-		return ExprState{}
-	}
-	var out []nft.Stmt
-	// a concatenation of loads ending in a lookup or dynset
-	var fields []nft.Field
-	for i := 0; i < len(es); i++ {
-		f, isLoad := loadField(fam, es[i])
-		if !isLoad {
-			switch es[i].Name {
-			case "lookup":
-				set := cstring(es[i].Attrs[unix.NFTA_LOOKUP_SET])
-				if _, ok := es[i].Attrs[unix.NFTA_LOOKUP_DREG]; ok {
-					out = append(out, nft.VMap{Fields: fields, Map: set})
-				}
-				out = append(out, nft.Lookup{Fields: fields, Set: set})
-			case "dynset":
-				out = append(out, nft.UpdateSaddr{Set: cstring(es[i].Attrs[unix.NFTA_DYNSET_SET_NAME])})
-			case "numgen":
-				// the packet's key and a random index, looked up for a NAT target
-				if l := at(i + 1); l.Name == "lookup" && len(fields) > 0 {
-					out = append(out, nft.DNATKeyMap{Fields: fields, Mod: be32(es[i].Attrs[unix.NFTA_NG_MODULUS]),
-						Map: cstring(l.Attrs[unix.NFTA_LOOKUP_SET])})
-				}
-			}
-			break
-		}
-		fields = append(fields, f)
-	}
-	switch e.Name {
-	case "payload":
-		if f, ok := loadField(fam, e); ok && (f == nft.FieldSaddr || f == nft.FieldDaddr) {
-			if m, ok := prefixFrom(fam, f, es); ok {
-				out = append(out, m)
-			}
-		}
-	case "meta":
-		switch be32(e.Attrs[unix.NFTA_META_KEY]) {
-		case unix.NFT_META_IIFNAME:
-			if d := cmpValue(at(1)); len(d) > 0 {
-				name, prefix := strings.TrimRight(string(d), "\x00"), len(d) < 16
-				out = append(out, nft.MatchIifname{Op: nft.OpEq, Name: name, Prefix: prefix},
-					nft.MatchIifname{Op: nft.OpNeq, Name: name, Prefix: prefix})
-			}
-		case unix.NFT_META_L4PROTO:
-			if d := cmpValue(at(1)); len(d) == 1 {
-				out = append(out, nft.MatchL4Proto{Proto: d[0]})
-			}
-		case unix.NFT_META_MARK:
-			b := at(1)
-			mask, xor := bitwiseValue(b, unix.NFTA_BITWISE_MASK), bitwiseValue(b, unix.NFTA_BITWISE_XOR)
-			if len(mask) == 4 && len(xor) == 4 {
-				out = append(out,
-					nft.MatchMarkUnset{Bits: binary.LittleEndian.Uint32(mask)},
-					nft.SetMarkBits{Bits: binary.LittleEndian.Uint32(xor)},
-					nft.SetMarkBits{Bits: binary.LittleEndian.Uint32(xor), Xor: true})
-			}
-		}
-	case "ct":
-		out = append(out, nft.MatchCtStateNew{}, nft.MatchCtStatusDNAT{})
-	case "fib":
-		out = append(out, nft.MatchFibDaddrLocal{}, nft.MatchFibSaddrLocal{})
-	case "immediate":
-		if v, ok := immediateVerdictOf(e); ok {
-			out = append(out, v)
-		} else if a, ok := netip.AddrFromSlice(dataValue(e.Attrs[unix.NFTA_IMMEDIATE_DATA])); ok {
-			port := dataValue(at(1).Attrs[unix.NFTA_IMMEDIATE_DATA])
-			if len(port) == 2 {
-				out = append(out, nft.DNATTo{Addr: a, Port: binary.BigEndian.Uint16(port)})
-			}
-		}
-	case "reject":
-		out = append(out, nft.Reject{})
-	case "masq":
-		out = append(out, nft.Masquerade{FullyRandom: true}, nft.Masquerade{})
-	case "counter":
-		out = append(out, nft.Counter{})
-	case "numgen":
-		mod, off := be32(e.Attrs[unix.NFTA_NG_MODULUS]), be32(e.Attrs[unix.NFTA_NG_OFFSET])
-		out = append(out, nft.MatchNumgen{Mod: mod})
-		if l := at(1); l.Name == "lookup" {
-			out = append(out, nft.DNATNumgenMap{Mod: mod, Offset: off, Map: cstring(l.Attrs[unix.NFTA_LOOKUP_SET])})
-		}
-	}
-	return out
 }
 
 // loadField reports which field a payload or meta expression loads.

@@ -106,6 +106,19 @@ func Dump(conn *netlink.Conn, fam nft.Family, typ uint16, build func(ae *netlink
 	if err != nil {
 		return nil, err
 	}
+	if peerOf(conn) != nil { // a peer answers a dump at once, in one datagram
+		msgs, err := conn.Receive()
+		if err != nil {
+			return nil, err
+		}
+		var out [][]byte
+		for _, m := range msgs {
+			if m.Header.Sequence == req.Header.Sequence && len(m.Data) >= 4 {
+				out = append(out, m.Data[4:])
+			}
+		}
+		return out, nil
+	}
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return nil, err

@@ -151,12 +151,25 @@ func EncodeState(rs *nft.Ruleset) (*TableState, error) {
 }
 
 func (st *TableState) addChainMsg(payload []byte) error {
-	ad, err := decoder(payload)
-	if err != nil {
+	table, c, err := parseChain(payload)
+	if err != nil || table != st.Name {
 		return err
 	}
-	var table string
-	c := &ChainState{}
+	if old := st.Chains[c.Name]; old != nil {
+		c.Rules = old.Rules
+	}
+	st.Chains[c.Name] = c
+	return nil
+}
+
+// parseChain parses a NEWCHAIN message (or a chain of a dump): the chain's table, name
+// and hook.
+func parseChain(payload []byte) (table string, c *ChainState, err error) {
+	ad, err := decoder(payload)
+	if err != nil {
+		return "", nil, err
+	}
+	c = &ChainState{}
 	var hook HookState
 	hasHook := false
 	for ad.Next() {
@@ -185,28 +198,34 @@ func (st *TableState) addChainMsg(payload []byte) error {
 		}
 	}
 	if err := ad.Err(); err != nil {
-		return fmt.Errorf("decoding chain: %w", err)
-	}
-	if table != st.Name {
-		return nil
+		return "", nil, fmt.Errorf("decoding chain: %w", err)
 	}
 	if hasHook {
 		c.Hook = &hook
 	}
-	if old := st.Chains[c.Name]; old != nil {
-		c.Rules = old.Rules
-	}
-	st.Chains[c.Name] = c
-	return nil
+	return table, c, nil
 }
 
 func (st *TableState) addRuleMsg(payload []byte) error {
-	ad, err := decoder(payload)
-	if err != nil {
+	table, chain, r, err := parseRule(payload)
+	if err != nil || table != st.Name {
 		return err
 	}
-	var table, chain string
-	var r RuleState
+	c := st.Chains[chain]
+	if c == nil { // a rule seen before its chain: the chain message fills in the rest
+		c = &ChainState{Name: chain}
+		st.Chains[chain] = c
+	}
+	c.Rules = append(c.Rules, r)
+	return nil
+}
+
+// parseRule parses a NEWRULE message: the rule's table and chain, and the rule.
+func parseRule(payload []byte) (table, chain string, r RuleState, err error) {
+	ad, err := decoder(payload)
+	if err != nil {
+		return "", "", r, err
+	}
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_RULE_TABLE:
@@ -229,18 +248,9 @@ func (st *TableState) addRuleMsg(payload []byte) error {
 		}
 	}
 	if err := ad.Err(); err != nil {
-		return fmt.Errorf("decoding rule: %w", err)
+		return "", "", r, fmt.Errorf("decoding rule: %w", err)
 	}
-	if table != st.Name {
-		return nil
-	}
-	c := st.Chains[chain]
-	if c == nil { // a rule seen before its chain: the chain message fills in the rest
-		c = &ChainState{Name: chain}
-		st.Chains[chain] = c
-	}
-	c.Rules = append(c.Rules, r)
-	return nil
+	return table, chain, r, nil
 }
 
 // decodeExpr decodes one NFTA_LIST_ELEM of expressions: name and data attributes.
@@ -291,12 +301,22 @@ const (
 )
 
 func (st *TableState) addSetMsg(payload []byte) error {
-	ad, err := decoder(payload)
-	if err != nil {
+	table, s, err := parseSet(payload)
+	if err != nil || table != st.Name || s.Flags&unix.NFT_SET_ANONYMOUS != 0 {
 		return err
 	}
-	var table string
-	s := &SetState{Elements: map[string]ElemState{}}
+	st.Sets[s.Name] = s
+	return nil
+}
+
+// parseSet parses a NEWSET message (or a set of a dump): the set's table and
+// definition, with no elements.
+func parseSet(payload []byte) (table string, s *SetState, err error) {
+	ad, err := decoder(payload)
+	if err != nil {
+		return "", nil, err
+	}
+	s = &SetState{Elements: map[string]ElemState{}}
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_SET_TABLE:
@@ -333,22 +353,33 @@ func (st *TableState) addSetMsg(payload []byte) error {
 		}
 	}
 	if err := ad.Err(); err != nil {
-		return fmt.Errorf("decoding set: %w", err)
+		return "", nil, fmt.Errorf("decoding set: %w", err)
 	}
-	if table != st.Name || s.Flags&unix.NFT_SET_ANONYMOUS != 0 {
-		return nil
-	}
-	st.Sets[s.Name] = s
-	return nil
+	return table, s, nil
 }
 
 func (st *TableState) addElemsMsg(payload []byte) error {
-	ad, err := decoder(payload)
+	table, set, elems, err := parseElems(payload)
 	if err != nil {
 		return err
 	}
-	var table, set string
-	var elems []ElemState
+	s := st.Sets[set]
+	if table != st.Name || s == nil {
+		return nil
+	}
+	for _, e := range elems {
+		s.Elements[string(e.Key)] = e
+	}
+	return nil
+}
+
+// parseElems parses a NEWSETELEM or DELSETELEM message: the set's table and name, and
+// the elements (none: a flush).
+func parseElems(payload []byte) (table, set string, elems []ElemState, err error) {
+	ad, err := decoder(payload)
+	if err != nil {
+		return "", "", nil, err
+	}
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_SET_ELEM_LIST_TABLE:
@@ -369,16 +400,9 @@ func (st *TableState) addElemsMsg(payload []byte) error {
 		}
 	}
 	if err := ad.Err(); err != nil {
-		return fmt.Errorf("decoding set elements: %w", err)
+		return "", "", nil, fmt.Errorf("decoding set elements: %w", err)
 	}
-	s := st.Sets[set]
-	if table != st.Name || s == nil {
-		return nil
-	}
-	for _, e := range elems {
-		s.Elements[string(e.Key)] = e
-	}
-	return nil
+	return table, set, elems, nil
 }
 
 func decodeElem(b []byte) (ElemState, error) {
