@@ -92,6 +92,12 @@ type Config struct {
 	// ExternalIPCIDRs, when not empty, are the only ranges externalIPs are programmed
 	// in (--external-ip-cidrs); load-balancer IPs are not affected.
 	ExternalIPCIDRs []netip.Prefix
+	// NoMasquerade are destination ranges (endpoints, after DNAT) whose traffic is never
+	// masqueraded, whatever marked it (--no-masquerade-cidrs): node → service → pod
+	// traffic keeps the node's address, off-cluster clients keep theirs. Hairpin
+	// traffic (an endpoint reaching itself) is still masqueraded. Empty: kube-proxy's
+	// behaviour.
+	NoMasquerade []netip.Prefix
 	// Limits bound what one Service, and the whole table, may cost.
 	Limits Limits
 }
@@ -1178,12 +1184,11 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 			withNodePort(PurposeFrontend, nft.Lookup{Fields: portKey, Set: setNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: chainNodePortFront}),
 		}},
 		{Name: chainMarkMasq, Rules: []nft.Rule{rule(PurposeMarkBit, nft.SetMarkBits{Bits: mark})}},
-		{Name: chainMasquerading, Rules: []nft.Rule{
+		{Name: chainMasquerading, Rules: append(append([]nft.Rule{
 			rule(PurposeHairpin, nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: setHairpin}, nft.Masquerade{FullyRandom: true}),
 			rule(PurposeMasquerade, nft.MatchMarkUnset{Bits: mark}, nft.Verdict{Kind: nft.Return}),
 			rule(PurposeMasquerade, nft.SetMarkBits{Bits: mark, Xor: true}),
-			rule(PurposeMasquerade, nft.Masquerade{FullyRandom: true}),
-		}},
+		}, c.noMasquerade()...), rule(PurposeMasquerade, nft.Masquerade{FullyRandom: true}))},
 		{Name: chainEndpointsCheck, Rules: []nft.Rule{
 			rule(PurposeRejectNoEndpoints, nft.Lookup{Fields: frontend, Set: setNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
 			rule(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: frontend, Set: setNoLocalServices}, nft.Verdict{Kind: nft.Drop}),
@@ -1230,4 +1235,18 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 		sets = append(sets, c.endpointMap(p))
 	}
 	return &nft.Ruleset{Family: c.cfg.Family, Table: TableName, Sets: sets, Chains: chains}
+}
+
+// noMasquerade returns the rules that let traffic to Config.NoMasquerade (this family's
+// ranges) leave with its source address: after the mark is cleared, before the
+// masquerade.
+func (c *compiler) noMasquerade() []nft.Rule {
+	var out []nft.Rule
+	for _, p := range c.cfg.NoMasquerade {
+		if p.Addr().Is6() == c.v6 {
+			out = append(out, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: p.Masked()}, nft.Verdict{Kind: nft.Return}},
+				Comment: "destination keeps the source address", Tag: own(PurposeNoMasquerade)})
+		}
+	}
+	return out
 }

@@ -88,6 +88,13 @@ type Config struct {
 	// (--external-ip-cidrs; empty: anywhere): see compile.Config.
 	ClusterCIDRs    []netip.Prefix
 	ExternalIPCIDRs []netip.Prefix
+	// NoMasqueradeCIDRs are destinations whose traffic keeps its source address
+	// (--no-masquerade-cidrs; see compile.Config).
+	NoMasqueradeCIDRs []netip.Prefix
+	// UDPKeepTerminatingFlows keeps the UDP conntrack entries of an endpoint while it
+	// terminates, serving or not, until it leaves its EndpointSlice
+	// (--udp-keep-terminating-flows; conntrack.ServingOrTerminating).
+	UDPKeepTerminatingFlows bool
 	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
 	// zero: no limits).
 	Limits compile.Limits
@@ -512,7 +519,7 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot, repaired string) {
 	if p.cfg.Conntrack == nil {
 		return
 	}
-	stale := conntrack.StaleFrom(conntrack.Programmed{Snap: prev, Won: prevWon}, conntrack.Programmed{Snap: snap, Won: p.prevWon}, conntrack.Serving)
+	stale := conntrack.StaleFrom(conntrack.Programmed{Snap: prev, Won: prevWon}, conntrack.Programmed{Snap: snap, Won: p.prevWon}, p.udpFlowsKept())
 	var escaped []conntrack.Flow
 	if repaired != "" {
 		escaped = conntrack.Escaped(snap)
@@ -691,6 +698,7 @@ func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 			OwnAddrs:         cfg.OwnAddrs,
 			ClusterCIDRs:     cfg.ClusterCIDRs,
 			ExternalIPCIDRs:  cfg.ExternalIPCIDRs,
+			NoMasquerade:     cfg.NoMasqueradeCIDRs,
 			Limits:           cfg.Limits,
 			DetectLocal:      cfg.DetectLocal,
 		}
@@ -785,4 +793,12 @@ func (p *Proxy) object(pr model.Problem) runtime.Object {
 		}
 	}
 	return nil
+}
+
+// udpFlowsKept decides which endpoints keep their UDP flows after a change.
+func (p *Proxy) udpFlowsKept() conntrack.UsableFunc {
+	if p.cfg.UDPKeepTerminatingFlows {
+		return conntrack.ServingOrTerminating
+	}
+	return conntrack.Serving
 }

@@ -1,0 +1,62 @@
+package compile
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/nftproxy/nftproxy/nft"
+)
+
+// The masquerading chain with --no-masquerade-cidrs: one return per range of the
+// family, after the mark is cleared (so the packet leaves unmarked) and before the
+// masquerade; the hairpin rule stays first, so an endpoint reaching itself is still
+// masqueraded. Without the option the chain is kube-proxy's.
+func TestNoMasquerade(t *testing.T) {
+	snap := scenarios()["clusterip-2ep"]
+	for _, tc := range []struct {
+		fam  nft.Family
+		want []string // the chain's rules, in order
+	}{
+		{nft.IPv4, []string{"hairpin", "mark unset: return", "clear mark", "ip daddr 10.244.5.0/24 return", "ip daddr 192.0.2.128/25 return", "masquerade"}},
+		{nft.IPv6, []string{"hairpin", "mark unset: return", "clear mark", "ip6 daddr fd00:244:5::/64 return", "masquerade"}},
+	} {
+		cfg := testConfig()
+		cfg.Family = tc.fam
+		cfg.NoMasquerade = []netip.Prefix{netip.MustParsePrefix("10.244.5.0/24"), netip.MustParsePrefix("fd00:244:5::/64"), netip.MustParsePrefix("192.0.2.200/25")}
+		rs, _ := Compile(snap, cfg, NewSlots())
+		ch := chainNamed(rs, chainMasquerading)
+		if ch == nil {
+			t.Fatalf("%s: no %s chain", tc.fam, chainMasquerading)
+		}
+		var got []string
+		for _, r := range ch.Rules {
+			text := nft.RenderRule(tc.fam, nft.Rule{Stmts: r.Stmts})
+			switch {
+			case strings.Contains(text, "@"+setHairpin):
+				got = append(got, "hairpin")
+			case len(r.Stmts) == 2 && isReturn(r.Stmts[1]) && isMarkUnset(r.Stmts[0]):
+				got = append(got, "mark unset: return")
+			case len(r.Stmts) == 1 && isXor(r.Stmts[0]):
+				got = append(got, "clear mark")
+			case len(r.Stmts) == 1 && isMasq(r.Stmts[0]):
+				got = append(got, "masquerade")
+			default:
+				got = append(got, strings.TrimSpace(text))
+			}
+		}
+		if strings.Join(got, " | ") != strings.Join(tc.want, " | ") {
+			t.Errorf("%s: masquerading chain:\n got %q\nwant %q\n%s", tc.fam, got, tc.want, nft.Render(rs))
+		}
+	}
+	// Without the option: kube-proxy's four rules.
+	rs, _ := Compile(snap, testConfig(), NewSlots())
+	if n := len(chainNamed(rs, chainMasquerading).Rules); n != 4 {
+		t.Errorf("without --no-masquerade-cidrs: %d rules in %s, want 4", n, chainMasquerading)
+	}
+}
+
+func isReturn(s nft.Stmt) bool    { v, ok := s.(nft.Verdict); return ok && v.Kind == nft.Return }
+func isMarkUnset(s nft.Stmt) bool { _, ok := s.(nft.MatchMarkUnset); return ok }
+func isXor(s nft.Stmt) bool       { m, ok := s.(nft.SetMarkBits); return ok && m.Xor }
+func isMasq(s nft.Stmt) bool      { _, ok := s.(nft.Masquerade); return ok }
