@@ -336,6 +336,7 @@ func proxyConfig(o *options.Options, addrs func() ([]netip.Addr, error)) (contro
 		ExternalIPCIDRs:         o.ExternalIPCIDRs,
 		NoMasqueradeCIDRs:       o.NoMasqueradeCIDRs,
 		UDPKeepTerminatingFlows: o.UDPKeepTerminatingFlows,
+		DefaultBalancing:        o.LoadBalancing,
 		Limits: compile.Limits{
 			MaxFrontendsPerService:     o.MaxFrontendsPerService,
 			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,

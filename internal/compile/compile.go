@@ -98,8 +98,21 @@ type Config struct {
 	// traffic (an endpoint reaching itself) is still masqueraded. Empty: kube-proxy's
 	// behaviour.
 	NoMasquerade []netip.Prefix
+	// DefaultBalancing is how service ports without a LoadBalancingAnnotation pick a new
+	// flow's endpoint (--load-balancing): BalancingDefault or BalancingRandom is
+	// kube-proxy's random choice, BalancingMaglev consistent hashing.
+	DefaultBalancing model.Balancing
 	// Limits bound what one Service, and the whole table, may cost.
 	Limits Limits
+}
+
+// maglev reports whether sp picks endpoints by consistent hashing. ClientIP affinity
+// wins: a port with affinity picks a new client's endpoint at random.
+func (c Config) maglev(sp *model.ServicePort) bool {
+	if sp.AffinityTimeout > 0 {
+		return false
+	}
+	return sp.Balancing == model.BalancingMaglev || (sp.Balancing == model.BalancingDefault && c.DefaultBalancing == model.BalancingMaglev)
 }
 
 // Limits bound what one object may make every node program. A zero field is no limit.
@@ -121,6 +134,19 @@ type Limits struct {
 	// (budget.go): one within its fair share keeps every Service, and one over it
 	// loses its newest.
 	MaxElements int
+
+	// defaultMaglev: the compiler's DefaultBalancing is Maglev (set by NewCompiler), so
+	// a port without the annotation costs its lookup tables too.
+	defaultMaglev bool
+}
+
+// cost is ElementCost with the compiler's default balancing.
+func (lim Limits) cost(sp *model.ServicePort) int {
+	n := ElementCost(sp)
+	if lim.defaultMaglev && sp.AffinityTimeout == 0 && sp.Balancing == model.BalancingDefault {
+		n += maglevCost(sp)
+	}
+	return n
 }
 
 // Default limits (flags --max-frontends-per-service, --max-endpoints-per-service-port,
@@ -168,8 +194,34 @@ func ElementCost(sp *model.ServicePort) int {
 	if sp.AffinityTimeout > 0 {
 		n += affinityCost * eps
 	}
+	if sp.AffinityTimeout == 0 && sp.Balancing == model.BalancingMaglev {
+		n += maglevCost(sp)
+	}
 	if lbs := len(sp.LoadBalancerIPs); lbs > 0 && (len(sp.SourceRanges) > 0 || sp.SourceRangesBroken) {
 		n += lbs + 2*len(sp.SourceRanges)
+	}
+	return n
+}
+
+// maglevCost is what a consistently hashed port's lookup tables cost beside one entry
+// per endpoint: per family with endpoints a table of maglevSize entries, two when the
+// port has a node-local chain too (traffic policy Local).
+func maglevCost(sp *model.ServicePort) int {
+	n4 := 0
+	for _, e := range sp.Endpoints {
+		if e.Addr.Is4() {
+			n4++
+		}
+	}
+	chains := 1
+	if sp.UsesLocalEndpoints() {
+		chains = 2
+	}
+	n := 0
+	for _, k := range []int{n4, len(sp.Endpoints) - n4} {
+		if k > 0 {
+			n += chains * (maglevSize(k) - k)
+		}
 	}
 	return n
 }
@@ -462,6 +514,7 @@ func (a claims) equal(b claims) bool {
 
 // NewCompiler returns a Compiler for cfg.Family; slots is its endpoint slot allocator.
 func NewCompiler(cfg Config, slots *Slots) *Compiler {
+	cfg.Limits.defaultMaglev = cfg.DefaultBalancing == model.BalancingMaglev
 	return &Compiler{cfg: cfg, slots: slots, endpointAddrs: addrCounts{v6: cfg.Family == nft.IPv6}}
 }
 
@@ -1020,13 +1073,30 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 		c.affinity(cp, ch, sp, eps, comment)
 		return
 	}
-	base := c.slots.base(owner, len(eps))
+	// slot i serves endpoint pick[i]: each endpoint once (random choice), or a Maglev
+	// table of the endpoints (consistent hashing)
+	maglev := c.cfg.maglev(sp)
+	slots := len(eps)
+	var pick []int
+	if maglev {
+		keys := make([]string, len(eps))
+		for i, e := range eps {
+			keys[i] = e.AddrPort().String()
+		}
+		slots = maglevSize(len(eps))
+		pick = maglevTable(keys, slots)
+	}
+	base := c.slots.base(owner, slots)
 	page := base / PageSlots
 	epMap := endpointMapName(page)
-	elems := make([]nft.Element, len(eps))
-	vals := make([]nft.Value, 3*len(eps))
+	elems := make([]nft.Element, slots)
+	vals := make([]nft.Value, 3*slots)
 	slotTag := cp.tag(PurposeEndpointSlot)
-	for i, e := range eps {
+	for i := range slots {
+		e := eps[i%len(eps)]
+		if pick != nil {
+			e = eps[pick[i]]
+		}
 		v := vals[3*i : 3*i+3 : 3*i+3]
 		v[0], v[1], v[2] = nft.Num(base+uint32(i)), nft.Addr(e.Addr), nft.Num(uint32(e.Port))
 		elems[i] = nft.Element{Key: v[0:1:1], Data: v[1:3:3], Tag: slotTag}
@@ -1034,9 +1104,11 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 	cp.add(epMap, elems...)
 	cp.owners = append(cp.owners, owner)
 	cp.pages = append(cp.pages, page)
-	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
-		proto, nft.DNATNumgenMap{Mod: uint32(len(eps)), Offset: base, Map: epMap},
-	}, Comment: comment, Tag: cp.tag(PurposeEndpointDNAT)})
+	var dnat nft.Stmt = nft.DNATNumgenMap{Mod: uint32(slots), Offset: base, Map: epMap}
+	if maglev {
+		dnat = nft.DNATHashMap{Mod: uint32(slots), Seed: MaglevSeed, Offset: base, Map: epMap}
+	}
+	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{proto, dnat}, Comment: comment, Tag: cp.tag(PurposeEndpointDNAT)})
 }
 
 // affinity makes ch sticky per client address: each endpoint has a dynamic set of the

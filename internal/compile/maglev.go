@@ -11,6 +11,10 @@ import (
 // function of the endpoints alone, so every node builds the same one, and removing one
 // of N endpoints moves little more than the 1/N of flows that were on it.
 
+// MaglevSeed is the seed of the kernel's jhash of a flow's source address and port: one
+// constant, so that every node hashes a flow alike.
+const MaglevSeed = 0x6e667470
+
 // maglevSizes are the table sizes: primes of at least 100 × the endpoints they serve.
 // The smallest is 4,093 whatever the endpoints: with fewer entries, Maglev's filling
 // moves too many other flows when an endpoint goes (one of ten removed: up to 15 % of

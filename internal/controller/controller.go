@@ -95,6 +95,8 @@ type Config struct {
 	// terminates, serving or not, until it leaves its EndpointSlice
 	// (--udp-keep-terminating-flows; conntrack.ServingOrTerminating).
 	UDPKeepTerminatingFlows bool
+	// DefaultBalancing: --load-balancing (compile.Config.DefaultBalancing).
+	DefaultBalancing model.Balancing
 	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
 	// zero: no limits).
 	Limits compile.Limits
@@ -699,6 +701,7 @@ func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 			ClusterCIDRs:     cfg.ClusterCIDRs,
 			ExternalIPCIDRs:  cfg.ExternalIPCIDRs,
 			NoMasquerade:     cfg.NoMasqueradeCIDRs,
+			DefaultBalancing: cfg.DefaultBalancing,
 			Limits:           cfg.Limits,
 			DetectLocal:      cfg.DetectLocal,
 		}

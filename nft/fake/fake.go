@@ -537,6 +537,8 @@ func refs(s nft.Stmt) (chains []string, sets []setRef) {
 		sets = append(sets, setRef{name: s.Map, use: "dnat map", values: true})
 	case nft.DNATKeyMap:
 		sets = append(sets, setRef{name: s.Map, use: "dnat map", values: true})
+	case nft.DNATHashMap:
+		sets = append(sets, setRef{name: s.Map, use: "dnat map", values: true})
 	case nft.UpdateSaddr:
 		sets = append(sets, setRef{name: s.Set, use: "update", dynamic: true})
 	}

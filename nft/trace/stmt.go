@@ -60,6 +60,9 @@ func (tr *tracer) stmt(t *thread, s nft.Stmt) ([]branch, error) {
 		return tr.dnatNumgenMap(t, s)
 	case nft.DNATKeyMap:
 		return tr.dnatKeyMap(t, s)
+	case nft.DNATHashMap:
+		// Over all clients, each slot is as likely as with a random draw.
+		return tr.dnatNumgenMap(t, nft.DNATNumgenMap{Mod: s.Mod, Offset: s.Offset, Map: s.Map})
 	case nft.UpdateSaddr:
 		// Records the client for session affinity; nothing this packet depends on.
 		if tr.sets[s.Set] == nil {

@@ -249,6 +249,11 @@ func candidates(fam nft.Family, es []ExprState) []nft.Stmt {
 	}
 	switch e.Name {
 	case "payload":
+		if f, ok := loadField(fam, e); ok && f == nft.FieldSaddr && at(2).Name == "hash" && at(3).Name == "lookup" {
+			h := at(2)
+			out = append(out, nft.DNATHashMap{Mod: be32(h.Attrs[unix.NFTA_HASH_MODULUS]), Seed: be32(h.Attrs[unix.NFTA_HASH_SEED]),
+				Offset: be32(h.Attrs[unix.NFTA_HASH_OFFSET]), Map: cstring(at(3).Attrs[unix.NFTA_LOOKUP_SET])})
+		}
 		if f, ok := loadField(fam, e); ok && (f == nft.FieldSaddr || f == nft.FieldDaddr) {
 			if m, ok := prefixFrom(fam, f, es); ok {
 				out = append(out, m)

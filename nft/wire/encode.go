@@ -102,6 +102,24 @@ func (b *Batch) stmt(fam nft.Family, s nft.Stmt) error {
 		b.numgen(s.Mod, s.Offset)
 		b.lookup(s.Map, reg1, &[]uint32{reg1}[0])
 		b.dnat(fam, natPortReg(fam))
+	case nft.DNATHashMap:
+		if s.Mod == 0 {
+			return fmt.Errorf("dnat to jhash mod 0 map @%s", s.Map)
+		}
+		off, n := addrField(fam, nft.FieldSaddr)
+		b.payload(reg1, unix.NFT_PAYLOAD_NETWORK_HEADER, off, n)
+		b.payload(nftReg(n/4), unix.NFT_PAYLOAD_TRANSPORT_HEADER, 0, 2)
+		b.expr("hash", func() {
+			b.u32(unix.NFTA_HASH_SREG, reg1)
+			b.u32(unix.NFTA_HASH_DREG, reg1)
+			b.u32(unix.NFTA_HASH_LEN, n+4)
+			b.u32(unix.NFTA_HASH_MODULUS, s.Mod)
+			b.u32(unix.NFTA_HASH_SEED, s.Seed) // always sent: without it the kernel draws a seed of its own
+			b.u32(unix.NFTA_HASH_OFFSET, s.Offset)
+			b.u32(unix.NFTA_HASH_TYPE, unix.NFT_HASH_JENKINS)
+		})
+		b.lookup(s.Map, reg1, &[]uint32{reg1}[0])
+		b.dnat(fam, natPortReg(fam))
 	case nft.DNATKeyMap:
 		if s.Mod == 0 || len(s.Fields) == 0 {
 			return fmt.Errorf("dnat to %v . numgen random mod %d map @%s: no key fields or modulus 0", s.Fields, s.Mod, s.Map)

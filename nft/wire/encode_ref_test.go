@@ -99,6 +99,21 @@ func refStmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
 			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: s.Map},
 			refDnatRegs(fam, refNatPortReg(fam)),
 		}, nil
+	case nft.DNATHashMap:
+		// as nft encodes "dnat ip to jhash ip saddr . th sport mod M seed S offset O map @m":
+		// the address in reg 1, the port in the next 32-bit word
+		off, n := addrField(fam, nft.FieldSaddr)
+		next := uint32(9) // NFT_REG32_01
+		if fam == nft.IPv6 {
+			next = 2 // NFT_REG_2
+		}
+		return []expr.Any{
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+			&expr.Payload{DestRegister: next, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+			&expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n + 4, Modulus: s.Mod, Seed: s.Seed, Offset: s.Offset, Type: expr.HashTypeJenkins},
+			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: s.Map},
+			refDnatRegs(fam, refNatPortReg(fam)),
+		}, nil
 	case nft.DNATKeyMap:
 		// as "nft --debug=netlink" shows nft 1.0.6 encoding
 		// "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @m":
