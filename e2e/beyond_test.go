@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/nftproxy/nftproxy/e2e/cluster"
@@ -106,4 +108,155 @@ func TestBeyondKubeProxy(t *testing.T) {
 			t.Errorf("no %q in the masquerading chain:\n%s", want, out)
 		}
 	})
+}
+
+// lbMaglev is the Maglev test's load-balancer IP, routed by the external client to
+// node-1 or node-2 in turn (an ECMP router moving the same flows between nodes).
+const lbMaglev = "198.51.100.60"
+
+// TestMaglev: a Service annotated nftproxy.io/load-balancing: maglev, ten endpoints on
+// two nodes, each node running its own nftproxy. The same 10,000 flows (client address
+// and source port) sent through either node reach the same endpoints, with no state
+// shared between the nodes; after one endpoint is removed, the same flows started anew
+// move only if they were on it, or about 1 % beyond that (at most 12 % in all; a random
+// choice moves about 90 %).
+func TestMaglev(t *testing.T) {
+	cluster.Require(t)
+	s := &sem{bin: buildNftproxy(t), proxies: map[string]*cluster.Process{}, pods: map[string]*cluster.Pod{}}
+	s.c = cluster.StartT(t, cluster.Config{})
+	c, ctx := s.c, t.Context()
+	s.n1 = c.Node(c.NodeName)
+	var err error
+	if s.n2, err = c.AddNode(ctx, "node-2"); err != nil {
+		t.Fatal(err)
+	}
+	var pods []*cluster.Pod
+	for i := range 10 {
+		n := s.n1
+		if i%2 == 1 {
+			n = s.n2
+		}
+		p, err := c.AddPodOn(ctx, n, fmt.Sprintf("mg-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods = append(pods, p)
+	}
+	for _, n := range []*cluster.Node{s.n1, s.n2} {
+		p, err := c.StartProcess(n.NS, "nftproxy-"+n.Name, append([]string{s.bin},
+			cluster.NftproxyArgs(c.LeastPrivilegeKubeconfigT(t), n.Name, dualClusterCIDR, cluster.WatchedFlags...)...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.proxies[n.Name] = p
+	}
+	for _, n := range []*cluster.Node{s.n1, s.n2} {
+		s.waitFirstSync(t, n)
+	}
+	svc := s.createService(t, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "maglev", Annotations: map[string]string{"nftproxy.io/load-balancing": "maglev"}},
+		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{udpPort("sip", 5060, 9090)}},
+	})
+	s.setIngress(t, svc, lbMaglev)
+	var eps []discoveryv1.Endpoint
+	for _, p := range pods {
+		eps = append(eps, s.ep(p, ready))
+	}
+	s.put4(t, svc, eps...)
+	addr := hostPort(lbMaglev, 5060)
+	via := func(n *cluster.Node) {
+		s.mustExec(t, c.ExternalNS, "ip", "route", "replace", lbMaglev+"/32", "via", n.IP.String())
+	}
+	via(s.n1)
+	s.waitFor(t, "the load-balancer IP answers through node-1", c.ExternalNS, "udp", addr, allOK)
+	via(s.n2)
+	s.waitFor(t, "the load-balancer IP answers through node-2", c.ExternalNS, "udp", addr, allOK)
+
+	const flows, firstPort = 10000, 20000
+	// round sends one datagram per flow and returns the pod that answered each ("" for
+	// none); conntrack is flushed first on both nodes, so every flow is new there and
+	// picked by the ruleset.
+	round := func(what string, n *cluster.Node) []string {
+		t.Helper()
+		for _, m := range []*cluster.Node{s.n1, s.n2} {
+			s.mustExec(t, m.NS, "conntrack", "-F")
+		}
+		via(n)
+		start := time.Now()
+		res, err := c.Probe(ctx, c.ExternalNS, cluster.ProbeSpec{Proto: "udp", Addr: addr, Count: flows, Timeout: 500 * time.Millisecond,
+			SourcePort: firstPort, SourcePortEach: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, lost := make([]string, flows), 0
+		for i, r := range res {
+			if r.OK {
+				out[i] = r.Pod
+			} else {
+				lost++
+			}
+		}
+		t.Logf("%s: %d flows through %s in %v, %d unanswered, per endpoint %s", what, flows, n.Name, time.Since(start).Round(time.Millisecond), lost, fmtCounts(count(out)))
+		if lost > flows/100 {
+			t.Fatalf("%s: %d of %d flows unanswered", what, lost, flows)
+		}
+		return out
+	}
+	differ := func(a, b []string) (n, both int) {
+		for i := range a {
+			if a[i] != "" && b[i] != "" {
+				both++
+				if a[i] != b[i] {
+					n++
+				}
+			}
+		}
+		return n, both
+	}
+
+	one := round("node-1", s.n1)
+	two := round("node-2", s.n2)
+	if n, both := differ(one, two); n != 0 {
+		t.Errorf("%d of %d flows reached another endpoint through node-2 than through node-1", n, both)
+	}
+	for pod, k := range count(one) {
+		if k < flows/10*7/10 || k > flows/10*13/10 {
+			t.Errorf("endpoint %s got %d of %d flows, want about a tenth", pod, k, flows)
+		}
+	}
+
+	gone := pods[3]
+	s.put4(t, svc, slices.Delete(slices.Clone(eps), 3, 4)...)
+	s.waitFor(t, "no new flow reaches "+gone.Name, c.ExternalNS, "udp", addr, func(res []cluster.ProbeResult) bool {
+		for _, r := range res {
+			if !r.OK || r.Pod == gone.Name {
+				return false
+			}
+		}
+		return true
+	})
+	after := round("node-1 without "+gone.Name, s.n1)
+	moved, both := differ(one, after)
+	wasOnGone := count(one)[gone.Name]
+	frac := float64(moved) / float64(both)
+	t.Logf("one of 10 endpoints removed: %d of %d flows moved (%.1f %%), %d of them were on %s", moved, both, 100*frac, wasOnGone, gone.Name)
+	if frac > 0.12 {
+		t.Errorf("%.1f %% of flows moved after removing one of 10 endpoints, want at most 12 %%", 100*frac)
+	}
+	for i := range one {
+		if one[i] == gone.Name && after[i] == gone.Name {
+			t.Fatalf("flow %d still reached the removed endpoint %s", i, gone.Name)
+		}
+	}
+}
+
+// count tallies answers per pod ("" left out).
+func count(pods []string) map[string]int {
+	m := map[string]int{}
+	for _, p := range pods {
+		if p != "" {
+			m[p]++
+		}
+	}
+	return m
 }
