@@ -17,7 +17,8 @@ import (
 
 // TestBeyondKubeProxy runs nftproxy's opt-in options that kube-proxy lacks, with real
 // packets: --no-masquerade-cidrs (one pod's address listed, the others not, so each
-// subtest has its kube-proxy control in the same run) and --udp-keep-terminating-flows.
+// subtest has its kube-proxy control in the same run), --udp-keep-terminating-flows and,
+// after a restart, --masquerade-to-node-ip.
 func TestBeyondKubeProxy(t *testing.T) {
 	cluster.Require(t)
 	e := newEnv(t, 3)
@@ -99,13 +100,45 @@ func TestBeyondKubeProxy(t *testing.T) {
 		s.streamMovesTo(t, run, b, e.client.IP.String()+":"+fmt.Sprint(sport), func() { e.putSlice(t, svc, endpoint(b, ready)) })
 	})
 
+	e.run(t, "masquerade-to-node-ip", func(t *testing.T) {
+		// kube-proxy's masquerade: the node's address on the pod link. With the option,
+		// restarted: the node's primary IP (its InternalIP), and hairpin traffic still
+		// masqueraded.
+		svc := e.createService(t, "snat-node-ip", corev1.ServiceTypeNodePort, nil, tcpPort("http", 80, 8080))
+		target := e.web[2]
+		e.putSlice(t, svc, endpoint(target, ready))
+		np := hostPort(c.NodeIP.String(), svc.Spec.Ports[0].NodePort)
+		e.waitOK(t, "node port answers", c.ExternalNS, "tcp", np)
+		expectAnswered(t, "external -> node port (masqueraded to the pod link's address)", e.probe(t, c.ExternalNS, "tcp", np, 5, time.Second),
+			[]*cluster.Pod{target}, isNot(c.ExternalIP.String(), c.NodeIP.String()))
+		e.proxy.Stop()
+		e.startProxy(t, c.LeastPrivilegeKubeconfigT(t), append(cluster.WatchedFlags,
+			"--no-masquerade-cidrs="+kept.IP.String()+"/32", "--udp-keep-terminating-flows", "--masquerade-to-node-ip")...)
+		e.eventually(t, "external -> node port source-NATed to the node's IP", func() []cluster.ProbeResult {
+			return e.probe(t, c.ExternalNS, "tcp", np, 5, time.Second)
+		}, func(res []cluster.ProbeResult) bool {
+			for _, r := range res {
+				if !r.OK || clientHost(r) != c.NodeIP.String() {
+					return false
+				}
+			}
+			return true
+		})
+		addr := hostPort(svc.Spec.ClusterIP, 80)
+		e.waitOK(t, "hairpin answers", target.NS, "tcp", addr)
+		expectAnswered(t, target.Name+" -> "+addr+" -> itself (masqueraded)", e.probe(t, target.NS, "tcp", addr, 5, time.Second),
+			[]*cluster.Pod{target}, isNot(target.IP.String()))
+	})
+
 	e.run(t, "nft-list-shows-options", func(t *testing.T) {
 		out, err := e.nftList(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := "ip daddr " + kept.IP.String() + " return"; !strings.Contains(out, want) {
-			t.Errorf("no %q in the masquerading chain:\n%s", want, out)
+		for _, want := range []string{"ip daddr " + kept.IP.String() + " return", "snat ip to " + c.NodeIP.String() + " fully-random"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("no %q in the masquerading chain:\n%s", want, out)
+			}
 		}
 	})
 }

@@ -26,6 +26,7 @@ var renderWant = map[string]struct{ ip, ip6 string }{
 	"Reject":             {"reject", "reject"},
 	"SetMarkBits":        {"meta mark set meta mark | 0x00004000", "meta mark set meta mark | 0x00004000"},
 	"Masquerade":         {"masquerade fully-random", "masquerade fully-random"},
+	"SNATTo":             {"snat ip to 192.0.2.10 fully-random", "snat ip6 to 192.0.2.10 fully-random"},
 	"DNATHashMap": {"dnat ip to jhash ip saddr . th sport mod 4093 seed 0x6e667470 offset 256 map @m",
 		"dnat ip6 to jhash ip6 saddr . th sport mod 4093 seed 0x6e667470 offset 256 map @m"},
 	"DNATNumgenMap": {"dnat ip to numgen random mod 2 offset 100 map @m", "dnat ip6 to numgen random mod 2 offset 100 map @m"},

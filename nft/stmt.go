@@ -129,6 +129,10 @@ type DNATHashMap struct {
 	Map    string
 }
 
+// SNATTo source-NATs to a fixed address with fully random ports ("snat ip to
+// 192.0.2.10 fully-random").
+type SNATTo struct{ Addr netip.Addr }
+
 // Counter counts packets and bytes.
 type Counter struct{}
 
@@ -165,6 +169,7 @@ func (Masquerade) isStmt()         {}
 func (DNATNumgenMap) isStmt()      {}
 func (DNATKeyMap) isStmt()         {}
 func (DNATHashMap) isStmt()        {}
+func (SNATTo) isStmt()             {}
 func (Counter) isStmt()            {}
 func (MatchFibSaddrLocal) isStmt() {}
 func (MatchNumgen) isStmt()        {}
@@ -196,5 +201,6 @@ func AllStmtKinds() []Stmt {
 		MatchNumgen{Mod: 3},
 		DNATTo{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8080},
 		UpdateSaddr{Set: "a"},
+		SNATTo{Addr: netip.MustParseAddr("192.0.2.10")},
 	}
 }

@@ -337,6 +337,7 @@ func proxyConfig(o *options.Options, addrs func() ([]netip.Addr, error)) (contro
 		NoMasqueradeCIDRs:       o.NoMasqueradeCIDRs,
 		UDPKeepTerminatingFlows: o.UDPKeepTerminatingFlows,
 		DefaultBalancing:        o.LoadBalancing,
+		MasqueradeToNodeIP:      o.MasqueradeToNodeIP,
 		Limits: compile.Limits{
 			MaxFrontendsPerService:     o.MaxFrontendsPerService,
 			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,

@@ -98,6 +98,11 @@ type Config struct {
 	// traffic (an endpoint reaching itself) is still masqueraded. Empty: kube-proxy's
 	// behaviour.
 	NoMasquerade []netip.Prefix
+	// MasqueradeToNodeIP source-NATs masqueraded traffic to the node's primary IP of the
+	// family (the Node's InternalIP, else ExternalIP) instead of the address of the
+	// interface it leaves by (--masquerade-to-node-ip); while the Node has none,
+	// traffic is masqueraded. Hairpin traffic is masqueraded either way.
+	MasqueradeToNodeIP bool
 	// DefaultBalancing is how service ports without a LoadBalancingAnnotation pick a new
 	// flow's endpoint (--load-balancing): BalancingDefault or BalancingRandom is
 	// kube-proxy's random choice, BalancingMaglev consistent hashing.
@@ -1260,7 +1265,7 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 			rule(PurposeHairpin, nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: setHairpin}, nft.Masquerade{FullyRandom: true}),
 			rule(PurposeMasquerade, nft.MatchMarkUnset{Bits: mark}, nft.Verdict{Kind: nft.Return}),
 			rule(PurposeMasquerade, nft.SetMarkBits{Bits: mark, Xor: true}),
-		}, c.noMasquerade()...), rule(PurposeMasquerade, nft.Masquerade{FullyRandom: true}))},
+		}, c.noMasquerade()...), rule(PurposeMasquerade, c.masquerade()))},
 		{Name: chainEndpointsCheck, Rules: []nft.Rule{
 			rule(PurposeRejectNoEndpoints, nft.Lookup{Fields: frontend, Set: setNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
 			rule(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: frontend, Set: setNoLocalServices}, nft.Verdict{Kind: nft.Drop}),
@@ -1321,4 +1326,17 @@ func (c *compiler) noMasquerade() []nft.Rule {
 		}
 	}
 	return out
+}
+
+// masquerade is the statement that translates marked traffic's source: to the
+// interface's address (kube-proxy), or with MasqueradeToNodeIP to the node's primary IP.
+func (c *compiler) masquerade() nft.Stmt {
+	if c.cfg.MasqueradeToNodeIP {
+		for _, ip := range c.node.IPs {
+			if ip.Is6() == c.v6 {
+				return nft.SNATTo{Addr: ip}
+			}
+		}
+	}
+	return nft.Masquerade{FullyRandom: true}
 }

@@ -60,3 +60,41 @@ func isReturn(s nft.Stmt) bool    { v, ok := s.(nft.Verdict); return ok && v.Kin
 func isMarkUnset(s nft.Stmt) bool { _, ok := s.(nft.MatchMarkUnset); return ok }
 func isXor(s nft.Stmt) bool       { m, ok := s.(nft.SetMarkBits); return ok && m.Xor }
 func isMasq(s nft.Stmt) bool      { _, ok := s.(nft.Masquerade); return ok }
+
+// TestMasqueradeToNodeIP: marked traffic is source-NATed to the node's primary IP of the
+// family; hairpin traffic is still masqueraded; without a primary IP of the family, or
+// without the option, marked traffic is masqueraded.
+func TestMasqueradeToNodeIP(t *testing.T) {
+	snap := *scenarios()["clusterip-2ep"] // node-1, 192.0.2.10 only
+	for _, tc := range []struct {
+		fam  nft.Family
+		on   bool
+		want string
+	}{
+		{nft.IPv4, true, "snat ip to 192.0.2.10 fully-random"},
+		{nft.IPv6, true, "masquerade fully-random"}, // no IPv6 primary IP
+		{nft.IPv4, false, "masquerade fully-random"},
+	} {
+		cfg := testConfig()
+		cfg.Family, cfg.MasqueradeToNodeIP = tc.fam, tc.on
+		rs, _ := Compile(&snap, cfg, NewSlots())
+		rules := chainNamed(rs, chainMasquerading).Rules
+		if got := nft.RenderRule(tc.fam, nft.Rule{Stmts: rules[len(rules)-1].Stmts}); got != tc.want {
+			t.Errorf("%s, option %v: last masquerading rule %q, want %q", tc.fam, tc.on, got, tc.want)
+		}
+		if hp := nft.RenderRule(tc.fam, nft.Rule{Stmts: rules[0].Stmts}); !strings.HasSuffix(hp, "masquerade fully-random") {
+			t.Errorf("%s, option %v: hairpin rule %q is not masqueraded", tc.fam, tc.on, hp)
+		}
+	}
+	// the Node's address changes: the rule follows on an incremental compiler
+	cfg := testConfig()
+	cfg.MasqueradeToNodeIP = true
+	c := NewCompiler(cfg, NewSlots())
+	c.Compile(&snap)
+	moved := snap
+	moved.Node.IPs = []netip.Addr{netip.MustParseAddr("192.0.2.11")}
+	rs, _ := c.Compile(&moved)
+	if !strings.Contains(nft.Render(rs.Flatten()), "snat ip to 192.0.2.11 fully-random") {
+		t.Errorf("after the node's address changed:\n%s", nft.Render(rs.Flatten()))
+	}
+}

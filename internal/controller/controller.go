@@ -95,6 +95,8 @@ type Config struct {
 	// terminates, serving or not, until it leaves its EndpointSlice
 	// (--udp-keep-terminating-flows; conntrack.ServingOrTerminating).
 	UDPKeepTerminatingFlows bool
+	// MasqueradeToNodeIP: --masquerade-to-node-ip (compile.Config).
+	MasqueradeToNodeIP bool
 	// DefaultBalancing: --load-balancing (compile.Config.DefaultBalancing).
 	DefaultBalancing model.Balancing
 	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
@@ -691,19 +693,20 @@ func (pl *pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 	jobs := make([]func(), len(Families))
 	for i, fam := range Families {
 		cc := compile.Config{
-			Family:           fam,
-			MasqueradeAll:    cfg.MasqueradeAll,
-			MasqueradeBit:    cfg.MasqueradeBit,
-			NodePortAllLocal: allLocal[fam],
-			NoExternalIPs:    cfg.NoExternalIPs,
-			ServedPorts:      cfg.ServedPorts,
-			OwnAddrs:         cfg.OwnAddrs,
-			ClusterCIDRs:     cfg.ClusterCIDRs,
-			ExternalIPCIDRs:  cfg.ExternalIPCIDRs,
-			NoMasquerade:     cfg.NoMasqueradeCIDRs,
-			DefaultBalancing: cfg.DefaultBalancing,
-			Limits:           cfg.Limits,
-			DetectLocal:      cfg.DetectLocal,
+			Family:             fam,
+			MasqueradeAll:      cfg.MasqueradeAll,
+			MasqueradeBit:      cfg.MasqueradeBit,
+			NodePortAllLocal:   allLocal[fam],
+			NoExternalIPs:      cfg.NoExternalIPs,
+			ServedPorts:        cfg.ServedPorts,
+			OwnAddrs:           cfg.OwnAddrs,
+			ClusterCIDRs:       cfg.ClusterCIDRs,
+			ExternalIPCIDRs:    cfg.ExternalIPCIDRs,
+			NoMasquerade:       cfg.NoMasqueradeCIDRs,
+			DefaultBalancing:   cfg.DefaultBalancing,
+			MasqueradeToNodeIP: cfg.MasqueradeToNodeIP,
+			Limits:             cfg.Limits,
+			DetectLocal:        cfg.DetectLocal,
 		}
 		if pl.slots[fam] == nil {
 			pl.slots[fam] = compile.NewSlots()

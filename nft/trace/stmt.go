@@ -54,6 +54,9 @@ func (tr *tracer) stmt(t *thread, s nft.Stmt) ([]branch, error) {
 	case nft.Masquerade:
 		t.masq, t.natted = true, true
 		return one(t, control{kind: ctlEnd, end: Accept}), nil // NAT statements accept
+	case nft.SNATTo:
+		t.masq, t.natted = true, true // the source is rewritten, as by masquerade
+		return one(t, control{kind: ctlEnd, end: Accept}), nil
 	case nft.DNATTo:
 		return dnat(t, netip.AddrPortFrom(s.Addr, s.Port)), nil
 	case nft.DNATNumgenMap:

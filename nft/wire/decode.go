@@ -288,6 +288,8 @@ func candidates(fam nft.Family, es []ExprState) []nft.Stmt {
 	case "immediate":
 		if v, ok := immediateVerdictOf(e); ok {
 			out = append(out, v)
+		} else if a, ok := netip.AddrFromSlice(dataValue(e.Attrs[unix.NFTA_IMMEDIATE_DATA])); ok && at(1).Name == "nat" && be32(at(1).Attrs[unix.NFTA_NAT_TYPE]) == unix.NFT_NAT_SNAT {
+			out = append(out, nft.SNATTo{Addr: a})
 		} else if a, ok := netip.AddrFromSlice(dataValue(e.Attrs[unix.NFTA_IMMEDIATE_DATA])); ok {
 			port := dataValue(at(1).Attrs[unix.NFTA_IMMEDIATE_DATA])
 			if len(port) == 2 {

@@ -144,6 +144,15 @@ func (b *Batch) stmt(fam nft.Family, s nft.Stmt) error {
 	case nft.MatchNumgen:
 		b.numgen(s.Mod, 0)
 		b.cmp(unix.NFT_CMP_EQ, reg1, le32(0))
+	case nft.SNATTo:
+		b.immediate(reg1, s.Addr.AsSlice())
+		b.expr("nat", func() {
+			b.u32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_SNAT)
+			b.u32(unix.NFTA_NAT_FAMILY, uint32(fam))
+			b.u32(unix.NFTA_NAT_REG_ADDR_MIN, reg1)
+			b.u32(unix.NFTA_NAT_REG_ADDR_MAX, reg1)
+			b.u32(unix.NFTA_NAT_FLAGS, unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY)
+		})
 	case nft.DNATTo:
 		b.immediate(reg1, s.Addr.AsSlice())
 		b.immediate(reg2, binary.BigEndian.AppendUint16(nil, s.Port))

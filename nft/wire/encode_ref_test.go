@@ -163,6 +163,11 @@ func refStmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
 			&expr.Numgen{Register: reg1, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: le32(0)},
 		}, nil
+	case nft.SNATTo:
+		return []expr.Any{
+			&expr.Immediate{Register: reg1, Data: s.Addr.AsSlice()},
+			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: uint32(fam), RegAddrMin: reg1, RegAddrMax: reg1, FullyRandom: true},
+		}, nil
 	case nft.DNATTo:
 		return []expr.Any{
 			&expr.Immediate{Register: reg1, Data: s.Addr.AsSlice()},
@@ -310,6 +315,7 @@ func TestExpressionsAsBefore(t *testing.T) {
 		"prefix": nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("fd00:10:244::/56")},
 		"odd":    nft.MatchPrefix{Field: nft.FieldDaddr, Prefix: netip.MustParsePrefix("fd00::/13")},
 		"dnat":   nft.DNATTo{Addr: netip.MustParseAddr("fd00::1"), Port: 8080},
+		"snat":   nft.SNATTo{Addr: netip.MustParseAddr("2001:db8::10")},
 	}
 	for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
 		stmts := append(nft.AllStmtKinds(), variants...)
@@ -320,6 +326,8 @@ func TestExpressionsAsBefore(t *testing.T) {
 					stmts[i] = six["prefix"]
 				case nft.DNATTo:
 					stmts[i] = six["dnat"]
+				case nft.SNATTo:
+					stmts[i] = six["snat"]
 				}
 			}
 		}
