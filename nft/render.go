@@ -293,6 +293,10 @@ func RenderStmt(fam Family, s Stmt) string {
 			return fmt.Sprintf("dnat %s to numgen random mod %d map @%s", fam, s.Mod, s.Map)
 		}
 		return fmt.Sprintf("dnat %s to numgen random mod %d offset %d map @%s", fam, s.Mod, s.Offset, s.Map)
+	case SNATTo:
+		return fmt.Sprintf("snat %s to %s fully-random", fam, s.Addr)
+	case DNATHashMap:
+		return fmt.Sprintf("dnat %s to jhash %s saddr . th sport mod %d seed 0x%08x offset %d map @%s", fam, fam, s.Mod, s.Seed, s.Offset, s.Map)
 	case DNATKeyMap:
 		return fmt.Sprintf("dnat %s to %s . numgen random mod %d map @%s", fam, fieldList(fam, s.Fields), s.Mod, s.Map)
 	case Counter:

@@ -117,6 +117,22 @@ type DNATKeyMap struct {
 	Map    string
 }
 
+// DNATHashMap destination-NATs to the address and port found in Map at key
+// "jhash <family> saddr . th sport mod Mod seed Seed offset Offset": the slot that a hash
+// of the client's address and port selects among Mod consecutive slots. The hash is a
+// function of those two fields and Seed alone, so the same client address and port
+// select the same slot on every node (consistent hashing).
+type DNATHashMap struct {
+	Mod    uint32
+	Seed   uint32
+	Offset uint32
+	Map    string
+}
+
+// SNATTo source-NATs to a fixed address with fully random ports ("snat ip to
+// 192.0.2.10 fully-random").
+type SNATTo struct{ Addr netip.Addr }
+
 // Counter counts packets and bytes.
 type Counter struct{}
 
@@ -152,6 +168,8 @@ func (SetMarkBits) isStmt()        {}
 func (Masquerade) isStmt()         {}
 func (DNATNumgenMap) isStmt()      {}
 func (DNATKeyMap) isStmt()         {}
+func (DNATHashMap) isStmt()        {}
+func (SNATTo) isStmt()             {}
 func (Counter) isStmt()            {}
 func (MatchFibSaddrLocal) isStmt() {}
 func (MatchNumgen) isStmt()        {}
@@ -177,10 +195,12 @@ func AllStmtKinds() []Stmt {
 		Masquerade{FullyRandom: true},
 		DNATNumgenMap{Mod: 2, Offset: 100, Map: "m"},
 		DNATKeyMap{Fields: []Field{FieldDaddr, FieldL4Proto, FieldTHDport}, Mod: 3, Map: "m"},
+		DNATHashMap{Mod: 4093, Seed: 0x6e667470, Offset: 256, Map: "m"},
 		Counter{},
 		MatchFibSaddrLocal{},
 		MatchNumgen{Mod: 3},
 		DNATTo{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8080},
 		UpdateSaddr{Set: "a"},
+		SNATTo{Addr: netip.MustParseAddr("192.0.2.10")},
 	}
 }

@@ -160,6 +160,9 @@ type ProbeSpec struct {
 	// all attempts share one 5-tuple (one conntrack entry); meant for UDP (a TCP port
 	// would be held by TIME_WAIT).
 	SourcePort int
+	// SourcePortEach: attempt i binds SourcePort+i instead, one 5-tuple per attempt
+	// (a set of flows whose ports are known).
+	SourcePortEach bool
 }
 
 // ProbeResult is the outcome of one attempt.
@@ -190,6 +193,9 @@ func (p *ProbeSpec) args() []string {
 		"--count", fmt.Sprint(p.Count), "--timeout", p.Timeout.String(), "--interval", p.Interval.String()}
 	if p.SourcePort != 0 {
 		args = append(args, "--sport", fmt.Sprint(p.SourcePort))
+		if p.SourcePortEach {
+			args = append(args, "--sport-each")
+		}
 	}
 	return args
 }

@@ -4,11 +4,12 @@
 //	    TCP and UDP servers on each port. Every answer is one line
 //	    "<name> <client ip:port as seen by the server>\n"; TCP answers on accept and
 //	    closes, UDP answers each datagram. NAME defaults to $POD_NAME.
-//	echo probe --proto tcp|udp --addr IP:PORT [--count N] [--timeout D] [--interval D] [--sport P]
+//	echo probe --proto tcp|udp --addr IP:PORT [--count N] [--timeout D] [--interval D] [--sport P [--sport-each]]
 //	    N sequential attempts, each on a new socket, one JSON line per attempt:
 //	    {"ok":bool,"pod":"…","client":"…","err":"…","refused":bool,"ms":float,"at":time}.
 //	    IP may be IPv6 ([fd00::1]:80). --sport binds every socket to local port P
-//	    (SO_REUSEADDR), so all attempts share one 5-tuple. Exits 0 even when attempts fail.
+//	    (SO_REUSEADDR), so all attempts share one 5-tuple; with --sport-each attempt i
+//	    binds P+i (one known flow per attempt). Exits 0 even when attempts fail.
 package main
 
 import (
@@ -115,6 +116,7 @@ func probe(args []string) error {
 	timeout := fs.Duration("timeout", time.Second, "timeout per attempt")
 	interval := fs.Duration("interval", 0, "pause between attempts")
 	sport := fs.Int("sport", 0, "local port of every attempt (0: any)")
+	sportEach := fs.Bool("sport-each", false, "attempt i uses local port sport+i (one flow each)")
 	_ = fs.Parse(args)
 	if *addr == "" || (*proto != "tcp" && *proto != "udp") {
 		return errors.New("probe needs --proto tcp|udp and --addr ip:port")
@@ -125,7 +127,11 @@ func probe(args []string) error {
 			time.Sleep(*interval)
 		}
 		start := time.Now()
-		line, err := attempt(*proto, *addr, *timeout, *sport)
+		port := *sport
+		if *sportEach && port != 0 {
+			port += i
+		}
+		line, err := attempt(*proto, *addr, *timeout, port)
 		r := result{Millis: float64(time.Since(start).Microseconds()) / 1000, At: start}
 		if err == nil {
 			if pod, client, ok := strings.Cut(strings.TrimSpace(line), " "); ok {

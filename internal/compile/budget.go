@@ -43,7 +43,7 @@ func (lim Limits) group(services []*model.ServicePort, from int) (to, cost int, 
 		sp := services[to]
 		fronts += frontends(sp)
 		eps += len(sp.Endpoints)
-		cost += ElementCost(sp)
+		cost += lim.cost(sp)
 		if n := len(sp.SourceRanges); lim.MaxSourceRangesPerService > 0 && n > lim.MaxSourceRangesPerService && reason == "" {
 			reason = fmt.Sprintf("%d loadBalancerSourceRanges, more than --max-source-ranges-per-service=%d: the Service is not programmed",
 				n, lim.MaxSourceRangesPerService)
@@ -108,10 +108,10 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 		var last serviceName
 		for _, ch := range changes {
 			if ch.old != nil {
-				b.add(ch.old.Name.Namespace, -ElementCost(ch.old))
+				b.add(ch.old.Name.Namespace, -lim.cost(ch.old))
 			}
 			if ch.new != nil {
-				b.add(ch.new.Name.Namespace, ElementCost(ch.new))
+				b.add(ch.new.Name.Namespace, lim.cost(ch.new))
 			}
 			for _, sp := range [2]*model.ServicePort{ch.old, ch.new} {
 				if sp == nil || nameOf(sp) == last { // a Service's name is never empty

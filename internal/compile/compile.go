@@ -112,8 +112,32 @@ type Config struct {
 	// ExternalIPCIDRs, when not empty, are the only ranges externalIPs are programmed
 	// in (--external-ip-cidrs); load-balancer IPs are not affected.
 	ExternalIPCIDRs []netip.Prefix
+	// NoMasquerade are destination ranges (endpoints, after DNAT) whose traffic is never
+	// masqueraded, whatever marked it (--no-masquerade-cidrs): node → service → pod
+	// traffic keeps the node's address, off-cluster clients keep theirs. Hairpin
+	// traffic (an endpoint reaching itself) is still masqueraded. Empty: kube-proxy's
+	// behaviour.
+	NoMasquerade []netip.Prefix
+	// MasqueradeToNodeIP source-NATs masqueraded traffic to the node's primary IP of the
+	// family (the Node's InternalIP, else ExternalIP) instead of the address of the
+	// interface it leaves by (--masquerade-to-node-ip); while the Node has none,
+	// traffic is masqueraded. Hairpin traffic is masqueraded either way.
+	MasqueradeToNodeIP bool
+	// DefaultBalancing is how service ports without a LoadBalancingAnnotation pick a new
+	// flow's endpoint (--load-balancing): BalancingDefault or BalancingRandom is
+	// kube-proxy's random choice, BalancingMaglev consistent hashing.
+	DefaultBalancing model.Balancing
 	// Limits bound what one Service, and the whole table, may cost.
 	Limits Limits
+}
+
+// maglev reports whether sp picks endpoints by consistent hashing. ClientIP affinity
+// wins: a port with affinity picks a new client's endpoint at random.
+func (c Config) maglev(sp *model.ServicePort) bool {
+	if sp.AffinityTimeout > 0 {
+		return false
+	}
+	return sp.Balancing == model.BalancingMaglev || (sp.Balancing == model.BalancingDefault && c.DefaultBalancing == model.BalancingMaglev)
 }
 
 // Limits bound what one object may make every node program. A zero field is no limit.
@@ -135,6 +159,19 @@ type Limits struct {
 	// (budget.go): one within its fair share keeps every Service, and one over it
 	// loses its newest.
 	MaxElements int
+
+	// defaultMaglev: the compiler's DefaultBalancing is Maglev (set by NewCompiler), so
+	// a port without the annotation costs its lookup tables too.
+	defaultMaglev bool
+}
+
+// cost is ElementCost with the compiler's default balancing.
+func (lim Limits) cost(sp *model.ServicePort) int {
+	n := ElementCost(sp)
+	if lim.defaultMaglev && sp.AffinityTimeout == 0 && sp.Balancing == model.BalancingDefault {
+		n += maglevCost(sp)
+	}
+	return n
 }
 
 // Default limits (flags --max-frontends-per-service, --max-endpoints-per-service-port,
@@ -182,8 +219,34 @@ func ElementCost(sp *model.ServicePort) int {
 	if sp.AffinityTimeout > 0 {
 		n += affinityCost * eps
 	}
+	if sp.AffinityTimeout == 0 && sp.Balancing == model.BalancingMaglev {
+		n += maglevCost(sp)
+	}
 	if lbs := len(sp.LoadBalancerIPs); lbs > 0 && (len(sp.SourceRanges) > 0 || sp.SourceRangesBroken) {
 		n += lbs + 2*len(sp.SourceRanges)
+	}
+	return n
+}
+
+// maglevCost is what a consistently hashed port's lookup tables cost beside one entry
+// per endpoint: per family with endpoints a table of maglevSize entries, two when the
+// port has a node-local chain too (traffic policy Local).
+func maglevCost(sp *model.ServicePort) int {
+	n4 := 0
+	for _, e := range sp.Endpoints {
+		if e.Addr.Is4() {
+			n4++
+		}
+	}
+	chains := 1
+	if sp.UsesLocalEndpoints() {
+		chains = 2
+	}
+	n := 0
+	for _, k := range []int{n4, len(sp.Endpoints) - n4} {
+		if k > 0 {
+			n += chains * (maglevSize(k) - k)
+		}
 	}
 	return n
 }
@@ -476,6 +539,7 @@ func (a claims) equal(b claims) bool {
 
 // NewCompiler returns a Compiler for cfg.Family; slots is its endpoint slot allocator.
 func NewCompiler(cfg Config, slots *Slots) *Compiler {
+	cfg.Limits.defaultMaglev = cfg.DefaultBalancing == model.BalancingMaglev
 	return &Compiler{cfg: cfg, slots: slots, endpointAddrs: addrCounts{v6: cfg.Family == nft.IPv6}}
 }
 
@@ -1025,13 +1089,30 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 		c.affinity(cp, ch, sp, eps, comment)
 		return
 	}
-	base := c.slots.base(owner, len(eps))
+	// slot i serves endpoint pick[i]: each endpoint once (random choice), or a Maglev
+	// table of the endpoints (consistent hashing)
+	maglev := c.cfg.maglev(sp)
+	slots := len(eps)
+	var pick []int
+	if maglev {
+		keys := make([]string, len(eps))
+		for i, e := range eps {
+			keys[i] = e.AddrPort().String()
+		}
+		slots = maglevSize(len(eps))
+		pick = maglevTable(keys, slots)
+	}
+	base := c.slots.base(owner, slots)
 	page := base / PageSlots
 	epMap := endpointMapName(page)
-	elems := make([]nft.Element, len(eps))
-	vals := make([]nft.Value, 3*len(eps))
+	elems := make([]nft.Element, slots)
+	vals := make([]nft.Value, 3*slots)
 	slotTag := cp.tag(PurposeEndpointSlot)
-	for i, e := range eps {
+	for i := range slots {
+		e := eps[i%len(eps)]
+		if pick != nil {
+			e = eps[pick[i]]
+		}
 		v := vals[3*i : 3*i+3 : 3*i+3]
 		v[0], v[1], v[2] = nft.Num(base+uint32(i)), nft.Addr(e.Addr), nft.Num(uint32(e.Port))
 		elems[i] = nft.Element{Key: v[0:1:1], Data: v[1:3:3], Tag: slotTag}
@@ -1039,9 +1120,11 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 	cp.add(epMap, elems...)
 	cp.owners = append(cp.owners, owner)
 	cp.pages = append(cp.pages, page)
-	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
-		proto, nft.DNATNumgenMap{Mod: uint32(len(eps)), Offset: base, Map: epMap},
-	}, Comment: comment, Tag: cp.tag(PurposeEndpointDNAT)})
+	var dnat nft.Stmt = nft.DNATNumgenMap{Mod: uint32(slots), Offset: base, Map: epMap}
+	if maglev {
+		dnat = nft.DNATHashMap{Mod: uint32(slots), Seed: MaglevSeed, Offset: base, Map: epMap}
+	}
+	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{proto, dnat}, Comment: comment, Tag: cp.tag(PurposeEndpointDNAT)})
 }
 
 // affinity makes ch sticky per client address: each endpoint has a dynamic set of the
@@ -1187,12 +1270,11 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 			withNodePort(PurposeFrontend, nft.Lookup{Fields: portKey, Set: SetNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainNodePortFront}),
 		}},
 		{Name: ChainMarkMasq, Rules: []nft.Rule{rule(PurposeMarkBit, nft.SetMarkBits{Bits: mark})}},
-		{Name: ChainMasquerading, Rules: []nft.Rule{
+		{Name: ChainMasquerading, Rules: append(append([]nft.Rule{
 			rule(PurposeHairpin, nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: SetHairpin}, nft.Masquerade{FullyRandom: true}),
 			rule(PurposeMasquerade, nft.MatchMarkUnset{Bits: mark}, nft.Verdict{Kind: nft.Return}),
 			rule(PurposeMasquerade, nft.SetMarkBits{Bits: mark, Xor: true}),
-			rule(PurposeMasquerade, nft.Masquerade{FullyRandom: true}),
-		}},
+		}, c.noMasquerade()...), rule(PurposeMasquerade, c.masquerade()))},
 		{Name: ChainEndpointsCheck, Rules: []nft.Rule{
 			rule(PurposeRejectNoEndpoints, nft.Lookup{Fields: frontend, Set: SetNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
 			rule(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: frontend, Set: SetNoLocalServices}, nft.Verdict{Kind: nft.Drop}),
@@ -1239,4 +1321,31 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 		sets = append(sets, c.endpointMap(p))
 	}
 	return &nft.Ruleset{Family: c.cfg.Family, Table: TableName, Sets: sets, Chains: chains}
+}
+
+// noMasquerade returns the rules that let traffic to Config.NoMasquerade (this family's
+// ranges) leave with its source address: after the mark is cleared, before the
+// masquerade.
+func (c *compiler) noMasquerade() []nft.Rule {
+	var out []nft.Rule
+	for _, p := range c.cfg.NoMasquerade {
+		if p.Addr().Is6() == c.v6 {
+			out = append(out, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: p.Masked()}, nft.Verdict{Kind: nft.Return}},
+				Comment: "destination keeps the source address", Tag: own(PurposeNoMasquerade)})
+		}
+	}
+	return out
+}
+
+// masquerade is the statement that translates marked traffic's source: to the
+// interface's address (kube-proxy), or with MasqueradeToNodeIP to the node's primary IP.
+func (c *compiler) masquerade() nft.Stmt {
+	if c.cfg.MasqueradeToNodeIP {
+		for _, ip := range c.node.IPs {
+			if ip.Is6() == c.v6 {
+				return nft.SNATTo{Addr: ip}
+			}
+		}
+	}
+	return nft.Masquerade{FullyRandom: true}
 }

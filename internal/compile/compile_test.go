@@ -336,10 +336,15 @@ func checkPicks(t *testing.T, rs *nft.Ruleset, name string, applies bool, eps []
 func slotTargets(t *testing.T, rs *nft.Ruleset, ch *nft.Chain, used map[string]int) []string {
 	t.Helper()
 	var dnats []nft.DNATNumgenMap
+	maglev := false
 	for _, r := range ch.Rules {
 		for _, st := range r.Stmts {
 			if d, ok := st.(nft.DNATNumgenMap); ok {
 				dnats = append(dnats, d)
+			}
+			if d, ok := st.(nft.DNATHashMap); ok { // a Maglev table: the distinct endpoints count
+				dnats = append(dnats, nft.DNATNumgenMap{Mod: d.Mod, Offset: d.Offset, Map: d.Map})
+				maglev = true
 			}
 		}
 	}
@@ -374,6 +379,10 @@ func slotTargets(t *testing.T, rs *nft.Ruleset, ch *nft.Chain, used map[string]i
 		got = append(got, netip.AddrPortFrom(e.Data[0].Addr(), uint16(e.Data[1].Num())).String())
 	}
 	used[d.Map] += int(d.Mod)
+	if maglev {
+		slices.Sort(got)
+		got = slices.Compact(got)
+	}
 	return got
 }
 

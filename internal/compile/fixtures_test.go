@@ -45,6 +45,11 @@ func scenarios() map[string]*model.Snapshot {
 			ClusterIPs: []netip.Addr{ip("10.96.0.10")}, Port: 80,
 			Endpoints: []model.Endpoint{ep("10.244.1.2", 8080), ep("10.244.1.3", 8080)},
 		}})},
+		"maglev": {Node: node, Services: model.Ports([]model.ServicePort{{
+			Name:       model.ServicePortName{Namespace: "default", Name: "sip", Port: "sip", Protocol: model.ProtoUDP},
+			ClusterIPs: []netip.Addr{ip("10.96.0.60")}, Port: 5060, Balancing: model.BalancingMaglev,
+			Endpoints: []model.Endpoint{ep("10.244.1.2", 5060), ep("10.244.1.3", 5060), ep("10.244.2.4", 5060)},
+		}})},
 		"all-kinds": {Node: node, Services: model.Ports([]model.ServicePort{
 			{
 				Name:       model.ServicePortName{Namespace: "default", Name: "dns", Port: "dns", Protocol: model.ProtoUDP},

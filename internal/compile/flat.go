@@ -60,7 +60,7 @@ var (
 // internal and external traffic go to.
 func (c *compiler) flat(sp *model.ServicePort, internal, external int, nodePort uint16, internalEps, clusterEps []model.Endpoint) bool {
 	accessible := external > 0 || nodePort != 0
-	if sp.AffinityTimeout > 0 || (sp.ExternalPolicyLocal && accessible) {
+	if sp.AffinityTimeout > 0 || (sp.ExternalPolicyLocal && accessible) || c.cfg.maglev(sp) {
 		return false
 	}
 	n, fronts := len(internalEps), internal+external

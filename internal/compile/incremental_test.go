@@ -105,9 +105,14 @@ func TestCompilerIncremental(t *testing.T) {
 	}
 }
 
-func walkIncremental(t *testing.T, fam nft.Family, cfg Config) {
+// walkIncremental walks random snapshots drawn from pool (without the ports skip
+// names, if any).
+func walkIncremental(t *testing.T, fam nft.Family, cfg Config, skip ...func(model.ServicePort) bool) {
 	r := rand.New(rand.NewPCG(1, uint64(fam)))
 	all := pool()
+	for _, s := range skip {
+		all = slices.DeleteFunc(all, s)
+	}
 	node := model.Node{Name: "node-1", IPs: []netip.Addr{ip("192.0.2.10")}}
 	incr := NewCompiler(cfg, NewSlots())
 	freshSlots := NewSlots()

@@ -133,6 +133,16 @@ func TestKernelMemory(t *testing.T) {
 			sps[0].AffinityTimeout = 0
 			return sps
 		}},
+		{"Maglev, 100 ports of 10 endpoints", func(scale int) []model.ServicePort {
+			var out []model.ServicePort
+			for p := range 100 / scale {
+				out = append(out, model.ServicePort{
+					Name: spn("hashed", fmt.Sprintf("p%02d", p), tcp), ClusterIPs: ips("10.96.7.9"), Port: uint16(8000 + p),
+					Balancing: model.BalancingMaglev, Endpoints: manyEndpoints(10),
+				})
+			}
+			return out
+		}},
 		{"source ranges, the most ranges on ten ports", func(scale int) []model.ServicePort {
 			return rangesService(10, DefaultMaxSourceRangesPerService/scale)
 		}},

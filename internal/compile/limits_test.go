@@ -422,7 +422,9 @@ func TestCompilerIncrementalBudget(t *testing.T) {
 		t.Run(fam.String(), func(t *testing.T) {
 			cfg := configFor(fam)
 			cfg.Limits = Limits{MaxEndpointsPerService: 8, MaxElements: 80}
-			walkIncremental(t, fam, cfg)
+			// a Maglev port alone costs 50 times this budget: its namespace would take its
+			// share and leave the others too little for the walk to reuse parts
+			walkIncremental(t, fam, cfg, func(sp model.ServicePort) bool { return sp.Balancing == model.BalancingMaglev })
 		})
 	}
 }

@@ -138,6 +138,9 @@ const (
 	PurposeUnallocatedServiceIP
 	// PurposeHook: a base chain's rule jumping to a regular chain.
 	PurposeHook
+	// PurposeNoMasquerade: a masquerading chain's rule letting traffic to one of
+	// --no-masquerade-cidrs keep its source address.
+	PurposeNoMasquerade
 
 	numPurposes
 )
@@ -157,7 +160,7 @@ var purposeNames = [numPurposes]string{
 	PurposeAffinityPick: "affinity: new client", PurposeAffinityRecord: "affinity: record client",
 	PurposeMasquerade: "masquerade", PurposeMarkBit: "masquerade mark",
 	PurposeUndefinedPort: "undefined cluster IP port", PurposeUnallocatedServiceIP: "unallocated service IP",
-	PurposeHook: "hook",
+	PurposeHook: "hook", PurposeNoMasquerade: "no masquerade",
 }
 
 func (p Purpose) String() string {

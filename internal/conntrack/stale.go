@@ -24,6 +24,22 @@ func Usable(sp *model.ServicePort) []model.Endpoint {
 // clients.
 func Serving(sp *model.ServicePort) []model.Endpoint { return model.ServingEndpoints(sp.Endpoints) }
 
+// ServingOrTerminating is the UsableFunc of the proxy with --udp-keep-terminating-flows:
+// the UDP flows of an endpoint are kept while it serves and while it terminates, whether
+// it still passes its readiness probe or not, and deleted once it leaves its
+// EndpointSlice (or stops being ready without terminating: a failed probe). A stateful
+// UDP protocol (SIP, QUIC, game sessions) then finishes its sessions on a pod that is
+// shutting down, where kube-proxy moves them as soon as the pod stops serving.
+func ServingOrTerminating(sp *model.ServicePort) []model.Endpoint {
+	var out []model.Endpoint
+	for _, e := range sp.Endpoints {
+		if e.Ready || e.Serving || e.Terminating {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // Frontends are the frontends a service port holds in the ruleset: the cluster,
 // external and load-balancer IPs it won (all families) and its node port (0: none).
 type Frontends struct {

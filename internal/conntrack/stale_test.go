@@ -308,3 +308,31 @@ func TestStaleFromWonFrontends(t *testing.T) {
 		t.Errorf("a port without frontends selects %v", got)
 	}
 }
+
+// TestServingOrTerminating: with --udp-keep-terminating-flows an endpoint's UDP flows
+// outlive its readiness while it terminates, and go when it leaves the slice; a failed
+// readiness probe without termination still moves them, as with Serving.
+func TestServingOrTerminating(t *testing.T) {
+	a, b := ready("10.244.1.2", 5353), ready("10.244.2.3", 5353)
+	stopping := model.Endpoint{Addr: a.Addr, Port: a.Port, Terminating: true} // neither ready nor serving
+	failed := notReady("10.244.1.2", 5353)                                    // not ready, not terminating
+	toA := []Flow{toEp("10.96.0.10", 53, "10.244.1.2", 5353)}
+	for _, tc := range []struct {
+		name      string
+		usable    UsableFunc
+		prev, cur model.ServicePort
+		want      []Flow
+	}{
+		{"terminating, not serving: kept", ServingOrTerminating, dns(a, b), dns(stopping, b), nil},
+		{"terminating, not serving: deleted by Serving", Serving, dns(a, b), dns(stopping, b), toA},
+		{"terminating, serving: kept by both", Serving, dns(a, b), dns(terminating("10.244.1.2", 5353), b), nil},
+		{"terminating endpoint leaves the slice", ServingOrTerminating, dns(stopping, b), dns(b), toA},
+		{"failed probe, not terminating: deleted", ServingOrTerminating, dns(a, b), dns(failed, b), toA},
+		{"removed at once", ServingOrTerminating, dns(a, b), dns(b), toA},
+	} {
+		got := StaleWith(snap(tc.prev), snap(tc.cur), tc.usable)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %s, want %s", tc.name, show(got), show(tc.want))
+		}
+	}
+}

@@ -79,6 +79,17 @@ type Config struct {
 	// (--external-ip-cidrs; empty: anywhere): see compile.Config.
 	ClusterCIDRs    []netip.Prefix
 	ExternalIPCIDRs []netip.Prefix
+	// NoMasqueradeCIDRs are destinations whose traffic keeps its source address
+	// (--no-masquerade-cidrs; see compile.Config).
+	NoMasqueradeCIDRs []netip.Prefix
+	// UDPKeepTerminatingFlows keeps the UDP conntrack entries of an endpoint while it
+	// terminates, serving or not, until it leaves its EndpointSlice
+	// (--udp-keep-terminating-flows; conntrack.ServingOrTerminating).
+	UDPKeepTerminatingFlows bool
+	// MasqueradeToNodeIP: --masquerade-to-node-ip (compile.Config).
+	MasqueradeToNodeIP bool
+	// DefaultBalancing: --load-balancing (compile.Config.DefaultBalancing).
+	DefaultBalancing model.Balancing
 	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
 	// zero: no limits).
 	Limits compile.Limits
@@ -87,18 +98,21 @@ type Config struct {
 // Pipeline is what the pipeline reads of the configuration.
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{
-		DetectLocal:       c.DetectLocal,
-		MasqueradeAll:     c.MasqueradeAll,
-		MasqueradeBit:     c.MasqueradeBit,
-		NodePortAddresses: c.NodePortAddresses,
-		LocalAddrs:        c.LocalAddrs,
-		ServiceCIDRs:      c.ServiceCIDRs,
-		NoExternalIPs:     c.NoExternalIPs,
-		ServedPorts:       c.ServedPorts,
-		OwnAddrs:          c.OwnAddrs,
-		ClusterCIDRs:      c.ClusterCIDRs,
-		ExternalIPCIDRs:   c.ExternalIPCIDRs,
-		Limits:            c.Limits,
+		DetectLocal:        c.DetectLocal,
+		MasqueradeAll:      c.MasqueradeAll,
+		MasqueradeBit:      c.MasqueradeBit,
+		NodePortAddresses:  c.NodePortAddresses,
+		LocalAddrs:         c.LocalAddrs,
+		ServiceCIDRs:       c.ServiceCIDRs,
+		NoExternalIPs:      c.NoExternalIPs,
+		ServedPorts:        c.ServedPorts,
+		OwnAddrs:           c.OwnAddrs,
+		ClusterCIDRs:       c.ClusterCIDRs,
+		ExternalIPCIDRs:    c.ExternalIPCIDRs,
+		NoMasqueradeCIDRs:  c.NoMasqueradeCIDRs,
+		MasqueradeToNodeIP: c.MasqueradeToNodeIP,
+		DefaultBalancing:   c.DefaultBalancing,
+		Limits:             c.Limits,
 	}
 }
 
@@ -398,7 +412,7 @@ func (p *Proxy) cleanConntrack(snap *model.Snapshot, repaired string) {
 	if p.cfg.Conntrack == nil {
 		return
 	}
-	stale := conntrack.StaleFrom(prev, p.prev, conntrack.Serving)
+	stale := conntrack.StaleFrom(prev, p.prev, p.udpFlowsKept())
 	var escaped []conntrack.Flow
 	if repaired != "" {
 		escaped = conntrack.Escaped(snap)
@@ -500,4 +514,12 @@ func (p *Proxy) report(problems []model.Problem) {
 
 func (p *Proxy) object(pr model.Problem) runtime.Object {
 	return p.src.Object(pr.Kind, pr.Namespace, pr.Name)
+}
+
+// udpFlowsKept decides which endpoints keep their UDP flows after a change.
+func (p *Proxy) udpFlowsKept() conntrack.UsableFunc {
+	if p.cfg.UDPKeepTerminatingFlows {
+		return conntrack.ServingOrTerminating
+	}
+	return conntrack.Serving
 }

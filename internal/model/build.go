@@ -211,6 +211,13 @@ func (b *builder) policies(svc *v1.Service, sp *ServicePort) {
 		svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
 		sp.HealthCheckNodePort = uint16(svc.Spec.HealthCheckNodePort)
 	}
+	if v, ok := svc.Annotations[LoadBalancingAnnotation]; ok {
+		if bal, ok := ParseBalancing(v); ok {
+			sp.Balancing = bal
+		} else {
+			b.problem("Service", svc.Namespace, svc.Name, "annotation %s: %q is neither \"random\" nor \"maglev\", using the default", LoadBalancingAnnotation, v)
+		}
+	}
 	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
 		t := int32(DefaultAffinityTimeout)
 		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {

@@ -97,6 +97,9 @@ type ServicePort struct {
 	// AffinityTimeout is the ClientIP session affinity timeout in seconds; 0: no
 	// affinity.
 	AffinityTimeout uint32
+	// Balancing is how a new flow's endpoint is chosen, from the Service's
+	// LoadBalancingAnnotation; BalancingDefault: the proxy's configured default.
+	Balancing Balancing
 	// SourceRanges (loadBalancerSourceRanges) restrict who may use the load-balancer
 	// IPs; empty: everyone.
 	SourceRanges []netip.Prefix
@@ -300,4 +303,41 @@ func (e Endpoint) Equal(o Endpoint) bool {
 // from service port values (tests and tools build snapshots by hand).
 func Ports(ports []ServicePort) []*ServicePort {
 	return appendPointers(make([]*ServicePort, 0, len(ports)), slices.Clone(ports))
+}
+
+// LoadBalancingAnnotation chooses, per Service, how nftproxy picks a new flow's
+// endpoint: "random" (kube-proxy's uniform random choice) or "maglev" (consistent
+// hashing of the client's address and port through a Maglev lookup table). Without it
+// the proxy's default applies (--load-balancing).
+const LoadBalancingAnnotation = "nftproxy.io/load-balancing"
+
+// Balancing is how a service port picks a new flow's endpoint.
+type Balancing uint8
+
+// Balancings.
+const (
+	BalancingDefault Balancing = iota // the proxy's default
+	BalancingRandom                   // uniform random choice (kube-proxy)
+	BalancingMaglev                   // consistent hashing of saddr . sport, Maglev table
+)
+
+// ParseBalancing reads a LoadBalancingAnnotation or --load-balancing value.
+func ParseBalancing(s string) (Balancing, bool) {
+	switch s {
+	case "random":
+		return BalancingRandom, true
+	case "maglev":
+		return BalancingMaglev, true
+	}
+	return BalancingDefault, false
+}
+
+func (b Balancing) String() string {
+	switch b {
+	case BalancingRandom:
+		return "random"
+	case BalancingMaglev:
+		return "maglev"
+	}
+	return "default"
 }

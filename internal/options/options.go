@@ -24,6 +24,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
+	"github.com/nftproxy/nftproxy/internal/model"
 )
 
 // Options holds the parsed command line.
@@ -69,6 +70,17 @@ type Options struct {
 	// ExternalIPCIDRsFlag: --external-ip-cidrs, the only ranges Service externalIPs
 	// are programmed in (nftproxy only; empty: anywhere).
 	ExternalIPCIDRsFlag []string
+	// NoMasqueradeCIDRsFlag: --no-masquerade-cidrs, destinations whose traffic keeps
+	// its source address (nftproxy only; empty: kube-proxy's masquerading).
+	NoMasqueradeCIDRsFlag []string
+	// UDPKeepTerminatingFlows: --udp-keep-terminating-flows (nftproxy only).
+	UDPKeepTerminatingFlows bool
+	// MasqueradeToNodeIP: --masquerade-to-node-ip (nftproxy only).
+	MasqueradeToNodeIP bool
+	// LoadBalancingFlag: --load-balancing, "random" or "maglev" (nftproxy only).
+	LoadBalancingFlag string
+	// LoadBalancing: --load-balancing, parsed.
+	LoadBalancing model.Balancing
 	// ServiceCounters: export per-service counters (nftproxy only);
 	// ServiceCountersMinInterval is the least time one kernel read of them serves.
 	ServiceCounters            bool
@@ -84,8 +96,10 @@ type Options struct {
 	ServiceCIDRs []netip.Prefix // --service-cluster-ip-range
 	// ExternalIPCIDRs: --external-ip-cidrs
 	ExternalIPCIDRs []netip.Prefix
-	NodePorts       config.NodePortAddresses // --nodeport-addresses (nodePortAddresses)
-	DetectLocal     compile.DetectLocal      // --detect-local-mode and its inputs
+	// NoMasqueradeCIDRs: --no-masquerade-cidrs
+	NoMasqueradeCIDRs []netip.Prefix
+	NodePorts         config.NodePortAddresses // --nodeport-addresses (nodePortAddresses)
+	DetectLocal       compile.DetectLocal      // --detect-local-mode and its inputs
 
 	healthzPort, metricsPort int32 // kube-proxy's deprecated --healthz-port, --metrics-port
 	iptablesMasqueradeBit    int32 // --iptables-masquerade-bit: no effect (kube-proxy's nftables mode)
@@ -134,6 +148,10 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.IntVar(&o.MaxEndpointsPerServicePort, "max-endpoints-per-service-port", compile.DefaultMaxEndpointsPerServicePort, "The most endpoints one port of a Service may have; a Service with a port over it is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxEndpointsPerService, "max-endpoints-per-service", compile.DefaultMaxEndpointsPerService, "The most endpoints one Service may have, summed over its ports; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.IntVar(&o.MaxTableElements, "max-table-elements", compile.DefaultMaxElements, "The element budget of each nftables table (estimated before compiling): when all Services together would exceed it, it is shared fairly between namespaces; a namespace within its share keeps every Service, one over it loses its newest, which get a Warning event. 0: no limit. (nftproxy only)")
+	fs.StringSliceVar(&o.NoMasqueradeCIDRsFlag, "no-masquerade-cidrs", nil, "Destination CIDR ranges (comma-separated, both families) whose service traffic is never masqueraded: after DNAT, a packet to an endpoint in them keeps its source address even when kube-proxy's rules would masquerade it (traffic from the node itself, from outside the cluster CIDR, to node ports and external IPs). List only ranges whose replies come back through this node, such as the pod CIDR when node-to-pod routing is symmetric; hairpin traffic is still masqueraded. Empty: kube-proxy's behaviour. Also applies with --config. (nftproxy only)")
+	fs.StringVar(&o.LoadBalancingFlag, "load-balancing", "random", "How a new connection's endpoint is chosen for Services without the nftproxy.io/load-balancing annotation: random (kube-proxy's uniform choice) or maglev (consistent hashing of the client's address and port through a Maglev lookup table of at least 4,093 entries per service port and family: every node picks the same endpoint for the same client address and port, and when one of N endpoints goes only about 1/N of clients move). Services with ClientIP session affinity keep their affinity. Also applies with --config. (nftproxy only)")
+	fs.BoolVar(&o.MasqueradeToNodeIP, "masquerade-to-node-ip", false, "Source-NAT the service traffic kube-proxy masquerades to the node's primary IP of its family (the Node's InternalIP, else ExternalIP) instead of the address of the interface it leaves by, so that endpoints see one address per node whatever the route; while the Node has no such address traffic is masqueraded. Hairpin traffic is masqueraded either way. Also applies with --config. (nftproxy only)")
+	fs.BoolVar(&o.UDPKeepTerminatingFlows, "udp-keep-terminating-flows", false, "Keep a UDP flow's conntrack entry while its endpoint terminates, serving or not, until the endpoint leaves its EndpointSlice; kube-proxy deletes it as soon as the endpoint stops serving, moving the flow to another endpoint. For stateful UDP protocols (SIP, QUIC, game sessions) on pods with a graceful shutdown. New flows never go to an endpoint that does not serve. Also applies with --config. (nftproxy only)")
 	fs.StringSliceVar(&o.ExternalIPCIDRsFlag, "external-ip-cidrs", nil, "CIDR ranges (comma-separated, any number, both families) Service externalIPs must lie in to be programmed; an externalIP outside them is refused with a Warning event. Empty: externalIPs anywhere (kube-proxy's behaviour). Listing the addresses you route to the nodes for externalIPs is the secure setting. Load-balancer IPs are not affected. Also applies with --config. (nftproxy only)")
 	fs.IntVar(&o.MaxSourceRangesPerService, "max-source-ranges-per-service", compile.DefaultMaxSourceRangesPerService, "The most loadBalancerSourceRanges one Service may list; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
 	fs.BoolVar(&o.ServiceCounters, "service-counters", true, "Export per-service packet and byte counters (nftproxy_service_packets_total, _bytes_total, nftproxy_no_endpoint_rejects_total) on the metrics server's /metrics/services; /metrics never has them. false: the kernel's counter sets are never read and /metrics/services answers 404. (nftproxy only)")
@@ -491,6 +509,13 @@ func (o *Options) parse() error {
 	}
 	if o.ExternalIPCIDRs, err = config.ParseCIDRs(o.ExternalIPCIDRsFlag); err != nil {
 		return fmt.Errorf("--external-ip-cidrs: %w", err)
+	}
+	var okBalancing bool
+	if o.LoadBalancing, okBalancing = model.ParseBalancing(o.LoadBalancingFlag); !okBalancing {
+		return fmt.Errorf("--load-balancing: %q is neither random nor maglev", o.LoadBalancingFlag)
+	}
+	if o.NoMasqueradeCIDRs, err = config.ParseCIDRs(o.NoMasqueradeCIDRsFlag); err != nil {
+		return fmt.Errorf("--no-masquerade-cidrs: %w", err)
 	}
 	o.notes = append(o.notes, o.NodePorts.Notes()...)
 	o.DetectLocal = compile.DetectLocal{Mode: compile.LocalMode(o.DetectLocalMode), ClusterCIDRs: o.ClusterCIDRs}

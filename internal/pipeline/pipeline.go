@@ -38,7 +38,12 @@ type Config struct {
 	OwnAddrs        []netip.Addr
 	ClusterCIDRs    []netip.Prefix
 	ExternalIPCIDRs []netip.Prefix
-	Limits          compile.Limits
+	// NoMasqueradeCIDRs, MasqueradeToNodeIP and DefaultBalancing are nftproxy's own
+	// (compile.Config's NoMasquerade, MasqueradeToNodeIP, DefaultBalancing).
+	NoMasqueradeCIDRs  []netip.Prefix
+	MasqueradeToNodeIP bool
+	DefaultBalancing   model.Balancing
+	Limits             compile.Limits
 }
 
 // Compile turns API objects into the ruleset of every family. slots holds one allocator
@@ -141,17 +146,20 @@ func (pl *Pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 	jobs := make([]func(), len(Families))
 	for i, fam := range Families {
 		cc := compile.Config{
-			Family:           fam,
-			MasqueradeAll:    cfg.MasqueradeAll,
-			MasqueradeBit:    cfg.MasqueradeBit,
-			NodePortAllLocal: allLocal[fam],
-			NoExternalIPs:    cfg.NoExternalIPs,
-			ServedPorts:      cfg.ServedPorts,
-			OwnAddrs:         cfg.OwnAddrs,
-			ClusterCIDRs:     cfg.ClusterCIDRs,
-			ExternalIPCIDRs:  cfg.ExternalIPCIDRs,
-			Limits:           cfg.Limits,
-			DetectLocal:      cfg.DetectLocal,
+			Family:             fam,
+			MasqueradeAll:      cfg.MasqueradeAll,
+			MasqueradeBit:      cfg.MasqueradeBit,
+			NodePortAllLocal:   allLocal[fam],
+			NoExternalIPs:      cfg.NoExternalIPs,
+			ServedPorts:        cfg.ServedPorts,
+			OwnAddrs:           cfg.OwnAddrs,
+			ClusterCIDRs:       cfg.ClusterCIDRs,
+			ExternalIPCIDRs:    cfg.ExternalIPCIDRs,
+			NoMasquerade:       cfg.NoMasqueradeCIDRs,
+			MasqueradeToNodeIP: cfg.MasqueradeToNodeIP,
+			DefaultBalancing:   cfg.DefaultBalancing,
+			Limits:             cfg.Limits,
+			DetectLocal:        cfg.DetectLocal,
 		}
 		if pl.slots[fam] == nil {
 			pl.slots[fam] = compile.NewSlots()

@@ -7,6 +7,8 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftproxy/nftproxy/internal/model"
 )
 
 // slim is the informers' transform (with triggers.timed; the Services' and
@@ -19,7 +21,7 @@ import (
 // creationTimestamp (the model times a new Service's first sync from it),
 // deletionTimestamp and deletionGracePeriodSeconds; uid and resourceVersion because
 // the Warning events about bad input refer to the object by them. Dropped: labels and
-// annotations (except as below), managedFields, ownerReferences, finalizers,
+// annotations (except as below: a Service's nftproxy.io/load-balancing), managedFields, ownerReferences, finalizers,
 // generateName.
 //
 // Service: spec type, clusterIP(s), ports (name, protocol, port, nodePort),
@@ -186,6 +188,27 @@ func slimMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 		DeletionGracePeriodSeconds: m.DeletionGracePeriodSeconds}
 }
 
+// The Service annotations slim keeps: only model.LoadBalancingAnnotation, its two
+// valid values as maps shared by every cached Service (never written), any other value
+// in a map of its own (the model reports it).
+var (
+	sharedBalancingRandom = map[string]string{model.LoadBalancingAnnotation: "random"}
+	sharedBalancingMaglev = map[string]string{model.LoadBalancingAnnotation: "maglev"}
+)
+
+func balancingAnnotation(a map[string]string) map[string]string {
+	v, ok := a[model.LoadBalancingAnnotation]
+	switch {
+	case !ok:
+		return nil
+	case v == "random":
+		return sharedBalancingRandom
+	case v == "maglev":
+		return sharedBalancingMaglev
+	}
+	return map[string]string{model.LoadBalancingAnnotation: v}
+}
+
 func (p *packer) meta(m *metav1.ObjectMeta) {
 	pack(p, &m.Name)
 	pack(p, &m.Namespace)
@@ -240,7 +263,9 @@ func slimService(o *v1.Service) {
 			}
 		}
 	}
+	balancing := balancingAnnotation(o.Annotations)
 	*o = v1.Service{TypeMeta: o.TypeMeta, ObjectMeta: slimMeta(&o.ObjectMeta), Spec: spec, Status: status}
+	o.Annotations = balancing
 
 	p := newPacker()
 	for range 2 {

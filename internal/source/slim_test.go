@@ -91,7 +91,11 @@ func dropMeta(m *metav1.ObjectMeta) {
 // out separately.
 func wantService(svc *v1.Service) *v1.Service {
 	w := svc.DeepCopy()
+	balancing, hasBalancing := w.Annotations[model.LoadBalancingAnnotation]
 	dropMeta(&w.ObjectMeta)
+	if hasBalancing {
+		w.Annotations = map[string]string{model.LoadBalancingAnnotation: balancing}
+	}
 	s := &w.Spec
 	s.Selector, s.IPFamilies, s.IPFamilyPolicy, s.TrafficDistribution = nil, nil, nil, nil
 	s.ExternalName, s.LoadBalancerIP, s.LoadBalancerClass, s.AllocateLoadBalancerNodePorts = "", "", nil, nil
@@ -273,6 +277,7 @@ func modelInput() ([]*v1.Service, []*discovery.EndpointSlice, *v1.Node) {
 	local := svc("local", "NodePort", "10.96.0.2")
 	local.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 	local.Spec.InternalTrafficPolicy = ptr.To(v1.ServiceInternalTrafficPolicyLocal)
+	local.Annotations[model.LoadBalancingAnnotation] = "maglev"
 	lb := svc("lb", "LoadBalancer", "10.96.0.3", "fd00::3")
 	lb.Spec.ExternalTrafficPolicy, lb.Spec.HealthCheckNodePort = v1.ServiceExternalTrafficPolicyLocal, 32000
 	lb.Spec.SessionAffinity = v1.ServiceAffinityClientIP
@@ -287,6 +292,7 @@ func modelInput() ([]*v1.Service, []*discovery.EndpointSlice, *v1.Node) {
 	lb.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue}}
 	bad := svc("bad", "ClusterIP", "10.96.0.4")
 	bad.Spec.ExternalIPs = []string{"not-an-ip"}
+	bad.Annotations[model.LoadBalancingAnnotation] = "round-robin"
 
 	slices := []*discovery.EndpointSlice{
 		sliceOf("plain", "plain-4", discovery.AddressTypeIPv4, endpointsOf("10.244.1.1", "10.244.1.2", "10.244.2.3", "10.244.2.4")...),

@@ -54,12 +54,18 @@ func (tr *tracer) stmt(t *thread, s nft.Stmt) ([]branch, error) {
 	case nft.Masquerade:
 		t.masq, t.natted = true, true
 		return one(t, control{kind: ctlEnd, end: Accept}), nil // NAT statements accept
+	case nft.SNATTo:
+		t.masq, t.natted = true, true // the source is rewritten, as by masquerade
+		return one(t, control{kind: ctlEnd, end: Accept}), nil
 	case nft.DNATTo:
 		return dnat(t, netip.AddrPortFrom(s.Addr, s.Port)), nil
 	case nft.DNATNumgenMap:
 		return tr.dnatNumgenMap(t, s)
 	case nft.DNATKeyMap:
 		return tr.dnatKeyMap(t, s)
+	case nft.DNATHashMap:
+		// Over all clients, each slot is as likely as with a random draw.
+		return tr.dnatNumgenMap(t, nft.DNATNumgenMap{Mod: s.Mod, Offset: s.Offset, Map: s.Map})
 	case nft.UpdateSaddr:
 		// Records the client for session affinity; nothing this packet depends on.
 		if tr.sets[s.Set] == nil {

@@ -35,6 +35,12 @@ func oneRule(stmts ...nft.Stmt) *nft.Ruleset {
 				m.Elements = append(m.Elements, nft.Element{Key: []nft.Value{nft.Num(s.Offset + i)}, Data: []nft.Value{nft.Addr(ip(fmt.Sprintf("10.1.0.%d", i+1))), nft.Num(8080)}})
 			}
 			rs.Sets = append(rs.Sets, m)
+		case nft.DNATHashMap:
+			m := &nft.Set{Name: s.Map, Key: []nft.Datatype{nft.TypeNumgen}, Data: []nft.Datatype{v4, nft.TypeInetService}}
+			for i := range s.Mod {
+				m.Elements = append(m.Elements, nft.Element{Key: []nft.Value{nft.Num(s.Offset + i)}, Data: []nft.Value{nft.Addr(ip(fmt.Sprintf("10.1.%d.%d", i/250, 1+i%250))), nft.Num(8080)}})
+			}
+			rs.Sets = append(rs.Sets, m)
 		case nft.DNATKeyMap:
 			// entries at every index but the last: the last one misses
 			m := &nft.Set{Name: s.Map, Key: append(keyTypes(s.Fields), nft.TypeNumgen), Data: []nft.Datatype{v4, nft.TypeInetService}}

@@ -93,6 +93,7 @@ func isRegister(expr string, attr uint16) bool {
 		"lookup":    {unix.NFTA_LOOKUP_SREG, unix.NFTA_LOOKUP_DREG},
 		"immediate": {unix.NFTA_IMMEDIATE_DREG},
 		"numgen":    {unix.NFTA_NG_DREG},
+		"hash":      {unix.NFTA_HASH_SREG, unix.NFTA_HASH_DREG},
 		"fib":       {unix.NFTA_FIB_DREG},
 		"nat":       {unix.NFTA_NAT_REG_ADDR_MIN, unix.NFTA_NAT_REG_ADDR_MAX, unix.NFTA_NAT_REG_PROTO_MIN, unix.NFTA_NAT_REG_PROTO_MAX},
 		"masq":      {unix.NFTA_MASQ_REG_PROTO_MIN, unix.NFTA_MASQ_REG_PROTO_MAX},
@@ -378,6 +379,8 @@ func DescribeExpr(e ExprState) string {
 		if off, ok := e.Attrs[unix.NFTA_NG_OFFSET]; ok {
 			p += fmt.Sprintf(" offset %d", be32(off))
 		}
+	case "hash":
+		p += fmt.Sprintf(" mod %d seed 0x%08x offset %d", be32(e.Attrs[unix.NFTA_HASH_MODULUS]), be32(e.Attrs[unix.NFTA_HASH_SEED]), be32(e.Attrs[unix.NFTA_HASH_OFFSET]))
 	case "immediate":
 		if v, ok := ImmediateVerdict(e.Attrs[unix.NFTA_IMMEDIATE_DATA]); ok {
 			p += " " + v

@@ -20,6 +20,8 @@ func TestDecodeEveryStatement(t *testing.T) {
 					s = nft.MatchPrefix{Field: m.Field, Op: m.Op, Prefix: netip.MustParsePrefix("fd00::/13")}
 				case nft.DNATTo:
 					s = nft.DNATTo{Addr: netip.MustParseAddr("fd00::1"), Port: m.Port}
+				case nft.SNATTo:
+					s = nft.SNATTo{Addr: netip.MustParseAddr("fd00::1")}
 				}
 			}
 			rule := nft.Rule{Stmts: []nft.Stmt{s}, Comment: "c"}

@@ -99,6 +99,21 @@ func refStmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
 			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: s.Map},
 			refDnatRegs(fam, refNatPortReg(fam)),
 		}, nil
+	case nft.DNATHashMap:
+		// as nft encodes "dnat ip to jhash ip saddr . th sport mod M seed S offset O map @m":
+		// the address in reg 1, the port in the next 32-bit word
+		off, n := addrField(fam, nft.FieldSaddr)
+		next := uint32(9) // NFT_REG32_01
+		if fam == nft.IPv6 {
+			next = 2 // NFT_REG_2
+		}
+		return []expr.Any{
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+			&expr.Payload{DestRegister: next, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+			&expr.Hash{SourceRegister: reg1, DestRegister: reg1, Length: n + 4, Modulus: s.Mod, Seed: s.Seed, Offset: s.Offset, Type: expr.HashTypeJenkins},
+			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: s.Map},
+			refDnatRegs(fam, refNatPortReg(fam)),
+		}, nil
 	case nft.DNATKeyMap:
 		// as "nft --debug=netlink" shows nft 1.0.6 encoding
 		// "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 3 map @m":
@@ -147,6 +162,11 @@ func refStmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
 		return []expr.Any{
 			&expr.Numgen{Register: reg1, Modulus: s.Mod, Type: unix.NFT_NG_RANDOM},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: le32(0)},
+		}, nil
+	case nft.SNATTo:
+		return []expr.Any{
+			&expr.Immediate{Register: reg1, Data: s.Addr.AsSlice()},
+			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: uint32(fam), RegAddrMin: reg1, RegAddrMax: reg1, FullyRandom: true},
 		}, nil
 	case nft.DNATTo:
 		return []expr.Any{
@@ -295,6 +315,7 @@ func TestExpressionsAsBefore(t *testing.T) {
 		"prefix": nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("fd00:10:244::/56")},
 		"odd":    nft.MatchPrefix{Field: nft.FieldDaddr, Prefix: netip.MustParsePrefix("fd00::/13")},
 		"dnat":   nft.DNATTo{Addr: netip.MustParseAddr("fd00::1"), Port: 8080},
+		"snat":   nft.SNATTo{Addr: netip.MustParseAddr("2001:db8::10")},
 	}
 	for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
 		stmts := append(nft.AllStmtKinds(), variants...)
@@ -305,6 +326,8 @@ func TestExpressionsAsBefore(t *testing.T) {
 					stmts[i] = six["prefix"]
 				case nft.DNATTo:
 					stmts[i] = six["dnat"]
+				case nft.SNATTo:
+					stmts[i] = six["snat"]
 				}
 			}
 		}

@@ -50,10 +50,10 @@ func (c codec[S]) guess(fam nft.Family, es []ExprState) []nft.Stmt {
 // form does, and decodes as the plain one).
 var stmtCodecs = []stmtCodec{
 	// a concatenation of loads ending in a lookup, dynset or numgen and lookup
-	vmapCodec, lookupCodec, updateSaddrCodec, dnatKeyMapCodec,
+	vmapCodec, lookupCodec, updateSaddrCodec, dnatKeyMapCodec, dnatHashCodec,
 	prefixCodec, iifnameCodec, l4protoCodec, markUnsetCodec, setMarkCodec,
 	ctStateNewCodec, ctStatusDNATCodec, fibDaddrCodec, fibSaddrCodec,
-	verdictCodec, dnatToCodec, rejectCodec, masqCodec, counterCodec,
+	verdictCodec, snatToCodec, dnatToCodec, rejectCodec, masqCodec, counterCodec,
 	matchNumgenCodec, dnatNumgenCodec,
 }
 

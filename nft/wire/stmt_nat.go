@@ -101,3 +101,66 @@ var dnatToCodec = codec[nft.DNATTo]{
 		return []nft.DNATTo{{Addr: a, Port: binary.BigEndian.Uint16(port)}}
 	},
 }
+
+// "dnat ip to jhash ip saddr . th sport mod 4093 seed 0x6e667470 offset 256 map
+// @endpoints-P": the source address, the source port in the next 32-bit register, the
+// jhash of both into reg 1, lookup into registers, nat. The seed is always sent: without
+// it the kernel draws one of its own, and nodes would hash apart.
+var dnatHashCodec = codec[nft.DNATHashMap]{
+	enc: func(b *Batch, fam nft.Family, s nft.DNATHashMap) error {
+		if s.Mod == 0 {
+			return fmt.Errorf("dnat to jhash mod 0 map @%s", s.Map)
+		}
+		off, n := addrField(fam, nft.FieldSaddr)
+		b.payload(reg1, unix.NFT_PAYLOAD_NETWORK_HEADER, off, n)
+		b.payload(nftReg(n/4), unix.NFT_PAYLOAD_TRANSPORT_HEADER, 0, 2)
+		b.expr("hash", func() {
+			b.u32(unix.NFTA_HASH_SREG, reg1)
+			b.u32(unix.NFTA_HASH_DREG, reg1)
+			b.u32(unix.NFTA_HASH_LEN, n+4)
+			b.u32(unix.NFTA_HASH_MODULUS, s.Mod)
+			b.u32(unix.NFTA_HASH_SEED, s.Seed)
+			b.u32(unix.NFTA_HASH_OFFSET, s.Offset)
+			b.u32(unix.NFTA_HASH_TYPE, unix.NFT_HASH_JENKINS)
+		})
+		b.lookup(s.Map, reg1, &[]uint32{reg1}[0])
+		b.dnat(fam, natPortReg(fam))
+		return nil
+	},
+	dec: func(fam nft.Family, es []ExprState) []nft.DNATHashMap {
+		if f, ok := loadField(fam, es[0]); !ok || f != nft.FieldSaddr {
+			return nil
+		}
+		h, l := at(es, 2), at(es, 3)
+		if h.Name != "hash" || l.Name != "lookup" {
+			return nil
+		}
+		return []nft.DNATHashMap{{Mod: be32(h.Attrs[unix.NFTA_HASH_MODULUS]), Seed: be32(h.Attrs[unix.NFTA_HASH_SEED]),
+			Offset: be32(h.Attrs[unix.NFTA_HASH_OFFSET]), Map: cstring(l.Attrs[unix.NFTA_LOOKUP_SET])}}
+	},
+}
+
+// "snat ip to 192.0.2.10 fully-random": immediate address, nat.
+var snatToCodec = codec[nft.SNATTo]{
+	enc: func(b *Batch, fam nft.Family, s nft.SNATTo) error {
+		b.immediate(reg1, s.Addr.AsSlice())
+		b.expr("nat", func() {
+			b.u32(unix.NFTA_NAT_TYPE, unix.NFT_NAT_SNAT)
+			b.u32(unix.NFTA_NAT_FAMILY, uint32(fam))
+			b.u32(unix.NFTA_NAT_REG_ADDR_MIN, reg1)
+			b.u32(unix.NFTA_NAT_REG_ADDR_MAX, reg1)
+			b.u32(unix.NFTA_NAT_FLAGS, unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY)
+		})
+		return nil
+	},
+	dec: func(fam nft.Family, es []ExprState) []nft.SNATTo {
+		if es[0].Name != "immediate" || at(es, 1).Name != "nat" || be32(at(es, 1).Attrs[unix.NFTA_NAT_TYPE]) != unix.NFT_NAT_SNAT {
+			return nil
+		}
+		a, ok := netip.AddrFromSlice(dataValue(es[0].Attrs[unix.NFTA_IMMEDIATE_DATA]))
+		if !ok {
+			return nil
+		}
+		return []nft.SNATTo{{Addr: a}}
+	},
+}

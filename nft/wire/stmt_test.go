@@ -61,6 +61,10 @@ var roundTrips = []struct {
 	{s: nft.DNATKeyMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Mod: 1, Map: "nodeport-endpoints"}},
 	{s: nft.DNATTo{Addr: netip.MustParseAddr("10.244.1.2"), Port: 8080}, fams: v4},
 	{s: nft.DNATTo{Addr: netip.MustParseAddr("fd00::1"), Port: 65535}, fams: v6},
+	{s: nft.DNATHashMap{Mod: 4093, Seed: 0x6e667470, Map: "endpoints-0"}},
+	{s: nft.DNATHashMap{Mod: 16381, Seed: 1, Offset: 8192, Map: "endpoints-32"}},
+	{s: nft.SNATTo{Addr: netip.MustParseAddr("192.0.2.10")}, fams: v4},
+	{s: nft.SNATTo{Addr: netip.MustParseAddr("2001:db8::10")}, fams: v6},
 }
 
 var (
