@@ -27,8 +27,21 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cache=${KERNELS_CACHE:-/var/cache/nftproxy/kernels}
 read -r -a suites <<<"${KERNELS:-bullseye bookworm trixie}"
-read -r -a pkgs <<<"${KERNELS_PKGS:-./nft/kernel ./nft/readback ./nft/monitor ./nft/wire ./e2e/kernels}"
-skip=${KERNELS_SKIP-}
+# Every test of the nf_tables packages and the packet test, and the kernel tests of the
+# packages above them that program a table (not the ones that measure cost or
+# starvation, nor TestNftVersions, which needs e2e/hack/nft-roots.sh's Debian roots).
+default_pkgs="./nft/kernel ./nft/readback ./nft/monitor ./nft/wire ./e2e/kernels
+  ./internal/compile:^TestKernel(Differential|SourceRangeChanges)\$
+  ./internal/controller:^(TestKernelRefusalIsIsolated|TestKubeProxyLeftoversInKernel)\$
+  ./internal/metrics:^(TestKernelCounters|TestAppliedParts)\$
+  ./internal/conntrack:^(TestCleanKernel|TestCleanEscapedKernel|TestSetSysctlsInNetns)\$
+  ./cmd/nftproxy:^(TestListKernel|TestListFlatMissingEntry|TestListShowsWhoWinsANodePort)\$"
+read -r -d '' -a pkgs <<<"${KERNELS_PKGS:-$default_pkgs}" || true
+# Left out by default, timing-sensitive under a software CPU (docs/operations.md#kernels-tested):
+# TestReadTableWhileSetsComeAndGo races its reads against a transaction every 3 ms; under
+# emulation a read of its table takes longer than that, so every retry sees a new
+# generation.
+skip=${KERNELS_SKIP-^TestReadTableWhileSetsComeAndGo\$}
 guest_timeout=${KERNELS_TIMEOUT:-1800}
 accel=${KERNELS_ACCEL:-tcg}
 mem=${KERNELS_MEM:-1536}
