@@ -164,18 +164,19 @@ for k in "${kernels[@]}"; do
     -fsdev "local,id=results,path=$res,security_model=none" \
     -device virtio-9p-pci,fsdev=results,mount_tag=results || rc=$?
   wall=$(($(date +%s) - t0))
-  passed=$(awk '$1 == "PASS"' "$res/summary.txt" 2>/dev/null | wc -l)
-  failed=$(awk '$1 == "FAIL"' "$res/summary.txt" 2>/dev/null | wc -l)
-  skipped=$(awk '$1 == "SKIP"' "$res/summary.txt" 2>/dev/null | wc -l)
+  touch "$res/summary.txt" # absent when the guest never got to the tests
+  passed=$(awk '$1 == "PASS"' "$res/summary.txt" | wc -l)
+  failed=$(awk '$1 == "FAIL"' "$res/summary.txt" | wc -l)
+  skipped=$(awk '$1 == "SKIP"' "$res/summary.txt" | wc -l)
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-    result="timed out"
+    result="timed out after $(fmt_s "$guest_timeout") ($res)"
   elif [ ! -f "$res/status" ]; then
     result="no result (qemu exit $rc; $res/console.log)"
   elif [ "$(cat "$res/status")" = 0 ]; then
     result=ok
   else
     result="FAIL ($(awk '$1 == "FAIL" { printf "%s%s", s, $3; s = " " }' "$res/summary.txt"))"
-    [ "$failed" -gt 0 ] || result="FAIL (packages: $(cat "$res/failed-packages" 2>/dev/null))"
+    [ "$failed" -gt 0 ] || result="FAIL (packages: $(tr "\n" " " <"$res/failed-packages"))"
   fi
   [ "$result" = ok ] || status=1
   rows+=("$(printf '%-8s %-24s %6s %6s %7s %8s  %s' "$suite" "$rel" "$passed" "$failed" "$skipped" "$(fmt_s "$wall")" "$result")")
