@@ -164,6 +164,7 @@ for k in "${kernels[@]}"; do
     -fsdev "local,id=results,path=$res,security_model=none" \
     -device virtio-9p-pci,fsdev=results,mount_tag=results || rc=$?
   wall=$(($(date +%s) - t0))
+  rm -rf "$res/bin" # the guest's copy of the test binaries ($bins has them)
   touch "$res/summary.txt" # absent when the guest never got to the tests
   passed=$(awk '$1 == "PASS"' "$res/summary.txt" | wc -l)
   failed=$(awk '$1 == "FAIL"' "$res/summary.txt" | wc -l)
