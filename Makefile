@@ -5,7 +5,7 @@ GO       ?= go
 BIN      := $(CURDIR)/bin
 PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
 
-.PHONY: all build image release deps test lint unit chart-test manifests e2e soak demo bench shapes fuzz conformance clean
+.PHONY: all build image release deps test lint unit chart-test manifests e2e soak demo bench shapes fuzz conformance kernels clean
 
 all: build
 
@@ -142,6 +142,16 @@ conformance: deps
 		-run '^(TestDisruption|TestConformance)$$' ./e2e/realcluster/ > $(CONFORMANCE_OUT)/go-test.log 2>&1; \
 		rc=$$?; grep -E '^(=== RUN|--- |    --- |PASS|FAIL|ok)' $(CONFORMANCE_OUT)/go-test.log; \
 		cat $(CONFORMANCE_OUT)/summary.txt 2>/dev/null || echo "no nftproxy results (see $(CONFORMANCE_OUT)/go-test.log)"; exit $$rc
+
+# The kernel tests (all of nft/..., those of the packages above that program a table) and a
+# ClusterIP packet test (e2e/kernels) in Debian's 5.10, 6.1 and 6.12 kernels, each booted
+# under qemu (software CPU, 1 vCPU, one guest at a time, at most KERNELS_TIMEOUT seconds
+# each); prints one line per kernel. Fetches the kernels into /var/cache/nftproxy/kernels
+# and installs qemu-system-x86 and busybox-static if missing. Not part of `make test`:
+# 35 min here, 9-14 min per kernel. Results in bin/kernels/<release>/; see
+# docs/operations.md#kernels-tested.
+kernels:
+	e2e/hack/kernels.sh
 
 clean:
 	rm -rf $(BIN) $(DIST)

@@ -18,6 +18,12 @@ command -v containerd >/dev/null || need+=(containerd)
 command -v runc >/dev/null || need+=(runc)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 command -v debootstrap >/dev/null || need+=(debootstrap)
+# Only with KERNELS_DEPS=1: qemu and a static busybox for `make kernels` (which installs
+# them itself when missing; `make test` does not need them).
+if [ "${KERNELS_DEPS:-}" = 1 ]; then
+  command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+  [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1 || need+=(busybox-static)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
