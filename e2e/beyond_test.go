@@ -260,14 +260,17 @@ func TestMaglev(t *testing.T) {
 
 	gone := pods[3]
 	s.put4(t, svc, slices.Delete(slices.Clone(eps), 3, 4)...)
-	s.waitFor(t, "no new flow reaches "+gone.Name, c.ExternalNS, "udp", addr, func(res []cluster.ProbeResult) bool {
-		for _, r := range res {
-			if !r.OK || r.Pod == gone.Name {
-				return false
+	for _, n := range []*cluster.Node{s.n1, s.n2} { // both proxies have synced the removal
+		via(n)
+		s.waitFor(t, "no new flow through "+n.Name+" reaches "+gone.Name, c.ExternalNS, "udp", addr, func(res []cluster.ProbeResult) bool {
+			for _, r := range res {
+				if !r.OK || r.Pod == gone.Name {
+					return false
+				}
 			}
-		}
-		return true
-	})
+			return true
+		})
+	}
 	after := round("node-1 without "+gone.Name, s.n1)
 	moved, both := differ(one, after)
 	wasOnGone := count(one)[gone.Name]
