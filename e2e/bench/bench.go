@@ -118,6 +118,7 @@ type Host struct {
 	Commit    string `json:"nftproxy_commit"`
 	Nftproxy  string `json:"nftproxy"`   // `nftproxy --version`
 	KubeProxy string `json:"kube_proxy"` // `kube-proxy --version`
+	Etcd      string `json:"etcd"`       // `etcd --version`'s version
 	Load      string `json:"load,omitempty"`
 	Nft       string `json:"nft"`
 	Iptables  string `json:"iptables"`
@@ -187,6 +188,9 @@ type ColdStart struct {
 	// SettledAfter: seconds the suite waited, before starting the proxy, for the API
 	// server and etcd to finish the work its writes left them (see settle)
 	SettledAfter float64 `json:"settled_after_s"`
+	// Informers says how the proxy's informers filled their caches (watch-list or
+	// list), from the API server's metrics; nil if they could not be read.
+	Informers *InformerPath `json:"informers,omitempty"`
 	// Runs are the cold starts made (Options.ColdStarts), when more than one: the
 	// figures above are then their medians; the counts and SettledAfter are the first
 	// run's (the one the size's other measurements followed).
@@ -198,6 +202,7 @@ type ColdRun struct {
 	InformersSynced float64 `json:"informers_synced_s"`
 	FirstSync       float64 `json:"first_sync_s"`
 	AllProgrammed   float64 `json:"all_programmed_s"`
+	InformerPath    string  `json:"informer_path,omitempty"` // InformerPath.Path
 }
 
 // coldRepeatLimit: a proxy whose cold start takes longer is not started again at that
@@ -340,7 +345,9 @@ func RunSuite(ctx context.Context, c *cluster.Cluster, bins Binaries, o Options)
 			s.proxies = append(s.proxies, p)
 		}
 	}
-	s.res = &Results{Started: start, Host: hostInfo(ctx, bins), Options: Opts{
+	host := hostInfo(ctx, bins)
+	host.Etcd = c.EtcdVersion
+	s.res = &Results{Started: start, Host: host, Options: Opts{
 		Sizes: o.Sizes, Endpoints: o.Endpoints, Wide: o.Wide, SmallSize: o.SmallSize, BigSize: o.BigSize, BigEndpoints: o.BigEndpoints,
 		ChurnSize: o.ChurnSize, ChurnRate: o.ChurnRate, ChurnSeconds: o.ChurnFor.Seconds(), Repeats: o.Repeats,
 		BoundSeconds: o.Bound.Seconds(), ColdStarts: o.ColdStarts, Scenarios: o.Scenarios,
@@ -610,7 +617,7 @@ func (s *suite) runProxy(ctx context.Context, p Proxy, r *Run, o runOpts) error 
 // r's cold start figures the medians of all of them.
 func (s *suite) moreColdStarts(ctx context.Context, p Proxy, r *Run, args []string, logName string, errf func(string, ...any)) error {
 	cs, n := r.ColdStart, r.N
-	runs := []ColdRun{{cs.InformersSynced, cs.FirstSync, cs.AllProgrammed}}
+	runs := []ColdRun{{cs.InformersSynced, cs.FirstSync, cs.AllProgrammed, cs.Informers.path()}}
 	for i := 2; i <= s.o.ColdStarts; i++ {
 		proc, more, err := s.startCold(ctx, p, n, fmt.Sprintf("%s-cold%d", logName, i), args)
 		if err != nil {
@@ -624,7 +631,7 @@ func (s *suite) moreColdStarts(ctx context.Context, p Proxy, r *Run, args []stri
 			errf("cold start %d timed out", i)
 			break
 		}
-		runs = append(runs, ColdRun{more.InformersSynced, more.FirstSync, more.AllProgrammed})
+		runs = append(runs, ColdRun{more.InformersSynced, more.FirstSync, more.AllProgrammed, more.Informers.path()})
 	}
 	if len(runs) > 1 {
 		cs.median(runs)
@@ -637,6 +644,7 @@ func (s *suite) moreColdStarts(ctx context.Context, p Proxy, r *Run, args []stri
 // startCold starts the proxy once the control plane is idle, measures its cold start
 // and logs it; the process is left running.
 func (s *suite) startCold(ctx context.Context, p Proxy, n int, logName string, args []string) (*cluster.Process, *ColdStart, error) {
+	before, lerr := s.apiserverListing(ctx) // before the idle wait: the scrape costs the API server CPU
 	settled := s.controlPlaneIdle(ctx)
 	t0 := time.Now()
 	proc, err := s.c.StartProcess(s.c.NodeNS, logName, args...)
@@ -645,8 +653,17 @@ func (s *suite) startCold(ctx context.Context, p Proxy, n int, logName string, a
 	}
 	cs := s.coldStart(ctx, p, proc, n, t0)
 	cs.SettledAfter = settled.Seconds()
-	s.logf("bench: %s N=%d cold start (%s, settled after %.1fs): informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
-		p.Name, n, logName, cs.SettledAfter, cs.InformersSynced, cs.FirstSync, cs.AllProgrammed, cs.Answered, cs.Sampled, map[bool]string{true: " TIMED OUT"}[cs.TimedOut])
+	if lerr == nil {
+		var after listing
+		if after, lerr = s.apiserverListing(ctx); lerr == nil {
+			cs.Informers = informerPath(before, after)
+		}
+	}
+	if lerr != nil {
+		s.logf("bench: %s N=%d: informer path unknown: %v", p.Name, n, lerr)
+	}
+	s.logf("bench: %s N=%d cold start (%s, settled after %.1fs, informers by %s): informers %.2fs, first sync %.2fs, all sampled answered %.2fs (%d/%d)%s",
+		p.Name, n, logName, cs.SettledAfter, cs.Informers.path(), cs.InformersSynced, cs.FirstSync, cs.AllProgrammed, cs.Answered, cs.Sampled, map[bool]string{true: " TIMED OUT"}[cs.TimedOut])
 	return proc, cs, nil
 }
 

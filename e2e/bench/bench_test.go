@@ -444,7 +444,7 @@ func TestSampleAndPct(t *testing.T) {
 // The report and the chart render whatever the runs hold, timed-out and skipped runs
 // included.
 func TestReportRenders(t *testing.T) {
-	res := &Results{Host: Host{KubeProxy: "Kubernetes v1.37.0", CPUs: 2}, Options: Opts{Endpoints: 10, Repeats: 2,
+	res := &Results{Host: Host{KubeProxy: "Kubernetes v1.37.0", CPUs: 2, Etcd: "3.7.0"}, Options: Opts{Endpoints: 10, Repeats: 2,
 		Burst: &BurstOpts{Services: 10, Gap: 100 * time.Millisecond, Rounds: 2, Idle: 5 * time.Second}}}
 	for _, n := range []int{10, 1000} {
 		for i, p := range []string{"nftproxy", "kube-proxy-nftables", "kube-proxy-iptables"} {
@@ -456,6 +456,9 @@ func TestReportRenders(t *testing.T) {
 				EndpointChange: &Latency{Samples: 2, P50: 6 * f, P99: 8 * f, Max: 8 * f, KernelMS: f},
 				Burst: &Burst{Quiet: &BurstRun{Latency: Latency{Samples: 20, P50: 20 * f, P99: 40 * f, Max: 40 * f}, Syncs: 10, Seconds: 1.1},
 					Churn: &BurstRun{Latency: Latency{Samples: 20, P50: 30 * f, P99: 60 * f, Max: 60 * f}, Syncs: 12, Seconds: 1.2, ChurnRate: 50, Written: 200}},
+			}
+			if n == 1000 && i == 0 {
+				r.ColdStart.Informers = &InformerPath{Path: "watch-list", WatchListSeconds: 1.2}
 			}
 			if n == 1000 && i == 2 {
 				r.ColdStart.TimedOut, r.ColdStart.AllProgrammed, r.ColdStart.Answered = true, 0, 1
@@ -485,7 +488,7 @@ func TestReportRenders(t *testing.T) {
 		t.Errorf("no burst ratio: %+v", res.Ratios)
 	}
 	md := res.Markdown()
-	for _, s := range []string{"> 600 s (1/2 answered)", "skipped: cold start exceeded", "| kube-proxy-nftables | 10 × 10 |",
+	for _, s := range []string{"> 600 s (1/2 answered)", ", etcd 3.7.0;", "| nftproxy | 1000 × 10 | watch-list (1.20 s) | 100 ms |", "skipped: cold start exceeded", "| kube-proxy-nftables | 10 × 10 |",
 		"| nftproxy | 10 × 10 | under churn (50/s) | 30 ms / 60 ms / 60 ms |"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q:\n%s", s, md)
@@ -498,5 +501,46 @@ func TestReportRenders(t *testing.T) {
 	img, err := png.Decode(bytes.NewReader(b))
 	if err != nil || img.Bounds().Dx() < 1000 {
 		t.Fatalf("chart: %v", err)
+	}
+}
+
+// The informer path is read from the API server's counts before and after a cold start:
+// watch-list requests (apiserver_watch_list_duration_seconds) against LIST requests.
+func TestInformerPath(t *testing.T) {
+	scrape := func(wlSvc, wlEps, listSvc, listEps float64) listing {
+		t.Helper()
+		text := fmt.Sprintf(`# HELP apiserver_watch_list_duration_seconds x
+apiserver_watch_list_duration_seconds_bucket{component="",group="",resource="services",scope="cluster",version="v1",le="+Inf"} %[1]v
+apiserver_watch_list_duration_seconds_sum{component="",group="",resource="services",scope="cluster",version="v1"} %[5]v
+apiserver_watch_list_duration_seconds_count{component="",group="",resource="services",scope="cluster",version="v1"} %[1]v
+apiserver_watch_list_duration_seconds_sum{component="",group="discovery.k8s.io",resource="endpointslices",scope="cluster",version="v1"} %[6]v
+apiserver_watch_list_duration_seconds_count{component="",group="discovery.k8s.io",resource="endpointslices",scope="cluster",version="v1"} %[2]v
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="services",scope="cluster",subresource="",verb="LIST",version="v1"} %[3]v
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="services",scope="cluster",subresource="",verb="POST",version="v1"} 99
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="discovery.k8s.io",resource="endpointslices",scope="namespace",subresource="",verb="LIST",version="v1"} %[4]v
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="nodes",scope="cluster",subresource="",verb="LIST",version="v1"} 7
+`, wlSvc, wlEps, listSvc, listEps, wlSvc*0.5, wlEps*0.25)
+		l, err := parseListing(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	base := scrape(2, 2, 3, 3)
+	for _, tc := range []struct {
+		after   listing
+		path    string
+		serverS float64
+	}{
+		{scrape(3, 3, 3, 3), "watch-list", 0.75},
+		{scrape(2, 2, 4, 4), "list", 0},
+		{scrape(3, 2, 3, 4), "services: watch-list, endpointslices: list", 0.5},
+		{scrape(3, 3, 4, 3), "services: watch-list and list, endpointslices: watch-list", 0.75},
+		{base, "none seen", 0},
+	} {
+		got := informerPath(base, tc.after)
+		if got.Path != tc.path || math.Abs(got.WatchListSeconds-tc.serverS) > 1e-9 {
+			t.Errorf("informerPath = %+v, want %q, %v s", got, tc.path, tc.serverS)
+		}
 	}
 }
