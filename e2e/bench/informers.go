@@ -14,8 +14,8 @@ import (
 // 3.5.13+), and when it does not, the informers fall back to a LIST and a watch. The
 // API server counts a watch-list in apiserver_watch_list_duration_seconds (observed when
 // the initial events end) and a LIST in apiserver_request_total{verb="LIST"}. The API
-// server's own controllers list too (its ClusterIP repair loop lists the Services every
-// few minutes), so a cold start that overlaps one reads "watch-list and list".
+// server lists too (its NodePort repair loop lists every Service every 3 minutes), so a
+// cold start that overlaps that reads "watch-list and list".
 
 // informerResources are the resources both proxies' informers fill their caches with at
 // a cold start, the bench's objects.
