@@ -114,10 +114,10 @@ bench: deps
 	set -o pipefail; NFTPROXY_KERNEL_TESTS=1 $(GO) test -run '^$$' -bench . -benchmem -count=1 ./internal/compile/ ./internal/controller/ ./nft/kernel/ | tee docs/bench/gobench.txt
 	NFTPROXY_BENCH=1 BENCH_SIZES=$(BENCH_SIZES) $(GO) test -count=1 -timeout 150m -v -run '^TestSideBySide$$' ./e2e/bench/
 
-# Candidate ruleset shapes for issue 16 (docs/shapes.md): kernel CPU per steady-state
+# Candidate ruleset shapes (docs/shapes.md): kernel CPU per steady-state
 # change at 1k–50k services and per new flow, each candidate beside today's ruleset.
 shapes: deps
-	NFTPROXY_KERNEL_TESTS=1 NFTPROXY_SHAPES_BENCH=1 $(GO) test -count=1 -timeout 60m -v -run '^(TestChangeCost|TestNewFlowCost)$$' ./e2e/shapes/
+	NFTPROXY_KERNEL_TESTS=1 NFTPROXY_SHAPES_BENCH=1 $(GO) test -count=1 -timeout 60m -v -run '^(TestChangeCost|TestNewFlowCost)$$' ./e2e/bench/shapes/
 
 # Hostile-input fuzzing of the model builder and the compiler, FUZZTIME per target, one
 # worker each (internal/controller/fuzz_test.go). `unit` already runs their seed corpus

@@ -444,7 +444,7 @@ func TestSampleAndPct(t *testing.T) {
 // The report and the chart render whatever the runs hold, timed-out and skipped runs
 // included.
 func TestReportRenders(t *testing.T) {
-	res := &Results{Host: Host{KubeProxy: "Kubernetes v1.37.0", CPUs: 2}, Options: Opts{Endpoints: 10, Repeats: 2,
+	res := &Results{Host: Host{KubeProxy: "Kubernetes v1.37.0", CPUs: 2, Etcd: "3.7.0"}, Options: Opts{Endpoints: 10, Repeats: 2,
 		Burst: &BurstOpts{Services: 10, Gap: 100 * time.Millisecond, Rounds: 2, Idle: 5 * time.Second}}}
 	for _, n := range []int{10, 1000} {
 		for i, p := range []string{"nftproxy", "kube-proxy-nftables", "kube-proxy-iptables"} {
@@ -456,6 +456,9 @@ func TestReportRenders(t *testing.T) {
 				EndpointChange: &Latency{Samples: 2, P50: 6 * f, P99: 8 * f, Max: 8 * f, KernelMS: f},
 				Burst: &Burst{Quiet: &BurstRun{Latency: Latency{Samples: 20, P50: 20 * f, P99: 40 * f, Max: 40 * f}, Syncs: 10, Seconds: 1.1},
 					Churn: &BurstRun{Latency: Latency{Samples: 20, P50: 30 * f, P99: 60 * f, Max: 60 * f}, Syncs: 12, Seconds: 1.2, ChurnRate: 50, Written: 200}},
+			}
+			if n == 1000 && i == 0 {
+				r.ColdStart.Informers = &InformerPath{Path: "watch-list", WatchListSeconds: 1.2}
 			}
 			if n == 1000 && i == 2 {
 				r.ColdStart.TimedOut, r.ColdStart.AllProgrammed, r.ColdStart.Answered = true, 0, 1
@@ -485,7 +488,7 @@ func TestReportRenders(t *testing.T) {
 		t.Errorf("no burst ratio: %+v", res.Ratios)
 	}
 	md := res.Markdown()
-	for _, s := range []string{"> 600 s (1/2 answered)", "skipped: cold start exceeded", "| kube-proxy-nftables | 10 × 10 |",
+	for _, s := range []string{"> 600 s (1/2 answered)", ", etcd 3.7.0;", "| nftproxy | 1000 × 10 | watch-list (1.20 s) | 100 ms |", "skipped: cold start exceeded", "| kube-proxy-nftables | 10 × 10 |",
 		"| nftproxy | 10 × 10 | under churn (50/s) | 30 ms / 60 ms / 60 ms |"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q:\n%s", s, md)

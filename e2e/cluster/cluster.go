@@ -46,7 +46,7 @@ var (
 // Config configures Start. All fields are optional.
 type Config struct {
 	APIServer string // path to kube-apiserver; empty: run e2e/hack/build-k8s.sh
-	Etcd      string // etcd binary; default "etcd" from PATH
+	Etcd      string // etcd binary; default EtcdBinary's
 	WorkDir   string // certs, etcd data, logs, kubeconfig; default: a new temp dir
 	Logf      func(format string, args ...any)
 	// EtcdDataDir is etcd's data directory; default WorkDir/etcd. A tmpfs directory
@@ -78,6 +78,7 @@ type Cluster struct {
 	Kubeconfig    string               // for processes inside any node namespace
 	Client        kubernetes.Interface // for the test process (dials through NodeNS)
 	WorkDir       string
+	EtcdVersion   string // what the etcd binary reports ("3.7.0")
 
 	h       *Harness // processes, namespaces and the work directory
 	logf    func(format string, args ...any)
@@ -136,7 +137,12 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	etcd := cfg.Etcd
 	if etcd == "" {
-		etcd = "etcd"
+		if etcd, err = EtcdBinary(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if c.EtcdVersion, err = EtcdVersion(ctx, etcd); err != nil {
+		return nil, err
 	}
 	if c.echoBin, err = BuildBinaries(ctx, filepath.Join(c.WorkDir, "bin")); err != nil {
 		return nil, err
@@ -157,7 +163,7 @@ func CheckPrerequisites() error {
 	if os.Geteuid() != 0 {
 		missing = append(missing, "root (network namespaces)")
 	}
-	for _, bin := range []string{"ip", "sysctl", "etcd", "go"} {
+	for _, bin := range []string{"ip", "sysctl", "go"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			missing = append(missing, bin+" on PATH")
 		}

@@ -39,6 +39,41 @@ func buildAPIServer(ctx context.Context) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// EtcdEnv names an etcd binary to run instead of the one e2e/hack/build-etcd.sh builds
+// (e.g. Debian's /usr/bin/etcd, 3.4.23, too old for the API server's watch-list path).
+const EtcdEnv = "NFTPROXY_ETCD"
+
+// EtcdBinary is the etcd the control plane runs: $NFTPROXY_ETCD if set, otherwise the
+// release kubeadm v1.37.0 deploys, built and cached by e2e/hack/build-etcd.sh (which
+// honours ETCD_VERSION) and printed by it.
+func EtcdBinary(ctx context.Context) (string, error) {
+	if p := os.Getenv(EtcdEnv); p != "" {
+		return p, nil
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(e2eDir(), "hack", "build-etcd.sh")).Output()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		return "", fmt.Errorf("build-etcd.sh: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// EtcdVersion is what bin --version reports as its version ("3.7.0").
+func EtcdVersion(ctx context.Context, bin string) (string, error) {
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(l, "etcd Version: "); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("%s --version: no version in %q", bin, out)
+}
+
 // e2eDir is the e2e/ directory of the source tree (this file is e2e/cluster/*.go).
 func e2eDir() string {
 	_, file, _, _ := runtime.Caller(0)

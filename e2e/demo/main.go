@@ -87,7 +87,7 @@ func run(ctx context.Context, verbose bool) (err error) {
 	}
 	fmt.Printf("    nftproxy  %s\n    echo      %s\n", bin, echo)
 
-	heading("Cluster (etcd + kube-apiserver in a node netns; first run builds kube-apiserver)")
+	heading("Cluster (etcd + kube-apiserver in a node netns; first run builds kube-apiserver and etcd)")
 	cfg := cluster.Config{WorkDir: workDir}
 	if verbose {
 		cfg.Logf = func(format string, args ...any) { fmt.Printf("    | "+format+"\n", args...) }
@@ -101,7 +101,7 @@ func run(ctx context.Context, verbose bool) (err error) {
 		c.Stop()
 		fmt.Printf("    stopped processes, deleted namespaces %s-*\n", c.Prefix)
 	}()
-	fmt.Printf("    node netns %s: node IP %s, pod CIDR %s, service CIDR %s\n", c.NodeNS, c.NodeIP, c.PodCIDR, c.ServiceCIDR)
+	fmt.Printf("    node netns %s: node IP %s, pod CIDR %s, service CIDR %s, etcd %s\n", c.NodeNS, c.NodeIP, c.PodCIDR, c.ServiceCIDR, c.EtcdVersion)
 	fmt.Printf("    external client netns %s: %s\n", c.ExternalNS, c.ExternalIP)
 
 	var web []*cluster.Pod

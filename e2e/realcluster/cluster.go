@@ -134,7 +134,7 @@ func CheckPrerequisites() error {
 	if os.Geteuid() != 0 {
 		missing = append(missing, "root")
 	}
-	for _, bin := range []string{"ip", "etcd", "go", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "unshare", "nsenter", "nft"} {
+	for _, bin := range []string{"ip", "go", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "unshare", "nsenter", "nft"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			missing = append(missing, bin)
 		}
@@ -188,10 +188,13 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err := c.writeKubeconfig(c.Kubeconfig, "admin", c.adminToken); err != nil {
 		return err
 	}
-	var err error
+	etcd, err := cluster.EtcdBinary(ctx)
+	if err != nil {
+		return err
+	}
 	c.Client, err = cluster.StartControlPlane(ctx, c.h, cluster.ControlPlane{
 		NS:               c.CPNS,
-		Etcd:             "etcd",
+		Etcd:             etcd,
 		EtcdArgs:         []string{"--unsafe-no-fsync"},
 		APIServer:        c.Bins.APIServer,
 		AdvertiseAddress: APIAddr,
