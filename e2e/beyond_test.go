@@ -175,17 +175,7 @@ func TestMaglev(t *testing.T) {
 		}
 		pods = append(pods, p)
 	}
-	for _, n := range []*cluster.Node{s.n1, s.n2} {
-		p, err := c.StartProcess(n.NS, "nftproxy-"+n.Name, append([]string{s.bin},
-			cluster.NftproxyArgs(c.LeastPrivilegeKubeconfigT(t), n.Name, dualClusterCIDR, cluster.WatchedFlags...)...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.proxies[n.Name] = p
-	}
-	for _, n := range []*cluster.Node{s.n1, s.n2} {
-		s.waitFirstSync(t, n)
-	}
+	s.startProxies(t)
 	svc := s.createService(t, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "maglev", Annotations: map[string]string{"nftproxy.io/load-balancing": "maglev"}},
 		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{udpPort("sip", 5060, 9090)}},

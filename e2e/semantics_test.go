@@ -93,17 +93,7 @@ func TestSemantics(t *testing.T) {
 		s.mustExec(t, c.ExternalNS, "ip", "route", "add", ip+"/32", "via", node.IP.String())
 	}
 
-	for _, n := range []*cluster.Node{s.n1, s.n2} {
-		p, err := c.StartProcess(n.NS, "nftproxy-"+n.Name, append([]string{s.bin},
-			cluster.NftproxyArgs(c.LeastPrivilegeKubeconfigT(t), n.Name, dualClusterCIDR, cluster.WatchedFlags...)...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.proxies[n.Name] = p
-	}
-	for _, n := range []*cluster.Node{s.n1, s.n2} {
-		s.waitFirstSync(t, n)
-	}
+	s.startProxies(t)
 
 	s.run(t, "session-affinity", s.testSessionAffinity)
 	s.run(t, "external-traffic-policy-local", s.testExternalPolicyLocal)
@@ -157,6 +147,23 @@ func (s *sem) run(t *testing.T, name string, f func(t *testing.T)) {
 		})
 		f(t)
 	})
+}
+
+// startProxies starts nftproxy on node-1 and node-2 and waits for their first syncs.
+func (s *sem) startProxies(t *testing.T) {
+	t.Helper()
+	c := s.c
+	for _, n := range []*cluster.Node{s.n1, s.n2} {
+		p, err := c.StartProcess(n.NS, "nftproxy-"+n.Name, append([]string{s.bin},
+			cluster.NftproxyArgs(c.LeastPrivilegeKubeconfigT(t), n.Name, dualClusterCIDR, cluster.WatchedFlags...)...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.proxies[n.Name] = p
+	}
+	for _, n := range []*cluster.Node{s.n1, s.n2} {
+		s.waitFirstSync(t, n)
+	}
 }
 
 func (s *sem) checkProxies(t *testing.T, what string) {
