@@ -46,72 +46,6 @@ kind_src=$(go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | jq -r .Dir)
 [ -x "$KIND_BIN/crictl" ] ||
   { kind_log "building crictl $CRICTL_VERSION"; GOBIN=$KIND_BIN go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"; }
 
-# gobuild OUT DIR PKG [ldflags]: go build PKG in the throwaway module DIR (go.mod written
-# by the caller), static and stripped.
-gobuild() {
-  local o=$1 d=$2 p=$3 ld=${4:-}
-  (cd "$d" && go mod tidy >&2 && go build -trimpath -ldflags="-s -w $ld" -o "$o.tmp" "$p") && mv "$o.tmp" "$o"
-}
-
-# etcd: e2e/hack/build-etcd.sh when the tree has it, else the same from the module proxy
-# (etcd's modules replace each other with ../ paths: a module that requires the server and
-# pins its siblings to the same release builds it).
-etcd_bin=$out/etcd-$ETCD_VERSION
-if [ ! -x "$etcd_bin" ]; then
-  if [ -x "$here/build-etcd.sh" ]; then
-    cp "$("$here/build-etcd.sh" | tail -n 1)" "$etcd_bin"
-  else
-    kind_log "building etcd $ETCD_VERSION"
-    d=$out/src-etcd-$ETCD_VERSION; mkdir -p "$d"
-    cat >"$d/go.mod" <<MOD
-module nftproxy.local/etcdbuild
-
-go 1.26
-
-require go.etcd.io/etcd/server/v3 $ETCD_VERSION
-
-replace (
-	go.etcd.io/etcd/api/v3 => go.etcd.io/etcd/api/v3 $ETCD_VERSION
-	go.etcd.io/etcd/client/pkg/v3 => go.etcd.io/etcd/client/pkg/v3 $ETCD_VERSION
-	go.etcd.io/etcd/client/v3 => go.etcd.io/etcd/client/v3 $ETCD_VERSION
-	go.etcd.io/etcd/pkg/v3 => go.etcd.io/etcd/pkg/v3 $ETCD_VERSION
-)
-MOD
-    printf 'package main\n\nimport _ "go.etcd.io/etcd/server/v3/etcdmain"\n' >"$d/tools.go"
-    gobuild "$etcd_bin" "$d" go.etcd.io/etcd/server/v3
-  fi
-fi
-
-coredns_bin=$out/coredns-$COREDNS_VERSION
-if [ ! -x "$coredns_bin" ]; then
-  kind_log "building coredns $COREDNS_VERSION"
-  d=$out/src-coredns-$COREDNS_VERSION; mkdir -p "$d"
-  printf 'module nftproxy.local/corednsbuild\n\ngo 1.26\n\nrequire github.com/coredns/coredns %s\n' "$COREDNS_VERSION" >"$d/go.mod"
-  printf 'package main\n\nimport _ "github.com/coredns/coredns/coremain"\n' >"$d/tools.go"
-  gobuild "$coredns_bin" "$d" github.com/coredns/coredns
-fi
-
-lpp_bin=$out/local-path-provisioner-$LPP_VERSION
-if [ ! -x "$lpp_bin" ]; then
-  kind_log "building local-path-provisioner $LPP_VERSION"
-  d=$out/src-lpp-$LPP_VERSION; mkdir -p "$d"
-  printf 'module nftproxy.local/lppbuild\n\ngo 1.26\n\nrequire github.com/rancher/local-path-provisioner %s\n' "$LPP_VERSION" >"$d/go.mod"
-  printf 'package main\n\nimport _ "github.com/rancher/local-path-provisioner/pkg/apis/localpath/v1alpha1"\n' >"$d/tools.go"
-  gobuild "$lpp_bin" "$d" github.com/rancher/local-path-provisioner
-fi
-
-kindnetd_bin=$out/kindnetd-$KINDNETD_REF
-if [ ! -x "$kindnetd_bin" ]; then
-  [ -n "${KIND_SRC:-}" ] || { kind_log "KIND_SRC: a git checkout of kubernetes-sigs/kind is needed to build kindnetd (not on the module proxy)"; exit 1; }
-  kind_log "building kindnetd from $KIND_SRC at $KINDNETD_REF"
-  d=$out/src-kindnetd-$KINDNETD_REF; rm -rf "$d"; mkdir -p "$d"
-  git -C "$KIND_SRC" archive "$KINDNETD_REF" images/kindnetd | tar -C "$d" -x
-  (cd "$d/images/kindnetd" && go build -trimpath -ldflags="-s -w" -o "$kindnetd_bin.tmp" ./cmd/kindnetd) && mv "$kindnetd_bin.tmp" "$kindnetd_bin"
-fi
-
-pause_bin=$out/pause
-[ -x "$pause_bin" ] || (cd "$repo" && go build -trimpath -ldflags="-s -w" -o "$pause_bin" ./e2e/kind/pause)
-
 # --- the base image ----------------------------------------------------------------------
 rootfs=$KIND_CACHE/base/rootfs-$DEBIAN_SUITE
 if [ ! -d "$rootfs" ]; then
@@ -179,11 +113,80 @@ CTR
   systemctl --root="$w" enable kubelet.service containerd.service undo-mount-hacks.service >&2
   systemctl --root="$w" mask systemd-binfmt.service >&2
   rm -rf "$w"/var/lib/apt/lists/* "$w"/var/cache/apt/* "$w"/usr/share/doc/* "$w"/usr/share/man/*
-  tar -C "$w" --numeric-owner -c . | docker import \
-    --change 'ENV container=docker' --change 'STOPSIGNAL SIGRTMIN+3' \
-    --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' - "$base_image" >&2
+  tar -C "$w" --numeric-owner -c . | docker import - "$base_image-rootfs" >&2
   rm -rf "$w"
+  # docker import cannot set STOPSIGNAL; the legacy builder, with no context, can.
+  printf '%s\n' "FROM $base_image-rootfs" 'ENV container=docker' 'STOPSIGNAL SIGRTMIN+3' \
+    'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' |
+    DOCKER_BUILDKIT=0 docker build -q -t "$base_image" - >&2
+  docker rmi "$base_image-rootfs" >/dev/null
 fi
+
+# gobuild OUT DIR PKG [ldflags]: go build PKG in the throwaway module DIR (go.mod written
+# by the caller), static and stripped.
+gobuild() {
+  local o=$1 d=$2 p=$3 ld=${4:-}
+  (cd "$d" && go mod tidy >&2 && go build -trimpath -ldflags="-s -w $ld" -o "$o.tmp" "$p") && mv "$o.tmp" "$o"
+}
+
+# etcd: e2e/hack/build-etcd.sh when the tree has it, else the same from the module proxy
+# (etcd's modules replace each other with ../ paths: a module that requires the server and
+# pins its siblings to the same release builds it).
+etcd_bin=$out/etcd-$ETCD_VERSION
+if [ ! -x "$etcd_bin" ]; then
+  if [ -x "$here/build-etcd.sh" ]; then
+    cp "$("$here/build-etcd.sh" | tail -n 1)" "$etcd_bin"
+  else
+    kind_log "building etcd $ETCD_VERSION"
+    d=$out/src-etcd-$ETCD_VERSION; mkdir -p "$d"
+    cat >"$d/go.mod" <<MOD
+module nftproxy.local/etcdbuild
+
+go 1.26
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+
+replace (
+	go.etcd.io/etcd/api/v3 => go.etcd.io/etcd/api/v3 $ETCD_VERSION
+	go.etcd.io/etcd/client/pkg/v3 => go.etcd.io/etcd/client/pkg/v3 $ETCD_VERSION
+	go.etcd.io/etcd/client/v3 => go.etcd.io/etcd/client/v3 $ETCD_VERSION
+	go.etcd.io/etcd/pkg/v3 => go.etcd.io/etcd/pkg/v3 $ETCD_VERSION
+)
+MOD
+    printf 'package main\n\nimport _ "go.etcd.io/etcd/server/v3/etcdmain"\n' >"$d/tools.go"
+    gobuild "$etcd_bin" "$d" go.etcd.io/etcd/server/v3
+  fi
+fi
+
+coredns_bin=$out/coredns-$COREDNS_VERSION
+if [ ! -x "$coredns_bin" ]; then
+  kind_log "building coredns $COREDNS_VERSION"
+  d=$out/src-coredns-$COREDNS_VERSION; mkdir -p "$d"
+  printf 'module nftproxy.local/corednsbuild\n\ngo 1.26\n\nrequire github.com/coredns/coredns %s\n' "$COREDNS_VERSION" >"$d/go.mod"
+  printf 'package main\n\nimport _ "github.com/coredns/coredns/coremain"\n' >"$d/tools.go"
+  gobuild "$coredns_bin" "$d" github.com/coredns/coredns
+fi
+
+lpp_bin=$out/local-path-provisioner-$LPP_VERSION
+if [ ! -x "$lpp_bin" ]; then
+  kind_log "building local-path-provisioner $LPP_VERSION"
+  d=$out/src-lpp-$LPP_VERSION; mkdir -p "$d"
+  printf 'module nftproxy.local/lppbuild\n\ngo 1.26\n\nrequire github.com/rancher/local-path-provisioner %s\n' "$LPP_VERSION" >"$d/go.mod"
+  printf 'package main\n\nimport _ "github.com/rancher/local-path-provisioner/pkg/apis/localpath/v1alpha1"\n' >"$d/tools.go"
+  gobuild "$lpp_bin" "$d" github.com/rancher/local-path-provisioner
+fi
+
+kindnetd_bin=$out/kindnetd-$KINDNETD_REF
+if [ ! -x "$kindnetd_bin" ]; then
+  [ -n "${KIND_SRC:-}" ] || { kind_log "KIND_SRC: a git checkout of kubernetes-sigs/kind is needed to build kindnetd (not on the module proxy)"; exit 1; }
+  kind_log "building kindnetd from $KIND_SRC at $KINDNETD_REF"
+  d=$out/src-kindnetd-$KINDNETD_REF; rm -rf "$d"; mkdir -p "$d"
+  git -C "$KIND_SRC" archive "$KINDNETD_REF" images/kindnetd | tar -C "$d" -x
+  (cd "$d/images/kindnetd" && go build -trimpath -ldflags="-s -w" -o "$kindnetd_bin.tmp" ./cmd/kindnetd) && mv "$kindnetd_bin.tmp" "$kindnetd_bin"
+fi
+
+pause_bin=$out/pause
+[ -x "$pause_bin" ] || (cd "$repo" && go build -trimpath -ldflags="-s -w" -o "$pause_bin" ./e2e/kind/pause)
 
 # --- component images --------------------------------------------------------------------
 # binimage NAME BIN... : an image of static binaries in /usr/local/bin (plus passwd, group,
