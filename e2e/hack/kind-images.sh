@@ -189,8 +189,8 @@ pause_bin=$out/pause
 [ -x "$pause_bin" ] || (cd "$repo" && go build -trimpath -ldflags="-s -w" -o "$pause_bin" ./e2e/kind/pause)
 
 # --- component images --------------------------------------------------------------------
-# binimage NAME BIN... : an image of static binaries in /usr/local/bin (plus passwd, group,
-# tmp), from nothing.
+# binimage NAME BIN=NAME... : an image of static binaries in /usr/local/bin (plus passwd,
+# group, tmp), from nothing; the first one is the entrypoint.
 binimage() {
   local name=$1; shift
   docker image inspect "$name" >/dev/null 2>&1 && return 0
@@ -206,36 +206,57 @@ binimage() {
     --change "ENTRYPOINT [\"/usr/local/bin/$entry\"]" - "$name" >&2
   rm -rf "$d"
 }
-# --- the Kubernetes binaries -------------------------------------------------------------
-k8s_bins=(kubeadm kubelet kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
-k8s_dir=$(dirname "$("$here/build-k8s.sh" "${k8s_bins[@]}" | head -n 1)")
-
+# stageimage NAME ENTRY FILE... : an image of files of the base root file system with the
+# shared libraries they load (ldd there); SRC=DEST copies a file from outside it,
+# @LINK=TARGET makes a symbolic link. ENTRY: the entrypoint ("" for none).
+stageimage() {
+  local name=$1 entry=$2; shift 2
+  docker image inspect "$name" >/dev/null 2>&1 && return 0
+  local d f l; d=$(mktemp -d "$KIND_CACHE/img.XXXXXX")
+  install -d "$d/usr/bin" "$d/usr/sbin" "$d/usr/lib" "$d/usr/lib64" "$d/etc" "$d/tmp" "$d/run"
+  chmod 1777 "$d/tmp"
+  ln -s usr/bin "$d/bin"; ln -s usr/sbin "$d/sbin"; ln -s usr/lib "$d/lib"; ln -s usr/lib64 "$d/lib64"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\n' >"$d/etc/passwd"; printf 'root:x:0:\n' >"$d/etc/group"
+  for f in "$@"; do
+    case "$f" in
+      @*) f=${f#@}; ln -sf "${f##*=}" "$d${f%%=*}" ;;
+      *=*) install -D -m 0755 "${f%%=*}" "$d${f##*=}" ;;
+      *) for l in "$f" $(chroot "$rootfs" ldd "$f" 2>/dev/null | grep -oE '/[^ ]+'); do
+           [ -e "$d$l" ] || install -D "$rootfs$l" "$d$l"
+         done ;;
+    esac
+  done
+  local change=()
+  [ -z "$entry" ] || change=(--change "ENTRYPOINT [\"$entry\"]")
+  tar -C "$d" --numeric-owner -c . | docker import --change 'ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' "${change[@]}" - "$name" >&2
+  rm -rf "$d"
+}
 reg=registry.k8s.io
-for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy; do
-  binimage "$reg/$b:$K8S_VERSION" "$k8s_dir/$b=$b"
-done
 binimage "$reg/etcd:${ETCD_VERSION#v}-0" "$etcd_bin=etcd"
 binimage "$reg/coredns/coredns:$COREDNS_VERSION" "$coredns_bin=coredns"
 # kind's manifests name their own tags; the images are what this script built.
 kindnetd_image=$(sed -n 's/^const kindnetdImage = "\(.*\)"$/\1/p' "$kind_src/pkg/build/nodeimage/const_cni.go")
 lpp_image=$(sed -n 's/^const storageProvisionerImage = "\(.*\)"$/\1/p' "$kind_src/pkg/build/nodeimage/const_storage.go")
 helper_image=$(sed -n 's/^const storageHelperImage = "\(.*\)"$/\1/p' "$kind_src/pkg/build/nodeimage/const_storage.go")
-binimage "$kindnetd_image" "$kindnetd_bin=kindnetd"
-binimage "$lpp_image" "$lpp_bin=local-path-provisioner"
 pause_image=$(sed -n 's/^ *sandbox_image = "\(.*\)"$/\1/p' "$kind_src/images/base/files/etc/containerd/config.toml")
+binimage "$lpp_image" "$lpp_bin=local-path-provisioner"
 binimage "$pause_image" "$pause_bin=pause"
-# the helper runs `sh`, `mkdir` and `rm` (kind stages bash and those with their libraries)
-if ! docker image inspect "$helper_image" >/dev/null 2>&1; then
-  d=$(mktemp -d "$KIND_CACHE/img.XXXXXX")
-  for b in /usr/bin/bash /usr/bin/mkdir /usr/bin/rm; do
-    for l in $b $(chroot "$rootfs" ldd "$b" | grep -oE '/[^ ]+'); do
-      install -D "$rootfs$l" "$d$l"
-    done
-  done
-  ln -s bash "$d/usr/bin/sh"; ln -s usr/bin "$d/bin"; ln -s usr/lib "$d/lib"; ln -s usr/lib64 "$d/lib64"
-  tar -C "$d" --numeric-owner -c . | docker import - "$helper_image" >&2
-  rm -rf "$d"
-fi
+# kindnetd (kind v0.31.0's) runs iptables for its masquerade rules, as its distroless-iptables
+# base has them: here the nft back end, the node's. The helper runs sh, mkdir and rm.
+xt=$(cd "$rootfs" && ls usr/lib/x86_64-linux-gnu/xtables/*.so)
+stageimage "$kindnetd_image" /usr/local/bin/kindnetd "$kindnetd_bin=/usr/local/bin/kindnetd" \
+  /usr/sbin/xtables-nft-multi $(for x in $xt; do echo "/$x"; done) \
+  @/usr/sbin/iptables=xtables-nft-multi @/usr/sbin/iptables-save=xtables-nft-multi \
+  @/usr/sbin/iptables-restore=xtables-nft-multi @/usr/sbin/ip6tables=xtables-nft-multi \
+  @/usr/sbin/ip6tables-save=xtables-nft-multi @/usr/sbin/ip6tables-restore=xtables-nft-multi
+stageimage "$helper_image" "" /usr/bin/bash /usr/bin/mkdir /usr/bin/rm @/usr/bin/sh=bash
+
+# --- the Kubernetes binaries -------------------------------------------------------------
+k8s_bins=(kubeadm kubelet kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
+k8s_dir=$(dirname "$("$here/build-k8s.sh" "${k8s_bins[@]}" | head -n 1)")
+for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy; do
+  binimage "$reg/$b:$K8S_VERSION" "$k8s_dir/$b=$b"
+done
 
 # --- the server tarball and the node image -----------------------------------------------
 # Docker keeps every image it has built here; `kind build node-image` runs only when the
