@@ -13,6 +13,7 @@ export DOCKER_HOST=unix://$KIND_RUN/docker.sock
 export PATH=$KIND_BIN:$NFTPROXY_CACHE/k8s-$K8S_VERSION-v2:$PATH
 
 kind_log() { echo "kind: $*" >&2; }
-# kind_exec runs a command in the kind network namespace (where docker's bridges and the
-# nodes' host-mapped ports are).
+# kind_exec runs a command in the kind network namespace, where docker's bridges and the
+# nodes' host-mapped ports are (nsenter, not ip netns exec, whose fresh /sys hides the
+# cgroup mounts dockerd needs).
 kind_exec() { nsenter --net="/run/netns/$KIND_NETNS" "$@"; }
