@@ -170,10 +170,9 @@ fi
 lpp_bin=$out/local-path-provisioner-$LPP_VERSION
 if [ ! -x "$lpp_bin" ]; then
   kind_log "building local-path-provisioner $LPP_VERSION"
-  d=$out/src-lpp-$LPP_VERSION; mkdir -p "$d"
-  printf 'module nftproxy.local/lppbuild\n\ngo 1.26\n\nrequire github.com/rancher/local-path-provisioner %s\n' "$LPP_VERSION" >"$d/go.mod"
-  printf 'package main\n\nimport _ "github.com/rancher/local-path-provisioner/pkg/apis/localpath/v1alpha1"\n' >"$d/tools.go"
-  gobuild "$lpp_bin" "$d" github.com/rancher/local-path-provisioner
+  d=$out/src-lpp-$LPP_VERSION; rm -rf "$d"; mkdir -p "$d"
+  GOBIN=$d go install -trimpath -ldflags="-s -w" "github.com/rancher/local-path-provisioner@$LPP_VERSION"
+  mv "$d/local-path-provisioner" "$lpp_bin"
 fi
 
 kindnetd_bin=$out/kindnetd-$KINDNETD_REF
