@@ -57,7 +57,7 @@ if [ ! -d "$rootfs" ]; then
   mv "$rootfs.tmp" "$rootfs"
 fi
 # The image's tag names everything it is made of, so that a change rebuilds it.
-base_sum=$( (cat "$0" "$KIND_BIN/crictl"; ls -l --time-style=+%s "$rootfs/var/lib/dpkg/status"; echo "$kind_src") | sha256sum | cut -c1-12)
+base_sum=$( (sed -n '/^# --- the base image/,/^# --- the Go-built/p' "$0"; cat "$KIND_BIN/crictl"; ls -l --time-style=+%s "$rootfs/var/lib/dpkg/status"; echo "$kind_src") | sha256sum | cut -c1-12)
 base_image=nftproxy.local/kind-base:$DEBIAN_SUITE-$base_sum
 if ! docker image inspect "$base_image" >/dev/null 2>&1; then
   kind_log "assembling $base_image"
@@ -120,8 +120,12 @@ CTR
     'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' |
     DOCKER_BUILDKIT=0 docker build -q -t "$base_image" - >&2
   docker rmi "$base_image-rootfs" >/dev/null
+  for old in $(docker images --format '{{.Repository}}:{{.Tag}}' nftproxy.local/kind-base); do
+    [ "$old" = "$base_image" ] || docker rmi "$old" >/dev/null || true
+  done
 fi
 
+# --- the Go-built binaries of the images ---------------------------------------------------
 # gobuild OUT DIR PKG [ldflags]: go build PKG in the throwaway module DIR (go.mod written
 # by the caller), static and stripped.
 gobuild() {
