@@ -65,6 +65,16 @@ func TestKind(t *testing.T) {
 	if agnhost == "" {
 		t.Fatal("build-images.sh printed no agnhost image")
 	}
+	// make release builds cyclonedx-gomod from the module proxy when bin/ lacks it; the
+	// kind namespace has no network, so it is built here first, as release.sh would.
+	cdx := regexp.MustCompile(`(?m)^cyclonedx_version=(\S+)$`).FindStringSubmatch(k.readFile("e2e/hack/release.sh"))
+	if cdx == nil {
+		t.Fatal("e2e/hack/release.sh: no cyclonedx_version=")
+	}
+	if _, err := os.Stat(filepath.Join(root, "bin", "cyclonedx-gomod")); err != nil {
+		k.step("cyclonedx-gomod for make release", 20*time.Minute, "env", "GOBIN="+filepath.Join(root, "bin"), "GOFLAGS=-trimpath",
+			"go", "install", "github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@"+cdx[1])
+	}
 	k.inNetns("no cluster left from an earlier run", time.Minute, "kind delete cluster --name nftproxy")
 
 	deleteBlock := blocks[len(blocks)-1]
@@ -181,6 +191,14 @@ func (k *kindRun) run(what string, cmd *exec.Cmd) string {
 		k.t.Fatalf("%s: %v\n%s\n--- stdout\n%s\n--- stderr (last 4000 bytes)\n%s", what, err, strings.Join(cmd.Args, " "), lastBytes(stdout.String(), 4000), lastBytes(tail.String(), 4000))
 	}
 	return stdout.String()
+}
+
+func (k *kindRun) readFile(rel string) string {
+	b, err := os.ReadFile(filepath.Join(k.root, rel))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return string(b)
 }
 
 func (k *kindRun) summary() {
