@@ -256,7 +256,7 @@ stageimage "$helper_image" "" /usr/bin/bash /usr/bin/mkdir /usr/bin/rm @/usr/bin
 
 # --- the Kubernetes binaries -------------------------------------------------------------
 k8s_bins=(kubeadm kubelet kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
-k8s_dir=$(dirname "$("$here/build-k8s.sh" "${k8s_bins[@]}" | head -n 1)")
+k8s_dir=$(dirname "$("$here/build-k8s.sh" "${k8s_bins[@]}" | tail -n 1)")
 for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy; do
   binimage "$reg/$b:$K8S_VERSION" "$k8s_dir/$b=$b"
 done
@@ -274,9 +274,19 @@ if ! docker image inspect "$KIND_NODE_IMAGE" >/dev/null 2>&1; then
   for b in kube-apiserver kube-controller-manager kube-scheduler; do
     docker save -o "$sb/$b.tar" "$reg/$b:$K8S_VERSION"
   done
-  docker save -o "$sb/kube-proxy.tar" "$reg/kube-proxy:$K8S_VERSION" \
+  # kind takes an archive's tags from whichever of manifest.json (its first image only)
+  # and repositories (all of them) comes first: repositories goes first.
+  x=$t/kube-proxy; mkdir "$x"
+  docker save "$reg/kube-proxy:$K8S_VERSION" \
     "$reg/etcd:${ETCD_VERSION#v}-0" "$reg/coredns/coredns:$COREDNS_VERSION" \
-    "$kindnetd_image" "$lpp_image" "$helper_image" "$pause_image"
+    "$kindnetd_image" "$lpp_image" "$helper_image" "$pause_image" | tar -C "$x" -x
+  # docker writes Docker Hub names short (kindest/kindnetd); kind compares them with the
+  # full ones of its manifests (docker.io/kindest/kindnetd).
+  jq 'with_entries(if (.key | split("/")[0] | test("[.:]")) then . else .key = "docker.io/" + .key end)' \
+    "$x/repositories" >"$x/repositories.full"
+  mv "$x/repositories.full" "$x/repositories"
+  (cd "$x" && tar -cf "$sb/kube-proxy.tar" repositories $(ls -A | grep -vx repositories))
+  rm -rf "$x"
   tar -C "$t" -czf "$t/kubernetes-server-linux-amd64.tar.gz" kubernetes
   kind build node-image --type file "$t/kubernetes-server-linux-amd64.tar.gz" \
     --base-image "$base_image" --image "$KIND_NODE_IMAGE" >&2
