@@ -100,8 +100,8 @@ e2e:
 # network namespace of its own, with the release's image loaded, driven by docs/kind.md's
 # sh blocks as written, then the checks of a CI job (verify, list -o json against
 # docs/schema/list-v1.json, the node's nft). Not part of `make test`: cold (node image,
-# Kubernetes binaries and images built offline into /var/cache/nftproxy/kind) tens of
-# minutes, warm a few. kindnetd is built from KIND_SRC, a kubernetes-sigs/kind checkout,
+# Kubernetes binaries and images built offline into /var/cache/nftproxy/kind) about an
+# hour, warm about 70 s. kindnetd is built from KIND_SRC, a kubernetes-sigs/kind checkout,
 # until it is cached. docs/kind.md.
 kind:
 	NFTPROXY_KIND=1 KIND_SRC=$(KIND_SRC) $(GO) test -count=1 -timeout 180m -v -run '^TestKind$$' ./e2e/kind/

@@ -22,6 +22,9 @@ func TestListSchemaRejects(t *testing.T) {
 	if err := ValidateList(s, []byte(good)); err != nil {
 		t.Fatalf("a valid listing rejected: %v", err)
 	}
+	if err := ValidateList(s, []byte(strings.Replace(good, `"default/web:http"`, `"default/web"`, 1))); err != nil {
+		t.Fatalf("an unnamed port rejected: %v", err)
+	}
 	if err := ValidateList(s, []byte(`[]`)); err != nil {
 		t.Fatalf("an empty listing rejected: %v", err)
 	}
@@ -39,6 +42,8 @@ func TestListSchemaRejects(t *testing.T) {
 		"affinity zero":         {`"affinityTimeoutSeconds":10800`, `"affinityTimeoutSeconds":0`},
 		"null endpoints":        {`"action":"reject",`, `"action":"reject","endpoints":null,`},
 		"not an array":          {`[{"service"`, `{"x":[{"service"`},
+		"service without name":  {`"default/web:http"`, `"default/:http"`},
+		"service port empty":    {`"default/web:http"`, `"default/web:"`},
 	} {
 		bad := strings.Replace(good, mutate[0], mutate[1], 1)
 		if name == "not an array" {
