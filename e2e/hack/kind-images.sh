@@ -139,7 +139,7 @@ gobuild() {
 etcd_bin=$out/etcd-$ETCD_VERSION
 if [ ! -x "$etcd_bin" ]; then
   if [ -x "$here/build-etcd.sh" ]; then
-    cp "$("$here/build-etcd.sh" | tail -n 1)" "$etcd_bin"
+    cp "$(ETCD_VERSION=$ETCD_VERSION "$here/build-etcd.sh" | tail -n 1)" "$etcd_bin"
   else
     kind_log "building etcd $ETCD_VERSION"
     d=$out/src-etcd-$ETCD_VERSION; mkdir -p "$d"
