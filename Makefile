@@ -3,9 +3,9 @@
 SHELL    := /bin/bash
 GO       ?= go
 BIN      := $(CURDIR)/bin
-PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/...
+PKGS     := ./cmd/... ./internal/... ./nft/... ./manifests/... ./e2e/kind/
 
-.PHONY: all build image release deps test lint unit chart-test manifests e2e soak demo bench shapes fuzz conformance kernels clean
+.PHONY: all build image release deps test lint unit chart-test manifests e2e kind soak demo bench shapes fuzz conformance kernels clean
 
 all: build
 
@@ -95,6 +95,16 @@ manifests:
 # throwaway containerd (~1.5 min warm).
 e2e:
 	NFTPROXY_E2E=1 $(GO) test -count=1 -p 1 -timeout 60m -v ./e2e/...
+
+# A kind cluster (two nodes, kubeProxyMode none, kindnet) in a dockerd of its own inside a
+# network namespace of its own, with the release's image loaded, driven by docs/kind.md's
+# sh blocks as written, then the checks of a CI job (verify, list -o json against
+# docs/schema/list-v1.json, the node's nft). Not part of `make test`: cold (node image,
+# Kubernetes binaries and images built offline into /var/cache/nftproxy/kind) about an
+# hour, warm about 70 s. kindnetd is built from KIND_SRC, a kubernetes-sigs/kind checkout,
+# until it is cached. docs/kind.md.
+kind:
+	NFTPROXY_KIND=1 KIND_SRC=$(KIND_SRC) $(GO) test -count=1 -timeout 180m -v -run '^TestKind$$' ./e2e/kind/
 
 # Churn soak alone, longer than the 4 minutes it runs within e2e (SOAK_DURATION=… to change).
 SOAK_DURATION ?= 30m
