@@ -68,7 +68,7 @@ func BenchmarkColdApply(b *testing.B) {
 		b.Run(size.String(), func(b *testing.B) {
 			n := size.n
 			rs, _ := compile.NewCompiler(cfg(), compile.NewSlots()).Compile(&model.Snapshot{Services: services(n, size.eps)})
-			var kernelTime time.Duration
+			var kernelTime, kernelCPU time.Duration
 			var bytes, ops int
 			for b.Loop() {
 				b.StopTimer()
@@ -80,10 +80,12 @@ func BenchmarkColdApply(b *testing.B) {
 					b.Fatal(err)
 				}
 				kernelTime += st.Kernel
+				kernelCPU += st.KernelCPU
 				bytes = st.Bytes
 				ops++
 			}
 			b.ReportMetric(kernelTime.Seconds()*1000/float64(ops), "kernel-ms")
+			b.ReportMetric(kernelCPU.Seconds()*1000/float64(ops), "kernel-cpu-ms")
 			b.ReportMetric(float64(bytes)/float64(n), "bytes/service")
 		})
 	}
