@@ -63,6 +63,14 @@ func TestNftVersions(t *testing.T) {
 	for name, sc := range localModeScenarios() {
 		all[name] = scenario{sc.snap, sc.config}
 	}
+	// nftproxy's own options: hashing for every port, no masquerade to a range, SNAT to
+	// the node's address
+	all["all-kinds-with-options"] = scenario{scenarios()["all-kinds"], func(fam nft.Family) Config {
+		cfg := configFor(fam)
+		cfg.DefaultBalancing, cfg.MasqueradeToNodeIP = model.BalancingMaglev, true
+		cfg.NoMasquerade = []netip.Prefix{netip.MustParsePrefix("10.244.5.0/24"), netip.MustParsePrefix("fd00:244:5::/64")}
+		return cfg
+	}}
 	// A table loaded from the text by nft (or written by an older nftproxy) types the
 	// maps' index "integer", which nft 0.9.8 cannot list; nftproxy's first sync after
 	// it starts rewrites the maps.
