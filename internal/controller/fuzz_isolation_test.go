@@ -236,6 +236,12 @@ func tenantObjects(w world, victimIPs map[netip.Addr]bool) ([]*v1.Service, []*di
 			continue
 		}
 		seen[s.Name] = true
+		if len(svcs)%2 == 0 { // every other tenant Service asks for consistent hashing
+			if s.Annotations == nil {
+				s.Annotations = map[string]string{}
+			}
+			s.Annotations[model.LoadBalancingAnnotation] = "maglev"
+		}
 		svcs = append(svcs, s)
 	}
 	var out []*discovery.EndpointSlice

@@ -64,8 +64,7 @@ func (tr *tracer) stmt(t *thread, s nft.Stmt) ([]branch, error) {
 	case nft.DNATKeyMap:
 		return tr.dnatKeyMap(t, s)
 	case nft.DNATHashMap:
-		// Over all clients, each slot is as likely as with a random draw.
-		return tr.dnatNumgenMap(t, nft.DNATNumgenMap{Mod: s.Mod, Offset: s.Offset, Map: s.Map})
+		return tr.dnatHashMap(t, s)
 	case nft.UpdateSaddr:
 		// Records the client for session affinity; nothing this packet depends on.
 		if tr.sets[s.Set] == nil {
@@ -156,6 +155,52 @@ func (tr *tracer) dnatNumgenMap(t *thread, s nft.DNATNumgenMap) ([]branch, error
 		return nil, fmt.Errorf("numgen modulus 0")
 	}
 	return tr.draw(t, m, s.Mod, func(i uint32) []nft.Value { return []nft.Value{nft.Num(s.Offset + i)} }), nil
+}
+
+// dnatHashMap forks, over all clients, into the endpoints of the Mod slots
+// Offset…Offset+Mod-1, each with the share of the slots it fills (a Maglev table
+// repeats each endpoint in many slots: one branch per endpoint, not per slot). Slots
+// without an entry make the rule not match, as a failed map lookup does.
+func (tr *tracer) dnatHashMap(t *thread, s nft.DNATHashMap) ([]branch, error) {
+	m := tr.sets[s.Map]
+	switch {
+	case m == nil:
+		return nil, fmt.Errorf("map %s does not exist", s.Map)
+	case len(m.Key) != 1 || len(m.Data) != 2:
+		return nil, fmt.Errorf("map %s is not a slot → address . port map", s.Map)
+	case s.Mod == 0:
+		return nil, fmt.Errorf("jhash modulus 0")
+	}
+	type target struct {
+		e     *nft.Element // the first slot of the endpoint
+		slots int
+	}
+	var targets []*target
+	byEndpoint := map[netip.AddrPort]*target{}
+	found := 0
+	for i := range m.Elements {
+		e := &m.Elements[i]
+		if len(e.Key) != 1 || len(e.Data) != 2 || e.Key[0].Num() < s.Offset || e.Key[0].Num()-s.Offset >= s.Mod {
+			continue
+		}
+		found++
+		ap := netip.AddrPortFrom(e.Data[0].Addr(), uint16(e.Data[1].Num()))
+		if byEndpoint[ap] == nil {
+			byEndpoint[ap] = &target{e: e}
+			targets = append(targets, byEndpoint[ap])
+		}
+		byEndpoint[ap].slots++
+	}
+	var out []branch
+	for _, tg := range targets {
+		f := t.fork(float64(tg.slots) / float64(s.Mod))
+		f.matched = append(f.matched, match(tr.fam, m, *tg.e))
+		out = append(out, dnat(f, netip.AddrPortFrom(tg.e.Data[0].Addr(), uint16(tg.e.Data[1].Num())))...)
+	}
+	if missing := int(s.Mod) - found; missing > 0 {
+		out = append(out, branch{t: t.fork(float64(missing) / float64(s.Mod)), ctl: control{kind: ctlBreak}})
+	}
+	return out, nil
 }
 
 // dnatKeyMap forks into the Mod indexes 0…Mod-1 of the packet's own key (its Fields as

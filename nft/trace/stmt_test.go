@@ -36,9 +36,10 @@ func oneRule(stmts ...nft.Stmt) *nft.Ruleset {
 			}
 			rs.Sets = append(rs.Sets, m)
 		case nft.DNATHashMap:
+			// a table of two endpoints taking turns, its last slot empty
 			m := &nft.Set{Name: s.Map, Key: []nft.Datatype{nft.TypeNumgen}, Data: []nft.Datatype{v4, nft.TypeInetService}}
-			for i := range s.Mod {
-				m.Elements = append(m.Elements, nft.Element{Key: []nft.Value{nft.Num(s.Offset + i)}, Data: []nft.Value{nft.Addr(ip(fmt.Sprintf("10.1.%d.%d", i/250, 1+i%250))), nft.Num(8080)}})
+			for i := range s.Mod - 1 {
+				m.Elements = append(m.Elements, nft.Element{Key: []nft.Value{nft.Num(s.Offset + i)}, Data: []nft.Value{nft.Addr(ip(fmt.Sprintf("10.1.0.%d", 1+i%2))), nft.Num(8080)}})
 			}
 			rs.Sets = append(rs.Sets, m)
 		case nft.DNATKeyMap:
@@ -122,6 +123,8 @@ func TestStmtEffects(t *testing.T) {
 			[]string{"0.25 accept 10.1.0.1:8080", "0.25 accept 10.1.0.2:8080", "0.25 accept 10.1.0.3:8080", "0.25 accept"}},
 		{"dnat key map miss goes on", []nft.Stmt{nft.DNATKeyMap{Fields: []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}, Mod: 2, Map: "m"}},
 			[]nft.Stmt{nft.Reject{}}, []string{"0.5 accept 10.1.0.1:8080", "0.5 reject"}},
+		{"dnat hash map: one branch per endpoint, by its share of the slots", []nft.Stmt{nft.DNATHashMap{Mod: 5, Offset: 7, Map: "m"}}, []nft.Stmt{nft.Reject{}},
+			[]string{"0.4 accept 10.1.0.1:8080", "0.4 accept 10.1.0.2:8080", "0.2 reject"}},
 		{"dnat to", []nft.Stmt{nft.DNATTo{Addr: ip("10.9.9.9"), Port: 99}, nft.Reject{}}, nil, []string{"1 accept 10.9.9.9:99"}},
 		{"masquerade", []nft.Stmt{nft.Masquerade{}, nft.Reject{}}, nil, []string{"1 accept masq"}},
 		{"return goes on after the jump's rule", []nft.Stmt{jumpC}, []nft.Stmt{nft.Reject{}}, []string{"1 reject"}},
