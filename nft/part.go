@@ -67,7 +67,7 @@ func (rs *Ruleset) DerivedFrom(prev *Ruleset) bool {
 
 // A Tag says what a part, rule or set element is for, in the terms of the program that
 // built the ruleset: nftproxy's compiler tags them with the service port they serve and
-// their purpose (compile.Tag). nft only carries tags: the renderer and the kernel
+// their purpose (purpose.Tag). nft only carries tags: the renderer and the kernel
 // encoder never read them (comments are what a human reading "nft list" sees), and the
 // kernel never stores them. They let the program's other readers — the controller, the
 // metrics, explain — switch on types instead of parsing names and comments. A tag's

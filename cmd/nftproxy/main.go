@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
@@ -338,7 +339,7 @@ func proxyConfig(o *options.Options, addrs func() ([]netip.Addr, error)) (contro
 		UDPKeepTerminatingFlows: o.UDPKeepTerminatingFlows,
 		DefaultBalancing:        o.LoadBalancing,
 		MasqueradeToNodeIP:      o.MasqueradeToNodeIP,
-		Limits: compile.Limits{
+		Limits: admit.Limits{
 			MaxFrontendsPerService:     o.MaxFrontendsPerService,
 			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,
 			MaxEndpointsPerService:     o.MaxEndpointsPerService,

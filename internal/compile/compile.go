@@ -1,22 +1,23 @@
 // Package compile turns a model snapshot into the nftables ruleset of one address family.
-// A Compiler is incremental: it keeps the previous call's parts, claims and counts and
-// compiles again only the service ports that changed, and its result is the ruleset a
-// fresh compile of the same inputs (the snapshot, the configuration and the endpoint
-// slot allocator) would give, which TestCompilerIncremental checks along random
+// Which service ports it programs, and with which frontends, internal/admit decides. A
+// Compiler is incremental: it keeps the previous call's parts (its admit.Admission the
+// claims and counts) and compiles again only the service ports that changed, and its
+// result is the ruleset a fresh compile of the same inputs (the snapshot, the
+// configuration and the endpoint slot allocator) would give, which TestCompilerIncremental checks along random
 // sequences of changes. docs/architecture.md describes the layout it produces.
 package compile
 
 import (
-	"bytes"
 	"fmt"
-	"hash/maphash"
-	"math"
 	"net/netip"
 	"slices"
 	"unicode/utf8"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
+	"github.com/nftproxy/nftproxy/internal/maglev"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/par"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -95,23 +96,6 @@ type Config struct {
 	// answer on every local address instead ("fib daddr type local").
 	NodePortAddrs    []netip.Addr
 	NodePortAllLocal bool
-	// NoExternalIPs is the feature gate AllowServiceExternalIPs=false: no externalIP is
-	// programmed at all (load-balancer IPs still are), as kube-proxy.
-	NoExternalIPs bool
-	// ServedPorts are the TCP ports nftproxy itself serves on this node (the health and
-	// metrics servers): an externalIP or load-balancer IP that is one of the node's own
-	// addresses never takes them.
-	ServedPorts []uint16
-	// OwnAddrs are addresses of this node besides Node.IPs and NodePortAddrs that
-	// ServedPorts are protected on (the servers' bind addresses).
-	OwnAddrs []netip.Addr
-	// ClusterCIDRs are the pods' ranges (--cluster-cidr, whatever --detect-local-mode
-	// is): no externalIP or load-balancer IP in them is programmed, nor in the node's
-	// podCIDRs.
-	ClusterCIDRs []netip.Prefix
-	// ExternalIPCIDRs, when not empty, are the only ranges externalIPs are programmed
-	// in (--external-ip-cidrs); load-balancer IPs are not affected.
-	ExternalIPCIDRs []netip.Prefix
 	// NoMasquerade are destination ranges (endpoints, after DNAT) whose traffic is never
 	// masqueraded, whatever marked it (--no-masquerade-cidrs): node → service → pod
 	// traffic keeps the node's address, off-cluster clients keep theirs. Hairpin
@@ -127,8 +111,9 @@ type Config struct {
 	// flow's endpoint (--load-balancing): BalancingDefault or BalancingRandom is
 	// kube-proxy's random choice, BalancingMaglev consistent hashing.
 	DefaultBalancing model.Balancing
-	// Limits bound what one Service, and the whole table, may cost.
-	Limits Limits
+	// Policy decides which service ports are programmed, and which external frontends
+	// they may take (internal/admit).
+	admit.Policy
 }
 
 // maglev reports whether sp picks endpoints by consistent hashing. ClientIP affinity
@@ -138,63 +123,6 @@ func (c Config) maglev(sp *model.ServicePort) bool {
 		return false
 	}
 	return sp.Balancing == model.BalancingMaglev || (sp.Balancing == model.BalancingDefault && c.DefaultBalancing == model.BalancingMaglev)
-}
-
-// Limits bound what one object may make every node program. A zero field is no limit.
-// A Service over a limit is set aside (not programmed, reported as a problem); all other
-// Services are programmed.
-type Limits struct {
-	// MaxFrontendsPerService caps a Service's frontends: its ports times its cluster,
-	// external and load-balancer IPs, all families counted.
-	MaxFrontendsPerService int
-	// MaxEndpointsPerServicePort caps the endpoints of any one port of a Service.
-	MaxEndpointsPerServicePort int
-	// MaxEndpointsPerService caps a Service's endpoints summed over its ports.
-	MaxEndpointsPerService int
-	// MaxSourceRangesPerService caps a Service's loadBalancerSourceRanges (each is an
-	// element of every port's source-range set).
-	MaxSourceRangesPerService int
-	// MaxElements is the table's element budget, checked against an estimate (see
-	// ElementCost) before compiling. Over it the budget is shared between namespaces
-	// (budget.go): one within its fair share keeps every Service, and one over it
-	// loses its newest.
-	MaxElements int
-
-	// defaultMaglev: the compiler's DefaultBalancing is Maglev (set by NewCompiler), so
-	// a port without the annotation costs its lookup tables too.
-	defaultMaglev bool
-}
-
-// cost is ElementCost with the compiler's default balancing.
-func (lim Limits) cost(sp *model.ServicePort) int {
-	n := ElementCost(sp)
-	if lim.defaultMaglev && sp.AffinityTimeout == 0 && sp.Balancing == model.BalancingDefault {
-		n += maglevCost(sp)
-	}
-	return n
-}
-
-// Default limits (flags --max-frontends-per-service, --max-endpoints-per-service-port,
-// --max-endpoints-per-service, --max-source-ranges-per-service, --max-table-elements).
-// docs/security.md gives their
-// reasons and costs.
-const (
-	DefaultMaxFrontendsPerService     = 1000
-	DefaultMaxEndpointsPerServicePort = 10000
-	DefaultMaxEndpointsPerService     = 100000
-	DefaultMaxSourceRangesPerService  = 10000
-	DefaultMaxElements                = 2000000
-)
-
-// DefaultLimits returns the default limits.
-func DefaultLimits() Limits {
-	return Limits{
-		MaxFrontendsPerService:     DefaultMaxFrontendsPerService,
-		MaxEndpointsPerServicePort: DefaultMaxEndpointsPerServicePort,
-		MaxEndpointsPerService:     DefaultMaxEndpointsPerService,
-		MaxSourceRangesPerService:  DefaultMaxSourceRangesPerService,
-		MaxElements:                DefaultMaxElements,
-	}
 }
 
 // ElementCost estimates the set elements a service port adds to the tables of both
@@ -229,7 +157,7 @@ func ElementCost(sp *model.ServicePort) int {
 }
 
 // maglevCost is what a consistently hashed port's lookup tables cost beside one entry
-// per endpoint: per family with endpoints a table of maglevSize entries, two when the
+// per endpoint: per family with endpoints a table of maglev.Size entries, two when the
 // port has a node-local chain too (traffic policy Local).
 func maglevCost(sp *model.ServicePort) int {
 	n4 := 0
@@ -245,7 +173,7 @@ func maglevCost(sp *model.ServicePort) int {
 	n := 0
 	for _, k := range []int{n4, len(sp.Endpoints) - n4} {
 		if k > 0 {
-			n += chains * (maglevSize(k) - k)
+			n += chains * (maglev.Size(k) - k)
 		}
 	}
 	return n
@@ -262,13 +190,23 @@ func frontends(sp *model.ServicePort) int {
 	return len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs)
 }
 
+// cost is what the budget counts for sp: ElementCost, with the lookup tables of the
+// Maglev default (DefaultBalancing) for a port without the annotation.
+func (c Config) cost(sp *model.ServicePort) int {
+	n := ElementCost(sp)
+	if sp.Balancing == model.BalancingDefault && c.maglev(sp) {
+		n += maglevCost(sp)
+	}
+	return n
+}
+
 func (c Config) masqMark() uint32 { return 1 << c.MasqueradeBit }
 
 // Compile returns the complete ruleset for cfg.Family, and the problems it found:
 // conflicts it resolved (two services claiming the same address, protocol and port:
-// cluster IPs win, then the older Service; see claims.go), refused addresses, and
-// Services set aside by cfg.Limits. slots keeps endpoint slot ranges stable between calls; pass the same allocator
-// every time for one family. The ruleset has no parts (see nft.Part): it is what a fresh
+// cluster IPs win, then the older Service), refused addresses, and Services set aside
+// by cfg.Limits, as internal/admit decides. slots keeps endpoint slot ranges stable
+// between calls; pass the same allocator every time for one family. The ruleset has no parts (see nft.Part): it is what a fresh
 // Compiler produces, flattened.
 func Compile(snap *model.Snapshot, cfg Config, slots *Slots) (*nft.Ruleset, []model.Problem) {
 	rs, problems := NewCompiler(cfg, slots).Compile(snap)
@@ -292,48 +230,16 @@ type Compiler struct {
 	parts         []*compiledPart // of the previous call, in service port order
 	spare         []*compiledPart // an array for the next call's parts
 	last          *nft.Ruleset    // the previous call's ruleset (its Changes' Since)
-	// every service's cluster IPs (all families), each with the number of service ports
-	// holding it, kept up to date from the difference between calls (services holds
-	// the previous call's service ports: snapshots are immutable)
-	clusterIPs map[netip.Addr]int
-	// endpointAddrs counts the endpoints' addresses of services, in buckets: when an
-	// address becomes or stops being a cluster IP, the services with an endpoint there
-	// are compiled again, and a bucket at zero says no service has one, without a look
-	// at the 300,000 endpoints of 30,000 services (see Compile; 4 MB of buckets there)
-	endpointAddrs addrCounts
-	services      []*model.ServicePort
-	state         []uint8 // services' states
-	budget        budget
-	// who holds each frontend and node port (claims.go); made anew when the node,
-	// its addresses, the service CIDRs or the Services set aside change
-	claims       *claimTable
-	serviceCIDRs []netip.Prefix
-	aside        []serviceName // the previous call's, sorted
-	scratch      scratch       // per-call buffers, reused
+	// which service ports are programmed, with which frontends
+	admission *admit.Admission
+	setAside  int     // the previous call's Services set aside
+	scratch   scratch // per-call buffers, reused
 }
 
-// portChange is a service port that came, went or was replaced since the previous
-// call: old is the previous call's (nil: it came) with its state then, new this call's
-// (nil: it went) at services[at].
-type portChange struct {
-	old, new *model.ServicePort
-	oldState uint8
-	at       int
-}
-
-// scratch holds the per-call buffers of Compile. Nothing in them outlives a call: a
-// part that is compiled again copies its claims (claims.clone).
+// scratch holds the per-call buffers of Compile. Nothing in them outlives a call.
 type scratch struct {
-	matched            []*compiledPart
-	state              []uint8 // stateHas, stateAside
-	changes            []portChange
-	internal, external []netip.Addr // claimed addresses (see claimTable.claimsOf)
+	matched []*compiledPart
 }
-
-const (
-	stateHas   uint8 = 1 << iota // has a cluster IP in this family
-	stateAside                   // set aside by a limit
-)
 
 // grow returns s[:n], cleared, reusing its array when large enough.
 func grow[T any](s []T, n int) []T {
@@ -347,212 +253,35 @@ func grow[T any](s []T, n int) []T {
 	return s
 }
 
-// diff walks the previous call's service ports and services in step (both in name
-// order) and returns the ports that came, went or were replaced, in name order; a
-// replaced port (same name, another pointer) is one change. It sets each port's
-// stateHas (a cluster IP in the family) in state: an unchanged port (the previous
-// call's pointer) keeps its previous one, for the cost of a pointer comparison.
-func (cc *Compiler) diff(services []*model.ServicePort, state []uint8) []portChange {
-	v6 := cc.cfg.Family == nft.IPv6
-	old, oldState := cc.services, cc.state
-	changes := cc.scratch.changes[:0]
-	if len(old) == 0 {
-		changes = make([]portChange, 0, len(services)) // the first call: all of them
-	}
-	j := 0
-	for i, sp := range services {
-		for ; j < len(old) && old[j] != sp && old[j].Name.Less(sp.Name); j++ {
-			changes = append(changes, portChange{old: old[j], oldState: oldState[j], at: -1})
-		}
-		if j < len(old) && old[j] == sp { // unchanged: no name to compare
-			state[i] = oldState[j] & stateHas
-			j++
-			continue
-		}
-		ch := portChange{new: sp, at: i}
-		if j < len(old) && old[j].Name == sp.Name {
-			ch.old, ch.oldState = old[j], oldState[j]
-			j++
-		}
-		if slices.ContainsFunc(sp.ClusterIPs, func(ip netip.Addr) bool { return ip.Is6() == v6 }) {
-			state[i] = stateHas
-		}
-		changes = append(changes, ch)
-	}
-	for ; j < len(old); j++ {
-		changes = append(changes, portChange{old: old[j], oldState: oldState[j], at: -1})
-	}
-	cc.scratch.changes = changes
-	return changes
-}
-
-// trackAddrs brings the cluster IP counts and the endpoint-address counts up to date
-// with the changes since the previous call and returns the addresses that became or
-// stopped being a cluster IP. A replaced port whose cluster IPs or endpoints are the
-// same slices (the model reuses an unchanged service's) costs a slice comparison.
-func (cc *Compiler) trackAddrs(changes []portChange, services []*model.ServicePort) map[netip.Addr]bool {
-	if cc.clusterIPs == nil {
-		cc.clusterIPs = make(map[netip.Addr]int, len(services))
-	}
-	var moved map[netip.Addr]bool
-	change := func(ips []netip.Addr, d int) {
-		for _, ip := range ips {
-			n := cc.clusterIPs[ip] + d
-			if n <= 0 {
-				delete(cc.clusterIPs, ip)
-			} else {
-				cc.clusterIPs[ip] = n
-			}
-			if (n == 0 && d < 0) || (n == 1 && d > 0) {
-				if moved == nil {
-					moved = map[netip.Addr]bool{}
-				}
-				moved[ip] = true
-			}
-		}
-	}
-	eps := &cc.endpointAddrs
-	for _, ch := range changes {
-		switch {
-		case ch.old != nil && ch.new != nil:
-			if !same(ch.old.ClusterIPs, ch.new.ClusterIPs) && !slices.Equal(ch.old.ClusterIPs, ch.new.ClusterIPs) {
-				change(ch.old.ClusterIPs, -1)
-				change(ch.new.ClusterIPs, +1)
-			}
-			if !same(ch.old.Endpoints, ch.new.Endpoints) {
-				eps.add(ch.old.Endpoints, -1)
-				eps.add(ch.new.Endpoints, +1)
-			}
-		case ch.old != nil:
-			change(ch.old.ClusterIPs, -1)
-			eps.add(ch.old.Endpoints, -1)
-		default:
-			change(ch.new.ClusterIPs, +1)
-			eps.add(ch.new.Endpoints, +1)
-		}
-	}
-	eps.resize(services)
-	return moved
-}
-
-// addrCounts counts addresses in buckets of saturating counters, at least eight buckets
-// per address counted (the table doubles as the count grows). A bucket at zero holds
-// none of the addresses; one above zero may (another address shares it, or its counter
-// saturated and no longer goes down), which costs a look, never a wrong answer. With
-// eight buckets per address, seven lookups in eight of an address not counted find
-// zero (with as many buckets as addresses, one in three).
-type addrCounts struct {
-	seed    maphash.Seed
-	buckets []uint8
-	n       int  // addresses counted (added minus removed)
-	v6      bool // the family counted: a table's parts hold only its family's endpoints
-}
-
-const minAddrBuckets = 1 << 12
-
-func (a *addrCounts) bucket(addr netip.Addr) *uint8 {
-	if a.buckets == nil {
-		a.seed, a.buckets = maphash.MakeSeed(), make([]uint8, minAddrBuckets)
-	}
-	return &a.buckets[maphash.Comparable(a.seed, addr.As16())&uint64(len(a.buckets)-1)]
-}
-
-// add counts the addresses of the endpoints of the family d (+1 or -1) times.
-func (a *addrCounts) add(eps []model.Endpoint, d int) {
-	n := 0
-	for i := range eps {
-		if eps[i].Addr.Is6() != a.v6 {
-			continue
-		}
-		n++
-		b := a.bucket(eps[i].Addr)
-		switch {
-		case *b == math.MaxUint8: // saturated: stays
-		case d > 0:
-			*b++
-		case *b > 0:
-			*b--
-		}
-	}
-	a.n += d * n
-}
-
-// resize makes the table eight buckets per address again, counting services' endpoints
-// anew, when the count has outgrown it (or shrunk to a quarter of it).
-func (a *addrCounts) resize(services []*model.ServicePort) {
-	want := minAddrBuckets
-	for want < 8*a.n {
-		want *= 2
-	}
-	if len(a.buckets) == want || (len(a.buckets) > want && len(a.buckets) <= 4*want) {
-		return
-	}
-	a.buckets, a.n = make([]uint8, want), 0
-	for _, sp := range services {
-		a.add(sp.Endpoints, +1)
-	}
-}
-
-// anyOf reports whether any of the addresses may be counted.
-func (a *addrCounts) anyOf(addrs map[netip.Addr]bool) bool {
-	for addr := range addrs {
-		if *a.bucket(addr) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// same reports whether a and b are the same slice (equal without a look at the elements).
-func same[T any](a, b []T) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
-}
-
 // compiledPart is a service port's Part and what it was compiled from.
 type compiledPart struct {
 	in     *model.ServicePort // the snapshot's: service ports are never modified once built
-	claims claims
+	claims admit.Claims
 	part   *nft.Part
 	owners []model.ServicePortName // slot ranges it uses
 	pages  []uint32                // endpoint map pages it adds elements to
 	// problems found compiling it (endpoints skipped), reported on every call
 	problems []model.Problem
-	tags     []*Tag // one per purpose, shared by its rules and elements
-	tagBlock []Tag  // where they are made
-	flatMax  int    // the largest endpoint count of its flat frontends
-}
-
-// claims are the frontends and node port a service port won.
-type claims struct {
-	internal, external []netip.Addr
-	nodePort           uint16
-}
-
-// clone copies the claims out of the per-call buffers claimAll fills.
-func (a claims) clone() claims {
-	return claims{internal: slices.Clip(slices.Clone(a.internal)), external: slices.Clip(slices.Clone(a.external)), nodePort: a.nodePort}
-}
-
-func (a claims) equal(b claims) bool {
-	return slices.Equal(a.internal, b.internal) && slices.Equal(a.external, b.external) && a.nodePort == b.nodePort
+	tags     []*purpose.Tag // one per purpose, shared by its rules and elements
+	tagBlock []purpose.Tag  // where they are made
+	flatMax  int            // the largest endpoint count of its flat frontends
 }
 
 // NewCompiler returns a Compiler for cfg.Family; slots is its endpoint slot allocator.
 func NewCompiler(cfg Config, slots *Slots) *Compiler {
-	cfg.Limits.defaultMaglev = cfg.DefaultBalancing == model.BalancingMaglev
-	return &Compiler{cfg: cfg, slots: slots, endpointAddrs: addrCounts{v6: cfg.Family == nft.IPv6}}
+	return &Compiler{cfg: cfg, slots: slots, admission: admit.New(cfg.Family, cfg.Policy, cfg.cost, cfg.NodePortAddrs)}
 }
 
 // SetAside is the number of Services the last Compile set aside (left out of the
 // ruleset) because they exceed cfg.Limits: a limit of their own or the table's element
 // budget.
-func (cc *Compiler) SetAside() int { return len(cc.aside) }
+func (cc *Compiler) SetAside() int { return cc.setAside }
 
 // Compile returns the ruleset of snap, with one Part per service port, and the conflicts
 // it resolved, like the package's Compile.
 func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem) {
 	prev := cc.parts
-	if !sameNode(cc.node, snap.Node) || !slices.Equal(cc.nodePortAddrs, snap.NodePortAddrs) {
+	if !cc.node.Equal(snap.Node) || !slices.Equal(cc.nodePortAddrs, snap.NodePortAddrs) {
 		// topology and firewall rules depend on the node, the frontends a service may
 		// claim on the node's addresses: compile everything
 		prev = nil
@@ -607,68 +336,48 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 		changed[prev[j].part.Owner] = nil
 	}
 
-	sc.state = grow(sc.state, len(services))
-	state := sc.state
-	changes := cc.diff(services, state)
-	moved := cc.trackAddrs(changes, services)
-	c.clusterIPSet = cc.clusterIPs
-	aside := cc.setAside(c, services, changes, state)
-
-	// the claims: the table follows the changes, unless what decides them all changed
-	table := cc.claims
-	renew := prev == nil || table == nil || !slices.Equal(cc.serviceCIDRs, snap.ServiceCIDRs) || !slices.Equal(cc.aside, aside)
-	if renew {
-		table = newClaimTable(bytes.Count(state, []byte{stateHas})) // its claimants
-		sc.internal, sc.external = make([]netip.Addr, 0, len(services)), nil
-		table.fill(c, services, state, &cc.endpointAddrs)
-		cc.claims, cc.serviceCIDRs, cc.aside = table, snap.ServiceCIDRs, aside
-	} else {
-		table.update(c, changes, state, moved, services, &cc.endpointAddrs)
-	}
-	c.problems = append(c.problems, table.problems(c)...)
-	sc.internal, sc.external = sc.internal[:0], sc.external[:0]
-
-	// endpoints at an address that became or stopped being a cluster IP are compiled again
-	if !cc.endpointAddrs.anyOf(moved) {
-		moved = nil // no endpoint is at an address that moved: none to look for
-	}
+	d := cc.admission.Admit(snap)
+	c.admitted = d
+	c.problems = append(c.problems, d.Problems...)
+	cc.setAside = d.SetAside
+	moved := d.Moved
 
 	pages := map[uint32]bool{}
 	flatMax := 0
 	// room for the previous parts and every change (an IPv6 table of an IPv4 cluster has
 	// none: 30,000 entries per sync for nothing)
-	parts := make([]*nft.Part, 0, min(len(services), len(prev)+len(changes)+16))
+	parts := make([]*nft.Part, 0, min(len(services), len(prev)+d.Changes+16))
 	// the array of the call before the previous one: nothing refers to it any more (a
 	// new one per call was a fifth of what a sync allocated at 30k)
 	next := grow(cc.spare, len(services))[:0]
-	flat := c.compileFlat(services, state, prev, table, sc)
+	flat := c.compileFlat(services, prev, d)
 	for i := range services {
 		sp := services[i]
 		cp := matched[i]
-		if state[i] != stateHas {
+		if !d.Programmed(i) {
 			if cp != nil {
 				dropped = append(dropped, cp.owners...)
 				changed[cp.part.Owner] = nil
 			}
 			continue // set aside, or no address in this family
 		}
-		var w claims
+		var w admit.Claims
 		pre := flat != nil && flat[i] != nil // compiled in advance: a new port (no previous part)
 		switch {
 		case pre:
 			cp = flat[i]
 			changed[cp.part.Owner] = cp.part
-		case cp != nil && cp.in == sp && !renew && !table.affected[sp]:
+		case cp != nil && cp.in == sp && !d.Renewed && !d.Affected[sp]:
 			w = cp.claims // nothing it claims changed hands
 		default:
-			if w = table.claimsOf(c, sp, sc); cp != nil && cp.claims.equal(w) {
+			if w = d.Claims(sp); cp != nil && cp.claims.Equal(w) {
 				w = cp.claims
 			}
 		}
 		sameInput := cp != nil && (cp.in == sp || (trusted && !snap.Changes.MayDiffer(sp.Name)) || cp.in.Equal(sp))
-		if !pre && (!sameInput || !cp.claims.equal(w) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved))) {
+		if !pre && (!sameInput || !cp.claims.Equal(w) || (len(moved) > 0 && endpointsAt(cp.in.Endpoints, moved))) {
 			old := cp
-			cp = c.servicePort(sp, w.clone(), false)
+			cp = c.servicePort(sp, w.Clone(), false)
 			if old != nil {
 				for _, o := range old.owners {
 					if !slices.Contains(cp.owners, o) {
@@ -691,17 +400,7 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	}
 	cc.parts, cc.spare = next, prev[:cap(prev)]
 	clear(cc.spare) // keep no dropped part alive
-	cc.services, cc.state, sc.state = services, state, cc.state
-	if renew {
-		// the claimed addresses of every service port: not worth keeping their room for
-		// the few a later call claims again (parts hold copies)
-		sc.internal, sc.external = nil, nil
-	}
-	clear(changes) // no old port kept alive
-	if cap(changes) > 1024 {
-		sc.changes = nil // the first call's, or a large change's: a megabyte at 30k
-	}
-	clear(matched) // keep no dropped part alive
+	clear(matched)  // keep no dropped part alive
 	cc.slots.drop(dropped)
 	if prev == nil {
 		// after a node change, parts were compiled anew without the old ones' owners
@@ -724,6 +423,18 @@ func (cc *Compiler) Compile(snap *model.Snapshot) (*nft.Ruleset, []model.Problem
 	return rs, c.problems
 }
 
+// Won calls f with every service port of protocol proto that holds a frontend in the
+// ruleset compiled last (this family's): the cluster, external and load-balancer IPs
+// it won (a new slice, f's to keep) and its node port (0: none).
+func (cc *Compiler) Won(proto uint8, f func(name model.ServicePortName, ips []netip.Addr, nodePort uint16)) {
+	for _, cp := range cc.parts {
+		w := cp.claims
+		if cp.in.Name.Protocol == proto && (len(w.Internal)+len(w.External) > 0 || w.NodePort != 0) {
+			f(cp.in.Name, slices.Concat(w.Internal, w.External), w.NodePort)
+		}
+	}
+}
+
 // endpointsAt reports whether any endpoint has one of the addresses.
 func endpointsAt(eps []model.Endpoint, addrs map[netip.Addr]bool) bool {
 	for i := range eps {
@@ -732,29 +443,6 @@ func endpointsAt(eps []model.Endpoint, addrs map[netip.Addr]bool) bool {
 		}
 	}
 	return false
-}
-
-// ownAddr reports whether ip is one of this node's addresses that nftproxy knows.
-func (c *compiler) ownAddr(ip netip.Addr) bool {
-	return slices.Contains(c.node.IPs, ip) || slices.Contains(c.nodePortAddrs, ip) || slices.Contains(c.cfg.OwnAddrs, ip)
-}
-
-func sameNode(a, b model.Node) bool {
-	return a.Name == b.Name && a.Zone == b.Zone && slices.Equal(a.IPs, b.IPs) && slices.Equal(a.PodCIDRs, b.PodCIDRs)
-}
-
-// frontendKey is an address, protocol and port; the address is kept as 16 bytes so that
-// the claim map holds no pointer for the collector to scan (one compiler serves one
-// family, so an IPv4 address and its IPv4-mapped IPv6 form never meet).
-type frontendKey struct {
-	addr  [16]byte
-	proto uint8
-	port  uint16
-}
-
-type nodePortKey struct {
-	proto uint8
-	port  uint16
 }
 
 type compiler struct {
@@ -775,8 +463,24 @@ type compiler struct {
 	nodePortAddrs                                         []netip.Addr // the configuration's and the snapshot's
 
 	problems []model.Problem
-	// every service's cluster IPs, all families (the Compiler's counts)
-	clusterIPSet map[netip.Addr]int
+	admitted admit.Decisions // this call's
+}
+
+// tag returns the part's tag for purpose p, made once per part and shared by its rules
+// and elements. Tags are made in blocks: one allocation serves a typical part.
+func (cp *compiledPart) tag(p purpose.Purpose) *purpose.Tag {
+	for _, t := range cp.tags {
+		if t.Purpose == p {
+			return t
+		}
+	}
+	if len(cp.tagBlock) == cap(cp.tagBlock) {
+		cp.tagBlock = make([]purpose.Tag, 0, 8) // tags already handed out keep the old block alive
+	}
+	cp.tagBlock = append(cp.tagBlock, purpose.Tag{Port: &cp.in.Name, Purpose: p})
+	t := &cp.tagBlock[len(cp.tagBlock)-1]
+	cp.tags = append(cp.tags, t)
+	return t
 }
 
 // add appends elements of a shared set to the part.
@@ -842,7 +546,7 @@ func truncateComment(s string) string {
 // it usually is: a compiled part keeps its endpoints (the flat path's entries are built
 // from them), and a copy per service port would add their size again.
 func (c *compiler) endpoints(cp *compiledPart, sp *model.ServicePort) []model.Endpoint {
-	keep := func(e *model.Endpoint) bool { return e.Addr.Is6() == c.v6 && c.clusterIPSet[e.Addr] == 0 }
+	keep := func(e *model.Endpoint) bool { return e.Addr.Is6() == c.v6 && !c.admitted.ClusterIP(e.Addr) }
 	n := 0
 	for i := range sp.Endpoints {
 		if keep(&sp.Endpoints[i]) {
@@ -877,19 +581,19 @@ var parallelCompileMin = 2048
 // reads the compiler and writes only its own part: it takes no endpoint slots (chained
 // ports do, in order, so that their ranges do not depend on timing). The claims are
 // taken in order first (claimsOf uses the scratch).
-func (c *compiler) compileFlat(services []*model.ServicePort, state []uint8, prev []*compiledPart, table *claimTable, sc *scratch) []*compiledPart {
+func (c *compiler) compileFlat(services []*model.ServicePort, prev []*compiledPart, d admit.Decisions) []*compiledPart {
 	if prev != nil || len(services) < parallelCompileMin {
 		return nil
 	}
-	won := make([]claims, len(services))
+	won := make([]admit.Claims, len(services))
 	for i, sp := range services {
-		if state[i] == stateHas {
-			won[i] = table.claimsOf(c, sp, sc).clone()
+		if d.Programmed(i) {
+			won[i] = d.Claims(sp).Clone()
 		}
 	}
 	out := make([]*compiledPart, len(services))
 	par.Each(len(services), 256, func(i int) {
-		if state[i] == stateHas {
+		if d.Programmed(i) {
 			out[i] = c.servicePort(services[i], won[i], true)
 		}
 	})
@@ -899,16 +603,16 @@ func (c *compiler) compileFlat(services []*model.ServicePort, state []uint8, pre
 // servicePort compiles one service port, given the frontends and node port it won. With
 // flatOnly it returns nil, having written nothing but its own part, unless the port is
 // flat.
-func (c *compiler) servicePort(sp *model.ServicePort, won claims, flatOnly bool) *compiledPart {
+func (c *compiler) servicePort(sp *model.ServicePort, won admit.Claims, flatOnly bool) *compiledPart {
 	cp := &compiledPart{in: sp, claims: won, part: &nft.Part{Owner: ChainName("port", sp.Name)}}
-	cp.part.Tag = cp.tag(PurposeServicePort)
+	cp.part.Tag = cp.tag(purpose.ServicePort)
 	comment := truncateComment(sp.Name.String())
 	lbIPs := model.AddrsOf(sp.LoadBalancerIPs, c.v6)
 	clusterIPs := model.AddrsOf(sp.ClusterIPs, c.v6)
 	for _, ip := range clusterIPs {
-		cp.add(SetClusterIPs, nft.Element{Key: []nft.Value{nft.Addr(ip)}, Tag: cp.tag(PurposeClusterIP)})
+		cp.add(SetClusterIPs, nft.Element{Key: []nft.Value{nft.Addr(ip)}, Tag: cp.tag(purpose.ClusterIP)})
 	}
-	internal, external, nodePort := won.internal, won.external, won.nodePort
+	internal, external, nodePort := won.Internal, won.External, won.NodePort
 
 	cat := model.Categorize(sp, c.endpoints(cp, sp), c.node)
 	p := policy{
@@ -980,19 +684,19 @@ func localSlotOwner(sp model.ServicePortName) model.ServicePortName {
 // filter checks look up.
 func (c *compiler) frontendElements(cp *compiledPart, sp *model.ServicePort, p policy, hasAny, flat bool, internal, external []netip.Addr, nodePort uint16, comment string) {
 	proto, port := nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))
-	count, dispatch := cp.tag(PurposeCount), cp.tag(PurposeDispatch)
+	count, dispatch := cp.tag(purpose.Count), cp.tag(purpose.Dispatch)
 	// where a frontend without endpoints goes: rejected without any endpoint, dropped
 	// when its Local policy has none on this node
-	noEndpoints := func(services bool) (string, *Tag) {
+	noEndpoints := func(services bool) (string, *purpose.Tag) {
 		switch {
 		case !hasAny && services:
-			return SetNoEndpointServices, cp.tag(PurposeRejectNoEndpoints)
+			return SetNoEndpointServices, cp.tag(purpose.RejectNoEndpoints)
 		case !hasAny:
-			return SetNoEndpointNodePorts, cp.tag(PurposeRejectNoEndpoints)
+			return SetNoEndpointNodePorts, cp.tag(purpose.RejectNoEndpoints)
 		case services:
-			return SetNoLocalServices, cp.tag(PurposeDropNoLocalEndpoints)
+			return SetNoLocalServices, cp.tag(purpose.DropNoLocalEndpoints)
 		}
-		return SetNoLocalNodePorts, cp.tag(PurposeDropNoLocalEndpoints)
+		return SetNoLocalNodePorts, cp.tag(purpose.DropNoLocalEndpoints)
 	}
 	for _, ip := range append(internal, external...) {
 		cp.add(SetServiceCounters, nft.Element{Key: []nft.Value{nft.Addr(ip), proto, port}, Comment: comment, Tag: count})
@@ -1042,22 +746,22 @@ func (c *compiler) externalChain(cp *compiledPart, sp *model.ServicePort, p poli
 	ch := &nft.Chain{Name: p.extChain}
 	if !sp.ExternalPolicyLocal {
 		ch.Rules = []nft.Rule{
-			{Stmts: []nft.Stmt{jump(ChainMarkMasq)}, Tag: cp.tag(PurposeMarkExternal)},
-			{Stmts: []nft.Stmt{goTo(p.svcChain)}, Tag: cp.tag(PurposeToEndpoints)},
+			{Stmts: []nft.Stmt{jump(ChainMarkMasq)}, Tag: cp.tag(purpose.MarkExternal)},
+			{Stmts: []nft.Stmt{goTo(p.svcChain)}, Tag: cp.tag(purpose.ToEndpoints)},
 		}
 		return ch
 	}
 	if c.local.ok() {
 		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
 			c.local.match(true), goTo(p.svcChain),
-		}, Comment: "short-circuit pod traffic", Tag: cp.tag(PurposeShortCircuitPods)})
+		}, Comment: "short-circuit pod traffic", Tag: cp.tag(purpose.ShortCircuitPods)})
 	}
 	ch.Rules = append(ch.Rules,
-		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, jump(ChainMarkMasq)}, Comment: "masquerade local traffic", Tag: cp.tag(PurposeMarkLocalSource)},
-		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, goTo(p.svcChain)}, Comment: "short-circuit local traffic", Tag: cp.tag(PurposeShortCircuitLocal)},
+		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, jump(ChainMarkMasq)}, Comment: "masquerade local traffic", Tag: cp.tag(purpose.MarkLocalSource)},
+		nft.Rule{Stmts: []nft.Stmt{nft.MatchFibSaddrLocal{}, goTo(p.svcChain)}, Comment: "short-circuit local traffic", Tag: cp.tag(purpose.ShortCircuitLocal)},
 	)
 	if p.hasExternal {
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{goTo(p.localChain)}, Tag: cp.tag(PurposeToEndpoints)})
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{goTo(p.localChain)}, Tag: cp.tag(purpose.ToEndpoints)})
 	}
 	return ch
 }
@@ -1070,16 +774,16 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 	if internalEntry {
 		for _, ip := range clusterIPs {
 			match := []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: netip.PrefixFrom(ip, ip.BitLen())}}
-			purpose := PurposeMarkAll
+			why := purpose.MarkAll
 			switch {
 			case c.cfg.MasqueradeAll:
 			case c.local.ok():
 				match = append(match, c.local.match(false))
-				purpose = PurposeMarkOffCluster
+				why = purpose.MarkOffCluster
 			default:
 				continue
 			}
-			ch.Rules = append(ch.Rules, nft.Rule{Stmts: append(match, nft.Verdict{Kind: nft.Jump, Chain: ChainMarkMasq}), Tag: cp.tag(purpose)})
+			ch.Rules = append(ch.Rules, nft.Rule{Stmts: append(match, nft.Verdict{Kind: nft.Jump, Chain: ChainMarkMasq}), Tag: cp.tag(why)})
 		}
 	}
 	c.hairpinElements(cp, eps)
@@ -1091,23 +795,23 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 	}
 	// slot i serves endpoint pick[i]: each endpoint once (random choice), or a Maglev
 	// table of the endpoints (consistent hashing)
-	maglev := c.cfg.maglev(sp)
+	hashed := c.cfg.maglev(sp)
 	slots := len(eps)
 	var pick []int
-	if maglev {
+	if hashed {
 		keys := make([]string, len(eps))
 		for i, e := range eps {
 			keys[i] = e.AddrPort().String()
 		}
-		slots = maglevSize(len(eps))
-		pick = maglevTable(keys, slots)
+		slots = maglev.Size(len(eps))
+		pick = maglev.Table(keys, slots)
 	}
 	base := c.slots.base(owner, slots)
 	page := base / PageSlots
 	epMap := endpointMapName(page)
 	elems := make([]nft.Element, slots)
 	vals := make([]nft.Value, 3*slots)
-	slotTag := cp.tag(PurposeEndpointSlot)
+	slotTag := cp.tag(purpose.EndpointSlot)
 	for i := range slots {
 		e := eps[i%len(eps)]
 		if pick != nil {
@@ -1121,10 +825,10 @@ func (c *compiler) endpointChain(cp *compiledPart, name string, sp *model.Servic
 	cp.owners = append(cp.owners, owner)
 	cp.pages = append(cp.pages, page)
 	var dnat nft.Stmt = nft.DNATNumgenMap{Mod: uint32(slots), Offset: base, Map: epMap}
-	if maglev {
-		dnat = nft.DNATHashMap{Mod: uint32(slots), Seed: MaglevSeed, Offset: base, Map: epMap}
+	if hashed {
+		dnat = nft.DNATHashMap{Mod: uint32(slots), Seed: maglev.Seed, Offset: base, Map: epMap}
 	}
-	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{proto, dnat}, Comment: comment, Tag: cp.tag(PurposeEndpointDNAT)})
+	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{proto, dnat}, Comment: comment, Tag: cp.tag(purpose.EndpointDNAT)})
 }
 
 // affinity makes ch sticky per client address: each endpoint has a dynamic set of the
@@ -1145,15 +849,15 @@ func (c *compiler) affinity(cp *compiledPart, ch *nft.Chain, sp *model.ServicePo
 		cp.part.Sets = append(cp.part.Sets, set)
 		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{
 			nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: set.Name}, nft.Verdict{Kind: nft.Goto, Chain: epChain},
-		}, Tag: cp.tag(PurposeAffinityLookup)})
+		}, Tag: cp.tag(purpose.AffinityLookup)})
 		pick := []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: epChain}}
 		if n := len(eps) - i; n > 1 {
 			pick = append([]nft.Stmt{nft.MatchNumgen{Mod: uint32(n)}}, pick...)
 		}
-		picks = append(picks, nft.Rule{Stmts: pick, Tag: cp.tag(PurposeAffinityPick)})
+		picks = append(picks, nft.Rule{Stmts: pick, Tag: cp.tag(purpose.AffinityPick)})
 		cp.part.Chains = append(cp.part.Chains, &nft.Chain{Name: epChain, Rules: []nft.Rule{
-			{Stmts: []nft.Stmt{nft.UpdateSaddr{Set: set.Name}}, Tag: cp.tag(PurposeAffinityRecord)},
-			{Stmts: []nft.Stmt{proto, nft.DNATTo{Addr: e.Addr, Port: e.Port}}, Comment: comment, Tag: cp.tag(PurposeEndpointDNAT)},
+			{Stmts: []nft.Stmt{nft.UpdateSaddr{Set: set.Name}}, Tag: cp.tag(purpose.AffinityRecord)},
+			{Stmts: []nft.Stmt{proto, nft.DNATTo{Addr: e.Addr, Port: e.Port}}, Comment: comment, Tag: cp.tag(purpose.EndpointDNAT)},
 		}})
 	}
 	ch.Rules = append(ch.Rules, picks...)
@@ -1198,19 +902,19 @@ func (c *compiler) firewall(cp *compiledPart, sp *model.ServicePort, lbIPs []net
 			Comment: truncateComment(comment + " source ranges")}
 		cp.part.Sets = append(cp.part.Sets, set)
 		elems := nft.MergeRanges(ranges)
-		tag := cp.tag(PurposeSourceRangeAllow)
+		tag := cp.tag(purpose.SourceRangeAllow)
 		for i := range elems {
 			elems[i].Tag = tag
 		}
 		cp.add(set.Name, elems...)
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: set.Name}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(PurposeSourceRangeAllow)})
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldSaddr}, Set: set.Name}, nft.Verdict{Kind: nft.Return}}, Tag: cp.tag(purpose.SourceRangeAllow)})
 	}
-	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: truncateComment(comment + " source ranges"), Tag: cp.tag(PurposeSourceRangeDrop)})
+	ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Drop}}, Comment: truncateComment(comment + " source ranges"), Tag: cp.tag(purpose.SourceRangeDrop)})
 	cp.part.Chains = append(cp.part.Chains, ch)
 	for _, ip := range lbIPs {
 		cp.add(MapFirewallIPs, nft.Element{
 			Key:     []nft.Value{nft.Addr(ip), nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))},
-			Verdict: &nft.Verdict{Kind: nft.Goto, Chain: name}, Comment: comment, Tag: cp.tag(PurposeSourceRanges),
+			Verdict: &nft.Verdict{Kind: nft.Goto, Chain: name}, Comment: comment, Tag: cp.tag(purpose.SourceRanges),
 		})
 	}
 }
@@ -1229,10 +933,10 @@ func (c *compiler) endpointMap(page uint32) *nft.Set {
 // port no service defines) and drops those to unallocated addresses of the service
 // CIDRs, which must never be forwarded.
 func (c *compiler) clusterIPsCheck() []nft.Rule {
-	rules := []nft.Rule{{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: SetClusterIPs}, nft.Reject{}}, Comment: "cluster IP port that no service defines", Tag: own(PurposeUndefinedPort)}}
+	rules := []nft.Rule{{Stmts: []nft.Stmt{nft.Lookup{Fields: []nft.Field{nft.FieldDaddr}, Set: SetClusterIPs}, nft.Reject{}}, Comment: "cluster IP port that no service defines", Tag: purpose.Table(purpose.UndefinedPort)}}
 	for _, cidr := range c.serviceCIDRs {
 		if cidr.Addr().Is6() == c.v6 {
-			rules = append(rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: cidr}, nft.Verdict{Kind: nft.Drop}}, Comment: "unallocated service IP", Tag: own(PurposeUnallocatedServiceIP)})
+			rules = append(rules, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: cidr}, nft.Verdict{Kind: nft.Drop}}, Comment: "unallocated service IP", Tag: purpose.Table(purpose.UnallocatedServiceIP)})
 		}
 	}
 	return rules
@@ -1242,7 +946,7 @@ func (c *compiler) clusterIPsCheck() []nft.Rule {
 // pages) and the chains that are not any service port's.
 func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	mark := c.cfg.masqMark()
-	rule := func(p Purpose, s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s, Tag: own(p)} }
+	rule := func(p purpose.Purpose, s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s, Tag: purpose.Table(p)} }
 	jump := func(ch string) nft.Verdict { return nft.Verdict{Kind: nft.Jump, Chain: ch} }
 	ctNew := nft.MatchCtStateNew{}
 
@@ -1257,56 +961,58 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 		}
 		nodePortMatch = []nft.Stmt{nft.MatchFibDaddrLocal{}, nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpNeq, Prefix: loopback}}
 	}
-	withNodePort := func(p Purpose, s ...nft.Stmt) nft.Rule { return rule(p, append(slices.Clip(nodePortMatch), s...)...) }
+	withNodePort := func(p purpose.Purpose, s ...nft.Stmt) nft.Rule {
+		return rule(p, append(slices.Clip(nodePortMatch), s...)...)
+	}
 	frontend := []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}
 	portKey := []nft.Field{nft.FieldL4Proto, nft.FieldTHDport}
 
 	chains := []*nft.Chain{
 		{Name: ChainServices, Rules: []nft.Rule{
-			rule(PurposeDispatch, nft.VMap{Fields: frontend, Map: MapServiceIPs}),
-			rule(PurposeFrontend, nft.Lookup{Fields: frontend, Set: SetClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainClusterFront}),
-			rule(PurposeFrontend, nft.Lookup{Fields: frontend, Set: SetExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainExternalFront}),
-			withNodePort(PurposeDispatch, nft.VMap{Fields: portKey, Map: MapServiceNodePorts}),
-			withNodePort(PurposeFrontend, nft.Lookup{Fields: portKey, Set: SetNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainNodePortFront}),
+			rule(purpose.Dispatch, nft.VMap{Fields: frontend, Map: MapServiceIPs}),
+			rule(purpose.Frontend, nft.Lookup{Fields: frontend, Set: SetClusterFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainClusterFront}),
+			rule(purpose.Frontend, nft.Lookup{Fields: frontend, Set: SetExternalFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainExternalFront}),
+			withNodePort(purpose.Dispatch, nft.VMap{Fields: portKey, Map: MapServiceNodePorts}),
+			withNodePort(purpose.Frontend, nft.Lookup{Fields: portKey, Set: SetNodePortFrontends}, nft.Verdict{Kind: nft.Goto, Chain: ChainNodePortFront}),
 		}},
-		{Name: ChainMarkMasq, Rules: []nft.Rule{rule(PurposeMarkBit, nft.SetMarkBits{Bits: mark})}},
+		{Name: ChainMarkMasq, Rules: []nft.Rule{rule(purpose.MarkBit, nft.SetMarkBits{Bits: mark})}},
 		{Name: ChainMasquerading, Rules: append(append([]nft.Rule{
-			rule(PurposeHairpin, nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: SetHairpin}, nft.Masquerade{FullyRandom: true}),
-			rule(PurposeMasquerade, nft.MatchMarkUnset{Bits: mark}, nft.Verdict{Kind: nft.Return}),
-			rule(PurposeMasquerade, nft.SetMarkBits{Bits: mark, Xor: true}),
-		}, c.noMasquerade()...), rule(PurposeMasquerade, c.masquerade()))},
+			rule(purpose.Hairpin, nft.MatchCtStatusDNAT{}, nft.Lookup{Fields: []nft.Field{nft.FieldSaddr, nft.FieldDaddr}, Set: SetHairpin}, nft.Masquerade{FullyRandom: true}),
+			rule(purpose.Masquerade, nft.MatchMarkUnset{Bits: mark}, nft.Verdict{Kind: nft.Return}),
+			rule(purpose.Masquerade, nft.SetMarkBits{Bits: mark, Xor: true}),
+		}, c.noMasquerade()...), rule(purpose.Masquerade, c.masquerade()))},
 		{Name: ChainEndpointsCheck, Rules: []nft.Rule{
-			rule(PurposeRejectNoEndpoints, nft.Lookup{Fields: frontend, Set: SetNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
-			rule(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: frontend, Set: SetNoLocalServices}, nft.Verdict{Kind: nft.Drop}),
-			withNodePort(PurposeRejectNoEndpoints, nft.Lookup{Fields: portKey, Set: SetNoEndpointNodePorts}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
-			withNodePort(PurposeDropNoLocalEndpoints, nft.Lookup{Fields: portKey, Set: SetNoLocalNodePorts}, nft.Verdict{Kind: nft.Drop}),
+			rule(purpose.RejectNoEndpoints, nft.Lookup{Fields: frontend, Set: SetNoEndpointServices}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
+			rule(purpose.DropNoLocalEndpoints, nft.Lookup{Fields: frontend, Set: SetNoLocalServices}, nft.Verdict{Kind: nft.Drop}),
+			withNodePort(purpose.RejectNoEndpoints, nft.Lookup{Fields: portKey, Set: SetNoEndpointNodePorts}, nft.Verdict{Kind: nft.Goto, Chain: ChainReject}),
+			withNodePort(purpose.DropNoLocalEndpoints, nft.Lookup{Fields: portKey, Set: SetNoLocalNodePorts}, nft.Verdict{Kind: nft.Drop}),
 		}},
 		{Name: ChainClusterIPsCheck, Rules: c.clusterIPsCheck()},
-		{Name: ChainFirewallCheck, Rules: []nft.Rule{rule(PurposeSourceRanges, nft.VMap{Fields: frontend, Map: MapFirewallIPs})}},
-		{Name: ChainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints", Tag: own(PurposeRejectNoEndpoints)}}},
+		{Name: ChainFirewallCheck, Rules: []nft.Rule{rule(purpose.SourceRanges, nft.VMap{Fields: frontend, Map: MapFirewallIPs})}},
+		{Name: ChainReject, Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Counter{}, nft.Reject{}}, Comment: "services without endpoints", Tag: purpose.Table(purpose.RejectNoEndpoints)}}},
 	}
 	chains = append(chains, c.flatChains()...)
 	// Every packet sent to a service address or node port updates its element's
 	// counters (kernel only; read for the per-service metrics).
 	counting := []nft.Rule{
-		rule(PurposeCount, nft.Lookup{Fields: frontend, Set: SetServiceCounters}),
-		withNodePort(PurposeCount, nft.Lookup{Fields: portKey, Set: SetNodePortCounters}),
+		rule(purpose.Count, nft.Lookup{Fields: frontend, Set: SetServiceCounters}),
+		withNodePort(purpose.Count, nft.Lookup{Fields: portKey, Set: SetNodePortCounters}),
 	}
 	base := func(name string, t nft.ChainType, h nft.HookPoint, prio int32, rules ...nft.Rule) *nft.Chain {
 		return &nft.Chain{Name: name, Hook: &nft.Hook{Type: t, Hook: h, Priority: prio}, Rules: rules}
 	}
 	chains = append(chains,
 		// Source ranges are checked before DNAT, on the load-balancer IP.
-		base(ChainFilterPreroutingPreDNAT, nft.TypeFilter, nft.Prerouting, -110, append(counting, rule(PurposeHook, ctNew, jump(ChainFirewallCheck)))...),
-		base(ChainFilterOutputPreDNAT, nft.TypeFilter, nft.Output, -110, append(counting, rule(PurposeHook, ctNew, jump(ChainFirewallCheck)))...),
+		base(ChainFilterPreroutingPreDNAT, nft.TypeFilter, nft.Prerouting, -110, append(counting, rule(purpose.Hook, ctNew, jump(ChainFirewallCheck)))...),
+		base(ChainFilterOutputPreDNAT, nft.TypeFilter, nft.Output, -110, append(counting, rule(purpose.Hook, ctNew, jump(ChainFirewallCheck)))...),
 		// The checks run after DNAT (filter priority 0): a packet that still has a
 		// service address as destination was not sent to an endpoint.
-		base(ChainFilterInput, nft.TypeFilter, nft.Input, 0, rule(PurposeHook, ctNew, jump(ChainEndpointsCheck))),
-		base(ChainFilterForward, nft.TypeFilter, nft.Forward, 0, rule(PurposeHook, ctNew, jump(ChainEndpointsCheck)), rule(PurposeHook, ctNew, jump(ChainClusterIPsCheck))),
-		base(ChainFilterOutput, nft.TypeFilter, nft.Output, 0, rule(PurposeHook, ctNew, jump(ChainEndpointsCheck)), rule(PurposeHook, ctNew, jump(ChainClusterIPsCheck))),
-		base(ChainNATPrerouting, nft.TypeNAT, nft.Prerouting, -100, rule(PurposeHook, jump(ChainServices))),
-		base(ChainNATOutput, nft.TypeNAT, nft.Output, -100, rule(PurposeHook, jump(ChainServices))),
-		base(ChainNATPostrouting, nft.TypeNAT, nft.Postrouting, 100, rule(PurposeHook, jump(ChainMasquerading))),
+		base(ChainFilterInput, nft.TypeFilter, nft.Input, 0, rule(purpose.Hook, ctNew, jump(ChainEndpointsCheck))),
+		base(ChainFilterForward, nft.TypeFilter, nft.Forward, 0, rule(purpose.Hook, ctNew, jump(ChainEndpointsCheck)), rule(purpose.Hook, ctNew, jump(ChainClusterIPsCheck))),
+		base(ChainFilterOutput, nft.TypeFilter, nft.Output, 0, rule(purpose.Hook, ctNew, jump(ChainEndpointsCheck)), rule(purpose.Hook, ctNew, jump(ChainClusterIPsCheck))),
+		base(ChainNATPrerouting, nft.TypeNAT, nft.Prerouting, -100, rule(purpose.Hook, jump(ChainServices))),
+		base(ChainNATOutput, nft.TypeNAT, nft.Output, -100, rule(purpose.Hook, jump(ChainServices))),
+		base(ChainNATPostrouting, nft.TypeNAT, nft.Postrouting, 100, rule(purpose.Hook, jump(ChainMasquerading))),
 	)
 	sets := []*nft.Set{c.clusterIPs, c.nodePortIPs, c.serviceIPs, c.serviceNodePorts,
 		c.noEndpointServices, c.noLocalServices, c.noEndpointNodePorts, c.noLocalNodePorts,
@@ -1331,7 +1037,7 @@ func (c *compiler) noMasquerade() []nft.Rule {
 	for _, p := range c.cfg.NoMasquerade {
 		if p.Addr().Is6() == c.v6 {
 			out = append(out, nft.Rule{Stmts: []nft.Stmt{nft.MatchPrefix{Field: nft.FieldDaddr, Op: nft.OpEq, Prefix: p.Masked()}, nft.Verdict{Kind: nft.Return}},
-				Comment: "destination keeps the source address", Tag: own(PurposeNoMasquerade)})
+				Comment: "destination keeps the source address", Tag: purpose.Table(purpose.NoMasquerade)})
 		}
 	}
 	return out

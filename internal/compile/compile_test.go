@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -190,7 +191,7 @@ func flatTargets(t *testing.T, rs *nft.Ruleset, sp model.ServicePortName) map[st
 		{SetNodePortFrontends, setNodePortEndpointCountBit, MapNodePortEndpoints},
 	} {
 		for _, e := range setNamed(rs, k.front).Elements {
-			if p, ok := ServicePortOf(e.Tag); !ok || p != sp {
+			if p, ok := purpose.ServicePortOf(e.Tag); !ok || p != sp {
 				continue
 			}
 			key := valuesString(e.Key)
@@ -430,7 +431,7 @@ func elements(t *testing.T, rs *nft.Ruleset, name string) map[string]string {
 		}
 		for _, f := range fronts {
 			for _, e := range setNamed(rs, f[0]).Elements {
-				sp, _ := ServicePortOf(e.Tag)
+				sp, _ := purpose.ServicePortOf(e.Tag)
 				out[valuesString(e.Key)] = "goto " + ChainName(f[1], sp)
 			}
 		}

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math/bits"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -75,20 +77,20 @@ func (c *compiler) flat(sp *model.ServicePort, internal, external int, nodePort 
 
 // flatService adds the elements of a flat service port: each frontend with endpoints in
 // its frontend set, its endpoint count's bits and its endpoint entries.
-func (c *compiler) flatService(cp *compiledPart, sp *model.ServicePort, p policy, won claims, internalEps, clusterEps []model.Endpoint, comment string) {
+func (c *compiler) flatService(cp *compiledPart, sp *model.ServicePort, p policy, won admit.Claims, internalEps, clusterEps []model.Endpoint, comment string) {
 	proto, port := nft.Num(uint32(sp.Name.Protocol)), nft.Num(uint32(sp.Port))
 	c.hairpinElements(cp, internalEps)
 	if p.hasInternal && len(internalEps) > 0 {
-		for _, ip := range won.internal {
+		for _, ip := range won.Internal {
 			c.flatFrontend(cp, SetClusterFrontends, setEndpointCountBit, MapEndpoints, []nft.Value{nft.Addr(ip), proto, port}, internalEps, comment)
 		}
 	}
-	if p.hasExternal && len(clusterEps) > 0 && (len(won.external) > 0 || won.nodePort != 0) {
-		for _, ip := range won.external {
+	if p.hasExternal && len(clusterEps) > 0 && (len(won.External) > 0 || won.NodePort != 0) {
+		for _, ip := range won.External {
 			c.flatFrontend(cp, SetExternalFrontends, setEndpointCountBit, MapEndpoints, []nft.Value{nft.Addr(ip), proto, port}, clusterEps, comment)
 		}
-		if won.nodePort != 0 {
-			c.flatFrontend(cp, SetNodePortFrontends, setNodePortEndpointCountBit, MapNodePortEndpoints, []nft.Value{proto, nft.Num(uint32(won.nodePort))}, clusterEps, comment)
+		if won.NodePort != 0 {
+			c.flatFrontend(cp, SetNodePortFrontends, setNodePortEndpointCountBit, MapNodePortEndpoints, []nft.Value{proto, nft.Num(uint32(won.NodePort))}, clusterEps, comment)
 		}
 		if !same(clusterEps, internalEps) {
 			c.hairpinElements(cp, clusterEps)
@@ -101,15 +103,15 @@ func (c *compiler) flatService(cp *compiledPart, sp *model.ServicePort, p policy
 func (c *compiler) flatFrontend(cp *compiledPart, frontSet, bitSet, epMap string, key []nft.Value, eps []model.Endpoint, comment string) {
 	key = key[:len(key):len(key)]
 	cp.flatMax = max(cp.flatMax, len(eps))
-	cp.add(frontSet, nft.Element{Key: key, Comment: comment, Tag: cp.tag(PurposeFrontend)})
-	bitTag := cp.tag(PurposeEndpointCount)
+	cp.add(frontSet, nft.Element{Key: key, Comment: comment, Tag: cp.tag(purpose.Frontend)})
+	bitTag := cp.tag(purpose.EndpointCount)
 	for b := range countBits {
 		if len(eps)>>b&1 == 1 {
 			cp.add(countBitSetName(bitSet, b), nft.Element{Key: key, Tag: bitTag})
 		}
 	}
 	cp.part.Elements = append(cp.part.Elements, nft.SetElements{Set: epMap,
-		Source: &endpointEntries{key: key, eps: eps, tag: cp.tag(PurposeEndpointSlot)}})
+		Source: &endpointEntries{key: key, eps: eps, tag: cp.tag(purpose.EndpointSlot)}})
 }
 
 // hairpinElements adds eps to the hairpin set: a pod reaching itself through a service
@@ -119,7 +121,7 @@ func (c *compiler) hairpinElements(cp *compiledPart, eps []model.Endpoint) {
 		return
 	}
 	cp.part.Elements = append(cp.part.Elements, nft.SetElements{Set: SetHairpin,
-		Source: &hairpinEntries{eps: eps, tag: cp.tag(PurposeHairpin)}})
+		Source: &hairpinEntries{eps: eps, tag: cp.tag(purpose.Hairpin)}})
 }
 
 // The endpoint entries and hairpin elements of a flat service port are two elements per
@@ -132,7 +134,7 @@ func (c *compiler) hairpinElements(cp *compiledPart, eps []model.Endpoint) {
 type endpointEntries struct {
 	key []nft.Value // the frontend
 	eps []model.Endpoint
-	tag *Tag
+	tag *purpose.Tag
 }
 
 func (s *endpointEntries) Len() int { return len(s.eps) }
@@ -153,7 +155,7 @@ func (s *endpointEntries) Element(i int, buf *nft.ElementBuf) *nft.Element {
 // hairpinEntries are the hairpin set's elements "endpoint . endpoint".
 type hairpinEntries struct {
 	eps []model.Endpoint
-	tag *Tag
+	tag *purpose.Tag
 }
 
 func (s *hairpinEntries) Len() int { return len(s.eps) }
@@ -193,7 +195,7 @@ func (c *compiler) flatSets() []*nft.Set {
 // flatChains returns the flat path's shared chains: the frontend chains (masquerade
 // marking) and the two trees that pick an endpoint.
 func (c *compiler) flatChains() []*nft.Chain {
-	rule := func(p Purpose, s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s, Tag: own(p)} }
+	rule := func(p purpose.Purpose, s ...nft.Stmt) nft.Rule { return nft.Rule{Stmts: s, Tag: purpose.Table(p)} }
 	jump := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Jump, Chain: ch} }
 	goTo := func(ch string) nft.Stmt { return nft.Verdict{Kind: nft.Goto, Chain: ch} }
 	root := treeNode(chainLB, 0, 1<<c.treeBits)
@@ -201,15 +203,15 @@ func (c *compiler) flatChains() []*nft.Chain {
 	cluster := &nft.Chain{Name: ChainClusterFront}
 	switch {
 	case c.cfg.MasqueradeAll:
-		cluster.Rules = append(cluster.Rules, rule(PurposeMarkAll, jump(ChainMarkMasq)))
+		cluster.Rules = append(cluster.Rules, rule(purpose.MarkAll, jump(ChainMarkMasq)))
 	case c.local.ok():
-		cluster.Rules = append(cluster.Rules, rule(PurposeMarkOffCluster, c.local.match(false), jump(ChainMarkMasq)))
+		cluster.Rules = append(cluster.Rules, rule(purpose.MarkOffCluster, c.local.match(false), jump(ChainMarkMasq)))
 	}
-	cluster.Rules = append(cluster.Rules, rule(PurposeToEndpoints, goTo(root)))
+	cluster.Rules = append(cluster.Rules, rule(purpose.ToEndpoints, goTo(root)))
 	chains := []*nft.Chain{
 		cluster,
-		{Name: ChainExternalFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(ChainMarkMasq)), rule(PurposeToEndpoints, goTo(root))}},
-		{Name: ChainNodePortFront, Rules: []nft.Rule{rule(PurposeMarkExternal, jump(ChainMarkMasq)), rule(PurposeToEndpoints, goTo(npRoot))}},
+		{Name: ChainExternalFront, Rules: []nft.Rule{rule(purpose.MarkExternal, jump(ChainMarkMasq)), rule(purpose.ToEndpoints, goTo(root))}},
+		{Name: ChainNodePortFront, Rules: []nft.Rule{rule(purpose.MarkExternal, jump(ChainMarkMasq)), rule(purpose.ToEndpoints, goTo(npRoot))}},
 	}
 	chains = appendTree(chains, c.treeBits, chainLB, setEndpointCountBit, MapEndpoints, frontendFields)
 	return appendTree(chains, c.treeBits, chainNodePortLB, setNodePortEndpointCountBit, MapNodePortEndpoints, nodePortFields)
@@ -227,19 +229,19 @@ func appendTree(chains []*nft.Chain, depth int, prefix, bitSet, epMap string, ke
 		half := size / 2
 		bit := nft.Lookup{Fields: key, Set: countBitSetName(bitSet, bits.TrailingZeros32(half))}
 		dnat := func(n uint32) nft.Rule {
-			return nft.Rule{Stmts: []nft.Stmt{nft.DNATKeyMap{Fields: key, Mod: n, Map: epMap}}, Tag: own(PurposeEndpointDNAT)}
+			return nft.Rule{Stmts: []nft.Stmt{nft.DNATKeyMap{Fields: key, Mod: n, Map: epMap}}, Tag: purpose.Table(purpose.EndpointDNAT)}
 		}
 		if half == 1 {
-			ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{bit, nft.DNATKeyMap{Fields: key, Mod: lo + 1, Map: epMap}}, Tag: own(PurposeEndpointDNAT)})
+			ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{bit, nft.DNATKeyMap{Fields: key, Mod: lo + 1, Map: epMap}}, Tag: purpose.Table(purpose.EndpointDNAT)})
 			if lo > 0 {
 				ch.Rules = append(ch.Rules, dnat(lo))
 			}
 			return ch.Name
 		}
 		upper := node(lo+half, half)
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{bit, nft.Verdict{Kind: nft.Goto, Chain: upper}}, Tag: own(PurposeEndpointCount)})
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{bit, nft.Verdict{Kind: nft.Goto, Chain: upper}}, Tag: purpose.Table(purpose.EndpointCount)})
 		lower := node(lo, half)
-		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: lower}}, Tag: own(PurposeEndpointCount)})
+		ch.Rules = append(ch.Rules, nft.Rule{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Goto, Chain: lower}}, Tag: purpose.Table(purpose.EndpointCount)})
 		return ch.Name
 	}
 	node(0, 1<<depth)
@@ -251,4 +253,9 @@ func appendTree(chains []*nft.Chain, depth int, prefix, bitSet, epMap string, ke
 func (s *Slots) growTree(n int) int {
 	s.treeBits = max(s.treeBits, minTreeBits, bits.Len(uint(n)))
 	return s.treeBits
+}
+
+// same reports whether a and b are the same slice (equal without a look at the elements).
+func same[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -89,7 +90,7 @@ func randomChange(r *rand.Rand, all []model.ServicePort, cur map[model.ServicePo
 // with the same slot history, that unchanged service ports keep their Part, and that
 // changed ones get a new one. Unchanged service ports keep their pointer from one
 // snapshot to the next, as the model cache's do: the claims and the limits follow the
-// changes only (claims.go, budget.go), and must agree with a fresh compile's. With
+// changes only (internal/admit), and must agree with a fresh compile's. With
 // limits, the Services set aside change along the walk.
 func TestCompilerIncremental(t *testing.T) {
 	for _, limited := range []bool{false, true} {
@@ -97,7 +98,7 @@ func TestCompilerIncremental(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/limits=%v", fam, limited), func(t *testing.T) {
 				cfg := configFor(fam)
 				if limited {
-					cfg.Limits = Limits{MaxFrontendsPerService: 4, MaxEndpointsPerServicePort: 6, MaxElements: 300}
+					cfg.Limits = admit.Limits{MaxFrontendsPerService: 4, MaxEndpointsPerServicePort: 6, MaxElements: 300}
 				}
 				walkIncremental(t, fam, cfg)
 			})

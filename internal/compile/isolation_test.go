@@ -124,7 +124,7 @@ func TestIsolation(t *testing.T) {
 				withLB(withExt(nsPort("evil", "x", tcp, 80, "10.96.5.14", 0, "10.244.9.9"), "127.0.0.1", "169.254.169.254", "0.0.0.0"), "224.0.0.1", "255.255.255.255"),
 			},
 			want: map[string]string{"10.96.5.14 . 6 . 80": "goto svc-evil/x/tcp/p"},
-			problems: []string{ // sorted: claims.go reports them in order
+			problems: []string{ // sorted: internal/admit reports them in order
 				"externalIP 0.0.0.0 is the unspecified address, refused",
 				"externalIP 127.0.0.1 is a loopback address, refused",
 				"externalIP 169.254.169.254 is a link-local address, refused",

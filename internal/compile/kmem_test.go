@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft/kernel"
@@ -65,7 +66,7 @@ func kernelCost(t *testing.T, sps []model.ServicePort) (grew int64, cost int) {
 		cost += ElementCost(&sps[i])
 	}
 	cfg := testConfig()
-	cfg.Limits = DefaultLimits()
+	cfg.Limits = admit.DefaultLimits()
 	rs, problems := Compile(snapshot(sps...), cfg, NewSlots())
 	if len(problems) > 0 {
 		t.Fatalf("the default limits refuse the object: %v", problems)
@@ -126,10 +127,10 @@ func TestKernelMemory(t *testing.T) {
 		build func(scale int) []model.ServicePort
 	}{
 		{"ClientIP affinity, one port with the most endpoints", func(scale int) []model.ServicePort {
-			return affinityService(DefaultMaxEndpointsPerServicePort / scale)
+			return affinityService(admit.DefaultMaxEndpointsPerServicePort / scale)
 		}},
 		{"for reference: one port with the most endpoints, without affinity", func(scale int) []model.ServicePort {
-			sps := affinityService(DefaultMaxEndpointsPerServicePort / scale)
+			sps := affinityService(admit.DefaultMaxEndpointsPerServicePort / scale)
 			sps[0].AffinityTimeout = 0
 			return sps
 		}},
@@ -144,7 +145,7 @@ func TestKernelMemory(t *testing.T) {
 			return out
 		}},
 		{"source ranges, the most ranges on ten ports", func(scale int) []model.ServicePort {
-			return rangesService(10, DefaultMaxSourceRangesPerService/scale)
+			return rangesService(10, admit.DefaultMaxSourceRangesPerService/scale)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -63,7 +64,7 @@ func TestLayoutDescribesEveryObject(t *testing.T) {
 				objects++
 			}
 			for _, p := range rs.Parts {
-				owner, ok := ServicePortOf(p.Tag)
+				owner, ok := purpose.ServicePortOf(p.Tag)
 				if !ok {
 					t.Fatalf("%s: part %s has no service port", where, p.Owner)
 				}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -57,27 +58,27 @@ func TestLimits(t *testing.T) {
 	web := nsPort("shop", "web", tcp, 80, "10.96.0.20", 0, "10.244.1.80")
 	for _, tc := range []struct {
 		name     string
-		limits   Limits
+		limits   admit.Limits
 		services []model.ServicePort
 		want     map[string]string // service-ips
 		problems []string
 	}{
 		{
 			name:     "a Service over the frontend cap is set aside, the others are programmed",
-			limits:   Limits{MaxFrontendsPerService: 100},
+			limits:   admit.Limits{MaxFrontendsPerService: 100},
 			services: append(hostile("evil", "wide", 5, 20, 0), web), // 5 × (1 + 20) = 105
 			want:     map[string]string{"10.96.0.20 . 6 . 80": "goto svc-shop/web/tcp/p"},
 			problems: []string{"Service evil/wide: 105 frontends (ports × cluster, external and load-balancer IPs), more than --max-frontends-per-service=100: the Service is not programmed"},
 		},
 		{
 			name:     "at the frontend cap: programmed",
-			limits:   Limits{MaxFrontendsPerService: 105},
+			limits:   admit.Limits{MaxFrontendsPerService: 105},
 			services: hostile("evil", "wide", 5, 20, 0),
 			problems: nil,
 		},
 		{
 			name:   "a port over the endpoint cap sets its Service aside",
-			limits: Limits{MaxEndpointsPerServicePort: 3},
+			limits: admit.Limits{MaxEndpointsPerServicePort: 3},
 			services: []model.ServicePort{
 				nsPort("evil", "many", tcp, 80, "10.96.5.1", 0, "10.244.9.1", "10.244.9.2", "10.244.9.3", "10.244.9.4"),
 				nsPort("shop", "three", tcp, 80, "10.96.5.2", 0, "10.244.1.1", "10.244.1.2", "10.244.1.3"),
@@ -88,7 +89,7 @@ func TestLimits(t *testing.T) {
 		{
 			// each of these costs 2 × (1 cluster IP + 1 endpoint) = 4 elements
 			name:   "over the table budget the newest Services are set aside, whatever their names",
-			limits: Limits{MaxElements: 8},
+			limits: admit.Limits{MaxElements: 8},
 			services: []model.ServicePort{
 				nsPort("a", "newest", tcp, 80, "10.96.6.1", 3*time.Hour, "10.244.6.1"),
 				nsPort("b", "oldest", tcp, 80, "10.96.6.2", time.Hour, "10.244.6.2"),
@@ -104,7 +105,7 @@ func TestLimits(t *testing.T) {
 		},
 		{
 			name:   "a Service over the endpoint cap in total is set aside alone",
-			limits: Limits{MaxEndpointsPerService: 10},
+			limits: admit.Limits{MaxEndpointsPerService: 10},
 			services: []model.ServicePort{
 				withPort(nsPort("evil", "multi", tcp, 80, "10.96.7.1", 0, "10.244.9.1", "10.244.9.2", "10.244.9.3", "10.244.9.4"), "a"),
 				withPort(nsPort("evil", "multi", tcp, 81, "10.96.7.1", 0, "10.244.9.1", "10.244.9.2", "10.244.9.3", "10.244.9.4"), "b"),
@@ -148,7 +149,7 @@ func TestLimits(t *testing.T) {
 // over its ports with the default limits: none of its 200,000 frontends is compiled.
 func TestHostileServiceWithDefaultLimits(t *testing.T) {
 	cfg := testConfig()
-	cfg.Limits = DefaultLimits()
+	cfg.Limits = admit.DefaultLimits()
 	evil := hostile("evil", "wide", 100, 2000, 0)
 	web := nsPort("shop", "web", tcp, 80, "10.96.0.20", 0, "10.244.1.80")
 	rs, problems := Compile(snapshot(append(evil, web)...), cfg, NewSlots())
@@ -241,7 +242,7 @@ func TestBudgetTenantCannotStarveLaterNamespace(t *testing.T) {
 	evilB := bigService("evil", "fill-b", "10.96.8.2", 4, 200, 2*time.Hour)
 	web := nsPort("shop", "web", tcp, 80, "10.96.0.20", 3*time.Hour, "10.244.1.80") // the newest
 	cfg := testConfig()
-	cfg.Limits = Limits{MaxElements: costOf(evilA, evilB)} // the tenant alone fills it exactly
+	cfg.Limits = admit.Limits{MaxElements: costOf(evilA, evilB)} // the tenant alone fills it exactly
 	sps := append(append(append([]model.ServicePort(nil), evilA...), evilB...), web)
 	rs, problems := Compile(snapshot(sortedPorts(sps)...), cfg, NewSlots())
 	if !programmed(t, rs, "10.96.0.20", 80) {
@@ -283,7 +284,7 @@ func TestBudgetRecreatedServiceIsProgrammedAgain(t *testing.T) {
 	evilB := bigService("evil", "fill-b", "10.96.8.2", 4, 200, 2*time.Hour)
 	web := nsPort("shop", "web", tcp, 80, "10.96.0.20", 0, "10.244.1.80", "10.244.1.81")
 	cfg := testConfig()
-	cfg.Limits = Limits{MaxElements: costOf(evilA, evilB)}
+	cfg.Limits = admit.Limits{MaxElements: costOf(evilA, evilB)}
 	cc := NewCompiler(cfg, NewSlots())
 	for _, step := range []struct {
 		name      string
@@ -350,7 +351,7 @@ func TestBudgetSharesBetweenNamespaces(t *testing.T) {
 	cfg := testConfig()
 	// 130: a needs 10 (within), b and c share 120: 60 each. b keeps one (40) and three
 	// (20) = 60; c keeps one (60). Left: 0, so b/two and c/two are set aside.
-	cfg.Limits = Limits{MaxElements: 130}
+	cfg.Limits = admit.Limits{MaxElements: 130}
 	rs, problems := Compile(snapshot(sortedPorts(sps)...), cfg, NewSlots())
 	got := map[string]bool{}
 	for _, p := range problems {
@@ -389,31 +390,6 @@ func TestBudgetSharesBetweenNamespaces(t *testing.T) {
 	}
 }
 
-func TestFairShares(t *testing.T) {
-	for _, tc := range []struct {
-		demands      map[string]int
-		total        int
-		share, taken int
-		over         string
-	}{
-		{map[string]int{"a": 10, "b": 20}, 30, 0, 30, "[]"}, // all fit: share is what is left
-		{map[string]int{"a": 10, "b": 100, "c": 100}, 100, 45, 10, "[b c]"},
-		{map[string]int{"a": 50, "b": 50}, 99, 49, 0, "[a b]"},
-		{map[string]int{"a": 33, "b": 33, "c": 1000}, 100, 34, 66, "[c]"},
-		{map[string]int{"a": 33, "b": 34, "c": 1000}, 100, 33, 33, "[b c]"}, // b needs more than half of the 67 a leaves
-		{map[string]int{"x": 1000}, 100, 100, 0, "[x]"},
-	} {
-		var d []nsDemand
-		for ns, c := range tc.demands {
-			d = append(d, nsDemand{ns, c})
-		}
-		share, taken, over := fairShares(d, tc.total)
-		if share != tc.share || taken != tc.taken || fmt.Sprint(over) != tc.over {
-			t.Errorf("fairShares(%v, %d) = %d, %d, %v; want %d, %d, %s", tc.demands, tc.total, share, taken, over, tc.share, tc.taken, tc.over)
-		}
-	}
-}
-
 // The budget's incremental bookkeeping (per namespace, over-limit Services) agrees with
 // a fresh compile's along random changes, with a budget tight enough to be shared most
 // of the time and a cap on each Service's endpoints.
@@ -421,7 +397,7 @@ func TestCompilerIncrementalBudget(t *testing.T) {
 	for _, fam := range []nft.Family{nft.IPv4, nft.IPv6} {
 		t.Run(fam.String(), func(t *testing.T) {
 			cfg := configFor(fam)
-			cfg.Limits = Limits{MaxEndpointsPerService: 8, MaxElements: 80}
+			cfg.Limits = admit.Limits{MaxEndpointsPerService: 8, MaxElements: 80}
 			// a Maglev port alone costs 50 times this budget: its namespace would take its
 			// share and leave the others too little for the walk to reuse parts
 			walkIncremental(t, fam, cfg, func(sp model.ServicePort) bool { return sp.Balancing == model.BalancingMaglev })
@@ -473,11 +449,11 @@ func BenchmarkBudgetAddOneService(b *testing.B) {
 	}
 	for _, tc := range []struct {
 		name   string
-		limits Limits
+		limits admit.Limits
 	}{
-		{"limits=off", Limits{}},
-		{"under-budget", DefaultLimits()},
-		{"over-budget", Limits{MaxElements: total - tenant*3/4}},
+		{"limits=off", admit.Limits{}},
+		{"under-budget", admit.DefaultLimits()},
+		{"over-budget", admit.Limits{MaxElements: total - tenant*3/4}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			cfg := testConfig()
@@ -545,7 +521,7 @@ func TestSourceRangesAndAffinityCost(t *testing.T) {
 	}
 
 	cfg := testConfig()
-	cfg.Limits = Limits{MaxSourceRangesPerService: 499}
+	cfg.Limits = admit.Limits{MaxSourceRangesPerService: 499}
 	web := nsPort("shop", "web", tcp, 80, "10.96.0.20", 0, "10.244.1.80")
 	rs, problems := Compile(snapshot(append(rangesService(3, 500), web)...), cfg, NewSlots())
 	checkProblems(t, problems, []string{"Service default/fenced: 500 loadBalancerSourceRanges, more than --max-source-ranges-per-service=499: the Service is not programmed"})

@@ -2,84 +2,14 @@ package compile
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/internal/maglev"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
 )
-
-func maglevKeys(n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf("10.244.%d.%d:8080", i/250, 1+i%250)
-	}
-	return out
-}
-
-// TestMaglevTable: every entry filled, shares within the bound of the table size, the
-// same table whatever the order of the endpoints, and removing one of ten endpoints
-// moves at most 12 % of 10,000 hash inputs (a random choice would move about 90 %).
-func TestMaglevTable(t *testing.T) {
-	for _, n := range []int{1, 2, 3, 10, 41, 100, 200, 1000} {
-		keys := maglevKeys(n)
-		m := maglevSize(n)
-		tab := maglevTable(keys, m)
-		if len(tab) != m {
-			t.Fatalf("n=%d: table of %d entries, want %d", n, len(tab), m)
-		}
-		count := make([]int, n)
-		for _, e := range tab {
-			if e < 0 || e >= n {
-				t.Fatalf("n=%d: entry %d", n, e)
-			}
-			count[e]++
-		}
-		fair := float64(m) / float64(n)
-		lo, hi := slices.Min(count), slices.Max(count)
-		if n*100 <= MaglevMaxSize && (float64(hi) > fair*1.1+1 || float64(lo) < fair*0.9-1) {
-			t.Errorf("n=%d m=%d: shares %d..%d, fair %.1f", n, m, lo, hi, fair)
-		}
-		shuffled := slices.Clone(keys)
-		rand.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-		tab2 := maglevTable(shuffled, m)
-		for i := range tab {
-			if keys[tab[i]] != shuffled[tab2[i]] {
-				t.Fatalf("n=%d: entry %d differs with the endpoints in another order", n, i)
-			}
-		}
-	}
-	if maglevTable(nil, 61) != nil {
-		t.Error("no endpoints: want no table")
-	}
-
-	keys := maglevKeys(10)
-	m := maglevSize(10)
-	before := maglevTable(keys, m)
-	removed := 3
-	rest := slices.Delete(slices.Clone(keys), removed, removed+1)
-	after := maglevTable(rest, m)
-	const inputs = 10000
-	rng := rand.New(rand.NewPCG(1, 2))
-	moved, onRemoved := 0, 0
-	for range inputs {
-		b := rng.IntN(m)
-		if keys[before[b]] != rest[after[b]] {
-			moved++
-		}
-		if before[b] == removed {
-			onRemoved++
-		}
-	}
-	frac := float64(moved) / inputs
-	t.Logf("10 → 9 endpoints, table %d: %.1f %% of %d inputs moved (%.1f %% were on the removed endpoint)", m, 100*frac, inputs, 100*float64(onRemoved)/inputs)
-	if frac > 0.12 {
-		t.Errorf("%.1f %% of flows moved, want at most 12 %%", 100*frac)
-	}
-}
 
 // maglevSnapshot is one UDP ClusterIP port with n endpoints and the given balancing.
 func maglevSnapshot(n int, bal model.Balancing) *model.Snapshot {
@@ -94,7 +24,7 @@ func maglevSnapshot(n int, bal model.Balancing) *model.Snapshot {
 }
 
 // TestMaglevPort: a consistently hashed port is chained, hashes the client's address and
-// port with the fixed seed into its own table of maglevSize slots filled as maglevTable
+// port with the fixed seed into its own table of maglev.Size slots filled as maglev.Table
 // says, costs that table in the budget (annotated or by default), and an endpoint
 // change rewrites only slot elements (no rule, no chain): kernel cost flat.
 func TestMaglevPort(t *testing.T) {
@@ -111,18 +41,18 @@ func TestMaglevPort(t *testing.T) {
 			}
 		}
 	}
-	if hash == nil || hash.Mod != 4093 || hash.Seed != MaglevSeed {
-		t.Fatalf("DNAT rule %+v, want jhash mod 4093 seed %#x:\n%s", hash, MaglevSeed, nft.Render(rs))
+	if hash == nil || hash.Mod != 4093 || hash.Seed != maglev.Seed {
+		t.Fatalf("DNAT rule %+v, want jhash mod 4093 seed %#x:\n%s", hash, maglev.Seed, nft.Render(rs))
 	}
 	slots := elements(t, rs, hash.Map)
 	if len(slots) != 4093 {
 		t.Fatalf("%d slots in %s, want 4093", len(slots), hash.Map)
 	}
-	keys := maglevKeys(0)
+	var keys []string
 	for i := range 10 {
 		keys = append(keys, fmt.Sprintf("10.244.1.%d:5060", i+1))
 	}
-	tab := maglevTable(keys, 4093)
+	tab := maglev.Table(keys, 4093)
 	for i, k := range tab {
 		key := fmt.Sprint(hash.Offset + uint32(i))
 		if got, want := slots[key], strings.Replace(keys[k], ":", " . ", 1); got != want {
@@ -148,8 +78,7 @@ func TestMaglevPort(t *testing.T) {
 	if hashed-plain != 4093-10 {
 		t.Errorf("ElementCost: %d with Maglev, %d without; want 4083 more", hashed, plain)
 	}
-	lim := NewCompiler(cfg, NewSlots()).cfg.Limits
-	if got := lim.cost(maglevSnapshot(10, model.BalancingDefault).Services[0]); got != hashed {
+	if got := cfg.cost(maglevSnapshot(10, model.BalancingDefault).Services[0]); got != hashed {
 		t.Errorf("cost under the Maglev default: %d, want %d", got, hashed)
 	}
 

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/nft"
 )
@@ -11,7 +12,7 @@ import (
 // The node port addresses come with the snapshot: they fill nodeport-ips and protect
 // nftproxy's own ports, and a change of them alone compiles the service ports again.
 func TestSnapshotNodePortAddrs(t *testing.T) {
-	cfg := Config{Family: nft.IPv4, MasqueradeBit: 14, ServedPorts: []uint16{10256}}
+	cfg := Config{Family: nft.IPv4, MasqueradeBit: 14, Policy: admit.Policy{ServedPorts: []uint16{10256}}}
 	services := []model.ServicePort{{
 		Name:       spn("web", "health", model.ProtoTCP),
 		ClusterIPs: ips("10.96.0.1"), ExternalIPs: ips("192.0.2.20"), Port: 10256,

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -17,27 +18,27 @@ func TestTags(t *testing.T) {
 			rs, _ := NewCompiler(configFor(fam), NewSlots()).Compile(snap)
 			for _, c := range rs.Chains {
 				for _, r := range c.Rules {
-					if _, ok := ServicePortOf(r.Tag); ok || PurposeOf(r.Tag) == PurposeNone {
+					if _, ok := purpose.ServicePortOf(r.Tag); ok || purpose.Of(r.Tag) == purpose.None {
 						t.Errorf("%s %s: table rule %s %v: tag %v, want a purpose without a service port", name, fam, c.Name, r.Stmts, r.Tag)
 					}
 				}
 			}
 			for _, p := range rs.Parts {
-				sp, ok := ServicePortOf(p.Tag)
-				if !ok || PurposeOf(p.Tag) != PurposeServicePort || p.Owner != ChainName("port", sp) {
+				sp, ok := purpose.ServicePortOf(p.Tag)
+				if !ok || purpose.Of(p.Tag) != purpose.ServicePort || p.Owner != ChainName("port", sp) {
 					t.Errorf("%s %s: part %s: tag %v", name, fam, p.Owner, p.Tag)
 					continue
 				}
 				for _, c := range p.Chains {
 					for _, r := range c.Rules {
-						if got, ok := ServicePortOf(r.Tag); !ok || got != sp || PurposeOf(r.Tag) == PurposeServicePort {
+						if got, ok := purpose.ServicePortOf(r.Tag); !ok || got != sp || purpose.Of(r.Tag) == purpose.ServicePort {
 							t.Errorf("%s %s: rule %v of %s: tag %v", name, fam, r.Stmts, c.Name, r.Tag)
 						}
 					}
 				}
 				for _, se := range p.Elements {
 					for _, e := range se.All() {
-						if got, ok := ServicePortOf(e.Tag); !ok || got != sp || PurposeOf(e.Tag) == PurposeServicePort {
+						if got, ok := purpose.ServicePortOf(e.Tag); !ok || got != sp || purpose.Of(e.Tag) == purpose.ServicePort {
 							t.Errorf("%s %s: element %v of %s: tag %v", name, fam, e.Key, se.Set, e.Tag)
 						}
 					}
@@ -48,20 +49,20 @@ func TestTags(t *testing.T) {
 }
 
 // purposesOf counts the purposes of one service port's rules and elements.
-func purposesOf(rs *nft.Ruleset, sp model.ServicePortName) map[Purpose]int {
-	out := map[Purpose]int{}
+func purposesOf(rs *nft.Ruleset, sp model.ServicePortName) map[purpose.Purpose]int {
+	out := map[purpose.Purpose]int{}
 	for _, p := range rs.Parts {
-		if got, _ := ServicePortOf(p.Tag); got != sp {
+		if got, _ := purpose.ServicePortOf(p.Tag); got != sp {
 			continue
 		}
 		for _, c := range p.Chains {
 			for _, r := range c.Rules {
-				out[PurposeOf(r.Tag)]++
+				out[purpose.Of(r.Tag)]++
 			}
 		}
 		for _, se := range p.Elements {
 			for _, e := range se.All() {
-				out[PurposeOf(e.Tag)]++
+				out[purpose.Of(e.Tag)]++
 			}
 		}
 	}
@@ -74,11 +75,11 @@ func TestTagPurposes(t *testing.T) {
 	etpLocal := snap.Services[1].Name
 	got := purposesOf(rs, etpLocal)
 	// a cluster IP, a load-balancer IP and a node port; one local and one remote endpoint
-	want := map[Purpose]int{
-		PurposeClusterIP: 1, PurposeDispatch: 3, PurposeCount: 3, PurposeSourceRanges: 1,
-		PurposeSourceRangeAllow: 3 /* the lookup rule; the range, and the node via the VIP, in its set */, PurposeSourceRangeDrop: 1, PurposeMarkOffCluster: 1,
-		PurposeShortCircuitPods: 1, PurposeMarkLocalSource: 1, PurposeShortCircuitLocal: 1, PurposeToEndpoints: 1,
-		PurposeEndpointDNAT: 2, PurposeEndpointSlot: 3, PurposeHairpin: 3,
+	want := map[purpose.Purpose]int{
+		purpose.ClusterIP: 1, purpose.Dispatch: 3, purpose.Count: 3, purpose.SourceRanges: 1,
+		purpose.SourceRangeAllow: 3 /* the lookup rule; the range, and the node via the VIP, in its set */, purpose.SourceRangeDrop: 1, purpose.MarkOffCluster: 1,
+		purpose.ShortCircuitPods: 1, purpose.MarkLocalSource: 1, purpose.ShortCircuitLocal: 1, purpose.ToEndpoints: 1,
+		purpose.EndpointDNAT: 2, purpose.EndpointSlot: 3, purpose.Hairpin: 3,
 	}
 	for p, n := range want {
 		if got[p] != n {
@@ -87,11 +88,11 @@ func TestTagPurposes(t *testing.T) {
 	}
 	// no local endpoint: its external frontends drop, tagged so, not by the verdict
 	remoteOnly := purposesOf(rs, snap.Services[2].Name)
-	if remoteOnly[PurposeDropNoLocalEndpoints] != 1 || remoteOnly[PurposeRejectNoEndpoints] != 0 {
+	if remoteOnly[purpose.DropNoLocalEndpoints] != 1 || remoteOnly[purpose.RejectNoEndpoints] != 0 {
 		t.Errorf("%s: purposes %v, want one drop for the node port", snap.Services[2].Name, remoteOnly)
 	}
 	affinity := purposesOf(rs, snap.Services[0].Name)
-	if affinity[PurposeAffinityLookup] != 3 || affinity[PurposeAffinityPick] != 3 || affinity[PurposeAffinityRecord] != 3 || affinity[PurposeEndpointDNAT] != 3 {
+	if affinity[purpose.AffinityLookup] != 3 || affinity[purpose.AffinityPick] != 3 || affinity[purpose.AffinityRecord] != 3 || affinity[purpose.EndpointDNAT] != 3 {
 		t.Errorf("%s: purposes %v, want 3 affinity lookups, picks, records and DNATs", snap.Services[0].Name, affinity)
 	}
 }
@@ -115,7 +116,7 @@ func TestTagsLongNames(t *testing.T) {
 				continue
 			}
 			for _, e := range se.All() {
-				sp, _ := ServicePortOf(e.Tag)
+				sp, _ := purpose.ServicePortOf(e.Tag)
 				byKey[e.Key[2].Num()] = sp
 				comments[e.Comment] = true
 			}

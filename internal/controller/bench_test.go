@@ -11,7 +11,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
@@ -60,7 +60,7 @@ func newBenchProxy(b testing.TB, svcs []*v1.Service, slices []*discovery.Endpoin
 	for _, s := range slices {
 		_ = bp.sliceStore.Add(s)
 	}
-	cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits(), Metrics: metrics.Nop{}} // the defaults the proxy runs with
+	cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: admit.DefaultLimits(), Metrics: metrics.Nop{}} // the defaults the proxy runs with
 	src := source.NewFromStores(source.Config{NodeName: cfg.NodeName}, bp.svcStore, bp.sliceStore, newStore(), logr.Discard())
 	bp.p = &Proxy{cfg: cfg, log: logr.Discard(), reported: map[model.Problem]bool{}, src: src, lists: src.Lists,
 		pipeline: pipeline.New()}
@@ -171,7 +171,7 @@ func BenchmarkColdSync(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			svcs, slices := benchObjects(n)
-			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits()} // the defaults the proxy runs with
+			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: admit.DefaultLimits()} // the defaults the proxy runs with
 			var kernelTime time.Duration
 			for b.Loop() {
 				b.StopTimer()
@@ -203,7 +203,7 @@ func BenchmarkColdSyncHeap(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			svcs, slices := benchObjects(n)
-			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: compile.DefaultLimits()} // the defaults the proxy runs with
+			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: admit.DefaultLimits()} // the defaults the proxy runs with
 			var kept uint64
 			for b.Loop() {
 				b.StopTimer()

@@ -23,6 +23,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
@@ -90,9 +91,9 @@ type Config struct {
 	MasqueradeToNodeIP bool
 	// DefaultBalancing: --load-balancing (compile.Config.DefaultBalancing).
 	DefaultBalancing model.Balancing
-	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
+	// Limits bound what one Service, and the whole table, may cost (admit.Limits;
 	// zero: no limits).
-	Limits compile.Limits
+	Limits admit.Limits
 }
 
 // Pipeline is what the pipeline reads of the configuration.

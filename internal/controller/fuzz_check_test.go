@@ -17,6 +17,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/pipeline"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/trace"
 )
@@ -546,12 +547,12 @@ func checkKeyMaps(rs *nft.Ruleset, sets map[string]*nft.Set, chains map[string]*
 				}
 				g.reached = true
 				want := map[string]float64{}
-				sp, tagged := compile.ServicePortOf(fe.Tag)
+				sp, tagged := purpose.ServicePortOf(fe.Tag)
 				for _, e := range g.entries {
 					if len(e.Data) == 2 {
 						want[netip.AddrPortFrom(e.Data[0].Addr(), uint16(e.Data[1].Num())).String()] += 1 / float64(len(g.entries))
 					}
-					if esp, ok := compile.ServicePortOf(e.Tag); tagged && ok && esp != sp {
+					if esp, ok := purpose.ServicePortOf(e.Tag); tagged && ok && esp != sp {
 						bad("%s: entry %s of %s serves %s, not %s", where, describeElement(km, e), m, esp, sp)
 					}
 				}
@@ -994,7 +995,7 @@ func TestChecksCatchCorruption(t *testing.T) {
 		}, "want its entries"},
 		{"clusterip", "entry of another service port", func(rs *nft.Ruleset) {
 			s := webEntries(rs)
-			s.Elements[0].Tag = &compile.Tag{Port: &model.ServicePortName{Namespace: "x", Name: "y"}, Purpose: compile.PurposeEndpointSlot}
+			s.Elements[0].Tag = &purpose.Tag{Port: &model.ServicePortName{Namespace: "x", Name: "y"}, Purpose: purpose.EndpointSlot}
 		}, "serves x/y"},
 		{"clusterip", "orphan entries", func(rs *nft.Ruleset) {
 			s := set(rs, "cluster-frontends")

@@ -27,6 +27,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/model"
@@ -117,7 +118,7 @@ func isolationConfig() controller.Config {
 		NodePortAddresses: parseNodePorts([]string{"all"}),
 		LocalAddrs:        func() ([]netip.Addr, error) { return localAddrs, nil },
 		ServedPorts:       []uint16{10256, 10249},
-		Limits:            compile.Limits{MaxFrontendsPerService: 12, MaxEndpointsPerServicePort: 64, MaxElements: 2000},
+		Limits:            admit.Limits{MaxFrontendsPerService: 12, MaxEndpointsPerServicePort: 64, MaxElements: 2000},
 	}
 }
 

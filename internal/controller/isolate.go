@@ -7,8 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
@@ -211,7 +211,7 @@ func servicePortOf(part *nft.Part) model.ServicePortName {
 	if part == nil {
 		return model.ServicePortName{}
 	}
-	if sp, ok := compile.ServicePortOf(part.Tag); ok {
+	if sp, ok := purpose.ServicePortOf(part.Tag); ok {
 		return sp
 	}
 	return model.ServicePortName{Name: part.Owner}

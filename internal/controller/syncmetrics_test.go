@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
 	"github.com/nftproxy/nftproxy/internal/source"
@@ -236,7 +236,7 @@ func TestSetAsideReported(t *testing.T) {
 	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("small", "small-1", "10.244.3.1"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	limits := compile.DefaultLimits()
+	limits := admit.DefaultLimits()
 	limits.MaxEndpointsPerServicePort = 2
 	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
 		Limits: limits, Metrics: rec}, logr.Discard())

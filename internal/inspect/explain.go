@@ -9,6 +9,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/trace"
 )
@@ -226,7 +227,7 @@ func formatResult(w io.Writer, res *trace.Result, sc scene) {
 func hasAffinity(res *trace.Result) bool {
 	for _, o := range res.Outcomes {
 		for _, s := range o.Path {
-			if compile.PurposeOf(s.Rule.Tag) == compile.PurposeAffinityRecord {
+			if purpose.Of(s.Rule.Tag) == purpose.AffinityRecord {
 				return true
 			}
 		}
@@ -280,24 +281,24 @@ func outcomeLine(o trace.Outcome, p trace.Packet, sc scene) string {
 // DNAT read, else of any element it matched.
 func serviceOf(o trace.Outcome) string {
 	if m, ok := lastVerdictEntry(o); ok {
-		if sp, ok := compile.ServicePortOf(m.Element.Tag); ok {
+		if sp, ok := purpose.ServicePortOf(m.Element.Tag); ok {
 			return sp.String()
 		}
 	}
-	for _, p := range []compile.Purpose{compile.PurposeFrontend, compile.PurposeRejectNoEndpoints, compile.PurposeDropNoLocalEndpoints} {
+	for _, p := range []purpose.Purpose{purpose.Frontend, purpose.RejectNoEndpoints, purpose.DropNoLocalEndpoints} {
 		if m, ok := lastMatchOf(o, p); ok {
-			if sp, ok := compile.ServicePortOf(m.Element.Tag); ok {
+			if sp, ok := purpose.ServicePortOf(m.Element.Tag); ok {
 				return sp.String()
 			}
 		}
 	}
 	for _, s := range o.Path {
-		if compile.PurposeOf(s.Rule.Tag) == compile.PurposeEndpointDNAT {
-			if sp, ok := compile.ServicePortOf(s.Rule.Tag); ok {
+		if purpose.Of(s.Rule.Tag) == purpose.EndpointDNAT {
+			if sp, ok := purpose.ServicePortOf(s.Rule.Tag); ok {
 				return sp.String()
 			}
 			for _, m := range s.Matched { // the flat path's shared DNAT rule: the entry it read
-				if sp, ok := compile.ServicePortOf(m.Element.Tag); ok {
+				if sp, ok := purpose.ServicePortOf(m.Element.Tag); ok {
 					return sp.String()
 				}
 			}
@@ -305,7 +306,7 @@ func serviceOf(o trace.Outcome) string {
 	}
 	for _, s := range o.Path {
 		for _, m := range s.Matched {
-			if sp, ok := compile.ServicePortOf(m.Element.Tag); ok {
+			if sp, ok := purpose.ServicePortOf(m.Element.Tag); ok {
 				return sp.String()
 			}
 		}
@@ -315,11 +316,11 @@ func serviceOf(o trace.Outcome) string {
 
 // lastMatchOf returns the last element with purpose p that the outcome's packet matched:
 // a set lookup's, a verdict map's or a NAT map's.
-func lastMatchOf(o trace.Outcome, p compile.Purpose) (trace.Match, bool) {
+func lastMatchOf(o trace.Outcome, p purpose.Purpose) (trace.Match, bool) {
 	for i := len(o.Path) - 1; i >= 0; i-- {
 		ms := o.Path[i].Matched
 		for j := len(ms) - 1; j >= 0; j-- {
-			if compile.PurposeOf(ms[j].Element.Tag) == p {
+			if purpose.Of(ms[j].Element.Tag) == p {
 				return ms[j], true
 			}
 		}
@@ -353,13 +354,13 @@ func serviceOfResult(res *trace.Result) string {
 // (hairpin), or the rule that marked the packet for it.
 func masqueradeReason(o trace.Outcome) string {
 	for _, s := range o.Path {
-		if compile.PurposeOf(s.Rule.Tag) == compile.PurposeHairpin {
+		if purpose.Of(s.Rule.Tag) == purpose.Hairpin {
 			return "hairpin: the client is the endpoint itself, so the reply must come back through the service"
 		}
 	}
 	for _, s := range o.Path {
-		switch compile.PurposeOf(s.Rule.Tag) {
-		case compile.PurposeMarkOffCluster:
+		switch purpose.Of(s.Rule.Tag) {
+		case purpose.MarkOffCluster:
 			for _, st := range s.Rule.Stmts {
 				if m, ok := st.(nft.MatchPrefix); ok && m.Field == nft.FieldSaddr {
 					return fmt.Sprintf("the source is outside the cluster CIDR %s", m.Prefix)
@@ -373,11 +374,11 @@ func masqueradeReason(o trace.Outcome) string {
 				}
 			}
 			return "the source is outside the cluster CIDR"
-		case compile.PurposeMarkLocalSource:
+		case purpose.MarkLocalSource:
 			return "the client is the node itself"
-		case compile.PurposeMarkExternal:
+		case purpose.MarkExternal:
 			return "external traffic (node port, external or load-balancer IP) may go to an endpoint on another node, whose reply must come back through this one"
-		case compile.PurposeMarkAll:
+		case purpose.MarkAll:
 			return "--masquerade-all"
 		}
 	}
@@ -388,11 +389,11 @@ func masqueradeReason(o trace.Outcome) string {
 // no-endpoint set, or of a verdict map, is among the matches), or a cluster IP
 // port that no service defines.
 func rejectReason(o trace.Outcome, p trace.Packet, sc scene) string {
-	if _, ok := lastMatchOf(o, compile.PurposeRejectNoEndpoints); ok {
+	if _, ok := lastMatchOf(o, purpose.RejectNoEndpoints); ok {
 		return "no endpoints: the service has no ready endpoints"
 	}
 	last := o.Path[len(o.Path)-1]
-	if compile.PurposeOf(last.Rule.Tag) == compile.PurposeUndefinedPort {
+	if purpose.Of(last.Rule.Tag) == purpose.UndefinedPort {
 		return notAPort(p, sc)
 	}
 	return fmt.Sprintf("by rule %q in chain %s", last.Text, last.Chain)
@@ -402,13 +403,13 @@ func rejectReason(o trace.Outcome, p trace.Packet, sc scene) string {
 // loadBalancerSourceRanges, or an unallocated service IP.
 func dropReason(o trace.Outcome, p trace.Packet, sc scene) string {
 	last := o.Path[len(o.Path)-1]
-	if _, ok := lastMatchOf(o, compile.PurposeDropNoLocalEndpoints); ok {
+	if _, ok := lastMatchOf(o, purpose.DropNoLocalEndpoints); ok {
 		return "no local endpoints: the service's traffic policy for this traffic is Local and none of its ready endpoints runs on this node"
 	}
-	switch compile.PurposeOf(last.Rule.Tag) {
-	case compile.PurposeSourceRangeDrop:
+	switch purpose.Of(last.Rule.Tag) {
+	case purpose.SourceRangeDrop:
 		return fmt.Sprintf("the source %s is not in the service's loadBalancerSourceRanges", p.Saddr)
-	case compile.PurposeUnallocatedServiceIP:
+	case purpose.UnallocatedServiceIP:
 		if m, ok := nft.StmtOf[nft.MatchPrefix](last.Rule); ok && len(sc.services[p.Daddr]) == 0 {
 			return fmt.Sprintf("no service uses this address (an unallocated address of the service CIDR %s)", m.Prefix)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/trace"
 )
@@ -22,8 +23,8 @@ func rule(comment string, stmts ...nft.Stmt) nft.Rule {
 }
 
 // tagged gives a rule the compiler's tag.
-func tagged(r nft.Rule, sp model.ServicePortName, p compile.Purpose) nft.Rule {
-	r.Tag = &compile.Tag{Port: &sp, Purpose: p}
+func tagged(r nft.Rule, sp model.ServicePortName, p purpose.Purpose) nft.Rule {
+	r.Tag = &purpose.Tag{Port: &sp, Purpose: p}
 	return r
 }
 
@@ -41,13 +42,13 @@ func TestFormatResult(t *testing.T) {
 			Path: []trace.Step{
 				step("nat-prerouting", rule("", jump("services"))),
 				step("services", rule("", nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: "service-ips"}),
-					trace.Match{Set: svcIPs, Element: nft.Element{Comment: "default/echo:http", Tag: &compile.Tag{Port: &echo, Purpose: compile.PurposeDispatch}}, Text: `10.96.0.10 . tcp . 80 comment "default/echo:http" : goto svc-default/echo/tcp/http`}),
+					trace.Match{Set: svcIPs, Element: nft.Element{Comment: "default/echo:http", Tag: &purpose.Tag{Port: &echo, Purpose: purpose.Dispatch}}, Text: `10.96.0.10 . tcp . 80 comment "default/echo:http" : goto svc-default/echo/tcp/http`}),
 				step("svc-default/echo/tcp/http", tagged(rule("",
 					nft.MatchPrefix{Field: nft.FieldDaddr, Prefix: netip.MustParsePrefix("10.96.0.10/32")},
 					nft.MatchPrefix{Field: nft.FieldSaddr, Op: nft.OpNeq, Prefix: netip.MustParsePrefix("10.244.0.0/16")},
-					jump("mark-for-masquerade")), echo, compile.PurposeMarkOffCluster)),
+					jump("mark-for-masquerade")), echo, purpose.MarkOffCluster)),
 				step("mark-for-masquerade", rule("", nft.SetMarkBits{Bits: 0x4000})),
-				step("svc-default/echo/tcp/http", tagged(rule("default/echo:http", nft.MatchL4Proto{Proto: 6}, nft.DNATNumgenMap{Mod: 2, Map: "endpoints-0"}), echo, compile.PurposeEndpointDNAT),
+				step("svc-default/echo/tcp/http", tagged(rule("default/echo:http", nft.MatchL4Proto{Proto: 6}, nft.DNATNumgenMap{Mod: 2, Map: "endpoints-0"}), echo, purpose.EndpointDNAT),
 					trace.Match{Set: eps, Text: []string{"0 : 10.244.1.2 . 8080", "1 : 10.244.1.3 . 8080"}[slot]}),
 				step("nat-postrouting", rule("", jump("masquerading"))),
 				step("masquerading", rule("", nft.SetMarkBits{Bits: 0x4000, Xor: true})),
@@ -101,7 +102,7 @@ func TestFormatReject(t *testing.T) {
 			step("filter-output", rule("", nft.MatchCtStateNew{}, jump("service-endpoints-check"))),
 			step("service-endpoints-check", rule("", nft.VMap{Fields: []nft.Field{nft.FieldDaddr, nft.FieldL4Proto, nft.FieldTHDport}, Map: noEps.Name}),
 				trace.Match{Set: noEps, Element: nft.Element{Comment: "kube-system/dns", Verdict: &nft.Verdict{Kind: nft.Goto, Chain: "reject-chain"},
-					Tag: &compile.Tag{Port: &model.ServicePortName{Namespace: "kube-system", Name: "dns", Protocol: model.ProtoUDP}, Purpose: compile.PurposeRejectNoEndpoints}}}),
+					Tag: &purpose.Tag{Port: &model.ServicePortName{Namespace: "kube-system", Name: "dns", Protocol: model.ProtoUDP}, Purpose: purpose.RejectNoEndpoints}}}),
 			step("reject-chain", rule("", nft.Reject{})),
 		}}},
 	}

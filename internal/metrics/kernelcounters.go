@@ -5,6 +5,7 @@ import (
 
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/purpose"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 )
@@ -42,7 +43,7 @@ func KernelCounters(a *kernel.Applier, families []nft.Family) CounterSource {
 }
 
 // AppliedParts maps the parts of nftproxy's tables (compile.TableName) as last applied,
-// by owner key, to the service ports their tags name (compile.ServicePortOf). What was
+// by owner key, to the service ports their tags name (purpose.ServicePortOf). What was
 // applied is the Applier's (kernel.Applier.Applied): AppliedParts keeps no copy, only
 // an index of the snapshot it last read, rebuilt when the snapshot changes. A part's
 // owner key names one service port for as long as it exists, so a read racing an
@@ -77,7 +78,7 @@ func (ap *AppliedParts) ServicePort(fam nft.Family, owner string) (model.Service
 			}
 			m := make(map[string]model.ServicePortName, len(rs.Parts))
 			for _, part := range rs.Parts {
-				if sp, ok := compile.ServicePortOf(part.Tag); ok {
+				if sp, ok := purpose.ServicePortOf(part.Tag); ok {
 					m[part.Owner] = sp
 				}
 			}

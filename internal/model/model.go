@@ -167,6 +167,12 @@ type Node struct {
 	PodCIDRs []netip.Prefix
 }
 
+// Equal reports whether n and o are the same node with the same addresses, zone and pod
+// CIDRs.
+func (n Node) Equal(o Node) bool {
+	return n.Name == o.Name && n.Zone == o.Zone && slices.Equal(n.IPs, o.IPs) && slices.Equal(n.PodCIDRs, o.PodCIDRs)
+}
+
 // Snapshot is the complete input of one sync: everything the compiler needs is in it
 // when BuildFrom (or Cache.BuildFrom) returns it, and nothing writes it afterwards.
 type Snapshot struct {

@@ -10,6 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 
+	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
@@ -43,7 +44,7 @@ type Config struct {
 	NoMasqueradeCIDRs  []netip.Prefix
 	MasqueradeToNodeIP bool
 	DefaultBalancing   model.Balancing
-	Limits             compile.Limits
+	Limits             admit.Limits
 }
 
 // Compile turns API objects into the ruleset of every family. slots holds one allocator
@@ -150,16 +151,18 @@ func (pl *Pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 			MasqueradeAll:      cfg.MasqueradeAll,
 			MasqueradeBit:      cfg.MasqueradeBit,
 			NodePortAllLocal:   allLocal[fam],
-			NoExternalIPs:      cfg.NoExternalIPs,
-			ServedPorts:        cfg.ServedPorts,
-			OwnAddrs:           cfg.OwnAddrs,
-			ClusterCIDRs:       cfg.ClusterCIDRs,
-			ExternalIPCIDRs:    cfg.ExternalIPCIDRs,
 			NoMasquerade:       cfg.NoMasqueradeCIDRs,
 			MasqueradeToNodeIP: cfg.MasqueradeToNodeIP,
 			DefaultBalancing:   cfg.DefaultBalancing,
-			Limits:             cfg.Limits,
-			DetectLocal:        cfg.DetectLocal,
+			Policy: admit.Policy{
+				NoExternalIPs:   cfg.NoExternalIPs,
+				ServedPorts:     cfg.ServedPorts,
+				OwnAddrs:        cfg.OwnAddrs,
+				ClusterCIDRs:    cfg.ClusterCIDRs,
+				ExternalIPCIDRs: cfg.ExternalIPCIDRs,
+				Limits:          cfg.Limits,
+			},
+			DetectLocal: cfg.DetectLocal,
 		}
 		if pl.slots[fam] == nil {
 			pl.slots[fam] = compile.NewSlots()

@@ -1,4 +1,4 @@
-package compile
+package admit
 
 import (
 	"cmp"
@@ -199,20 +199,20 @@ func (m *claimMap[K]) holds(k K, sp *model.ServicePort) bool {
 }
 
 // claimsExternal reports whether sp claims anything beyond its cluster IPs.
-func (c *compiler) claimsExternal(sp *model.ServicePort) bool {
-	return sp.NodePort != 0 || len(sp.LoadBalancerIPs) > 0 || (len(sp.ExternalIPs) > 0 && !c.cfg.NoExternalIPs)
+func (a *Admission) claimsExternal(sp *model.ServicePort) bool {
+	return sp.NodePort != 0 || len(sp.LoadBalancerIPs) > 0 || (len(sp.ExternalIPs) > 0 && !a.policy.NoExternalIPs)
 }
 
 // externalAddrs calls f with each external and load-balancer IP of sp in the family,
 // and what it is.
-func (c *compiler) externalAddrs(sp *model.ServicePort, f func(what string, ip netip.Addr)) {
+func (a *Admission) externalAddrs(sp *model.ServicePort, f func(what string, ip netip.Addr)) {
 	for k, ips := range [2][]netip.Addr{sp.ExternalIPs, sp.LoadBalancerIPs} {
-		if k == 0 && c.cfg.NoExternalIPs {
+		if k == 0 && a.policy.NoExternalIPs {
 			continue
 		}
 		what := [2]string{whatExternalIP, "load-balancer IP"}[k]
 		for _, ip := range ips {
-			if ip.Is6() == c.v6 {
+			if ip.Is6() == a.v6 {
 				f(what, ip)
 			}
 		}
@@ -227,21 +227,21 @@ func frontendOf(sp *model.ServicePort, ip netip.Addr) frontendKey {
 }
 
 // add enters sp's claims (sp has a cluster IP in the family and is not set aside).
-func (t *claimTable) add(c *compiler, sp *model.ServicePort) {
+func (t *claimTable) add(a *Admission, sp *model.ServicePort) {
 	for _, ip := range sp.ClusterIPs {
-		if ip.Is6() == c.v6 {
+		if ip.Is6() == a.v6 {
 			t.cluster.add(frontendOf(sp, ip), sp, t.affected)
 		}
 	}
-	if !c.claimsExternal(sp) {
+	if !a.claimsExternal(sp) {
 		return
 	}
 	var refused []model.Problem
 	external := false
-	c.externalAddrs(sp, func(what string, ip netip.Addr) {
+	a.externalAddrs(sp, func(what string, ip netip.Addr) {
 		external = true
 		t.watch[ip]++
-		if reason := t.refusal(c, sp, what, ip); reason != "" {
+		if reason := t.refusal(a, sp, what, ip); reason != "" {
 			refused = append(refused, model.Problem{Kind: model.KindService, Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
 			return
 		}
@@ -259,16 +259,16 @@ func (t *claimTable) add(c *compiler, sp *model.ServicePort) {
 }
 
 // remove takes sp's claims out, whether or not each was refused when it came in.
-func (t *claimTable) remove(c *compiler, sp *model.ServicePort) {
+func (t *claimTable) remove(a *Admission, sp *model.ServicePort) {
 	for _, ip := range sp.ClusterIPs {
-		if ip.Is6() == c.v6 {
+		if ip.Is6() == a.v6 {
 			t.cluster.remove(frontendOf(sp, ip), sp, t.affected)
 		}
 	}
-	if !c.claimsExternal(sp) {
+	if !a.claimsExternal(sp) {
 		return
 	}
-	c.externalAddrs(sp, func(_ string, ip netip.Addr) {
+	a.externalAddrs(sp, func(_ string, ip netip.Addr) {
 		t.external.remove(frontendOf(sp, ip), sp, t.affected)
 		if t.watch[ip]--; t.watch[ip] <= 0 {
 			t.unwatched = append(t.unwatched, ip)
@@ -283,19 +283,19 @@ func (t *claimTable) remove(c *compiler, sp *model.ServicePort) {
 
 // fill enters the claims of every service port that claims (state is stateHas) into an
 // empty table, ordering each contested key's claimants once at the end.
-func (t *claimTable) fill(c *compiler, services []*model.ServicePort, state []uint8, eps *addrCounts) {
+func (t *claimTable) fill(a *Admission, services []*model.ServicePort, state []uint8, eps *addrCounts) {
 	t.cluster.filling, t.external.filling, t.nodePort.filling = true, true, true
 	var addrs []netip.Addr
 	for i, sp := range services {
 		t.countNodePorts(sp, +1)
-		if state[i] == stateHas && c.claimsExternal(sp) {
-			c.externalAddrs(sp, func(_ string, ip netip.Addr) { addrs = append(addrs, ip) })
+		if state[i] == stateHas && a.claimsExternal(sp) {
+			a.externalAddrs(sp, func(_ string, ip netip.Addr) { addrs = append(addrs, ip) })
 		}
 	}
-	t.look(c, addrs, services, eps)
+	t.look(a, addrs, services, eps)
 	for i, sp := range services {
 		if state[i] == stateHas {
-			t.add(c, sp)
+			t.add(a, sp)
 		}
 	}
 	t.cluster.settle()
@@ -308,46 +308,46 @@ func (t *claimTable) fill(c *compiler, services []*model.ServicePort, state []ui
 // this call's states; a port whose external or load-balancer IP became or stopped
 // being a cluster IP (moved) is entered again, since its refusals may differ. The
 // ports whose claims may have changed are left in t.affected.
-func (t *claimTable) update(c *compiler, changes []portChange, state []uint8, moved map[netip.Addr]bool, services []*model.ServicePort, eps *addrCounts) {
+func (t *claimTable) update(a *Admission, changes []portChange, state []uint8, moved map[netip.Addr]bool, services []*model.ServicePort, eps *addrCounts) {
 	clear(t.affected)
 	for _, ch := range changes {
 		if ch.old != nil && ch.oldState == stateHas {
-			t.remove(c, ch.old)
+			t.remove(a, ch.old)
 		}
 	}
 	// what the refusals of ports staying in the table depend on: endpoints at their
 	// addresses, node ports at their ports
-	shifted, ports := t.follow(c, changes)
+	shifted, ports := t.follow(a, changes)
 	var again []*model.ServicePort
 	if len(moved)+len(shifted)+len(ports) > 0 {
 		for sp := range t.withExternal {
 			hit := ports[nodePortKey{sp.Name.Protocol, sp.Port}]
-			c.externalAddrs(sp, func(_ string, ip netip.Addr) { hit = hit || moved[ip] || shifted[ip] })
+			a.externalAddrs(sp, func(_ string, ip netip.Addr) { hit = hit || moved[ip] || shifted[ip] })
 			if hit {
 				again = append(again, sp)
 			}
 		}
 		for _, sp := range again {
-			t.remove(c, sp)
+			t.remove(a, sp)
 		}
 	}
 	var addrs []netip.Addr
 	for _, ch := range changes {
-		if ch.new != nil && state[ch.at] == stateHas && c.claimsExternal(ch.new) {
-			c.externalAddrs(ch.new, func(_ string, ip netip.Addr) { addrs = append(addrs, ip) })
+		if ch.new != nil && state[ch.at] == stateHas && a.claimsExternal(ch.new) {
+			a.externalAddrs(ch.new, func(_ string, ip netip.Addr) { addrs = append(addrs, ip) })
 		}
 	}
 	for _, sp := range again {
-		c.externalAddrs(sp, func(_ string, ip netip.Addr) { addrs = append(addrs, ip) })
+		a.externalAddrs(sp, func(_ string, ip netip.Addr) { addrs = append(addrs, ip) })
 	}
-	t.look(c, addrs, services, eps)
+	t.look(a, addrs, services, eps)
 	for _, ch := range changes {
 		if ch.new != nil && state[ch.at] == stateHas {
-			t.add(c, ch.new)
+			t.add(a, ch.new)
 		}
 	}
 	for _, sp := range again {
-		t.add(c, sp)
+		t.add(a, sp)
 		t.affected[sp] = true
 	}
 	for _, ip := range t.unwatched {
@@ -383,7 +383,7 @@ func (t *claimTable) countNodePorts(sp *model.ServicePort, d int) (flipped []nod
 // with the changes (every service port that came, went or was replaced, in any state),
 // and returns the watched addresses where a namespace's endpoints at some port came or
 // went, and the node ports that came or went.
-func (t *claimTable) follow(c *compiler, changes []portChange) (shifted map[netip.Addr]bool, ports map[nodePortKey]bool) {
+func (t *claimTable) follow(a *Admission, changes []portChange) (shifted map[netip.Addr]bool, ports map[nodePortKey]bool) {
 	flip := func(ks []nodePortKey) {
 		for _, k := range ks {
 			if ports == nil {
@@ -395,7 +395,7 @@ func (t *claimTable) follow(c *compiler, changes []portChange) (shifted map[neti
 	occupy := func(sp *model.ServicePort, d int) {
 		for i := range sp.Endpoints {
 			e := &sp.Endpoints[i]
-			if e.Addr.Is6() != c.v6 {
+			if e.Addr.Is6() != a.v6 {
 				continue
 			}
 			occ, ok := t.occupants[e.Addr]
@@ -440,7 +440,7 @@ func (t *claimTable) follow(c *compiler, changes []portChange) (shifted map[neti
 // look finds the occupants of the addresses among addrs that are not watched yet, with
 // one pass over every service port's endpoints, skipped when eps (the endpoint
 // addresses' counts) says none of them can be an endpoint's.
-func (t *claimTable) look(c *compiler, addrs []netip.Addr, services []*model.ServicePort, eps *addrCounts) {
+func (t *claimTable) look(a *Admission, addrs []netip.Addr, services []*model.ServicePort, eps *addrCounts) {
 	var fresh map[netip.Addr]map[occupant]int
 	held := false
 	for _, ip := range addrs {
@@ -469,38 +469,38 @@ func (t *claimTable) look(c *compiler, addrs []netip.Addr, services []*model.Ser
 }
 
 // claimsOf returns the frontends and node port sp holds, its addresses appended to the
-// per-call buffers of sc (claims.clone copies them out).
-func (t *claimTable) claimsOf(c *compiler, sp *model.ServicePort, sc *scratch) claims {
-	var w claims
-	start := len(sc.internal)
+// per-call buffers of a (Claims.Clone copies them out).
+func (t *claimTable) claimsOf(a *Admission, sp *model.ServicePort) Claims {
+	var w Claims
+	start := len(a.internal)
 	for _, ip := range sp.ClusterIPs {
-		if ip.Is6() == c.v6 && t.cluster.holds(frontendOf(sp, ip), sp) && !slices.Contains(sc.internal[start:], ip) {
-			sc.internal = append(sc.internal, ip)
+		if ip.Is6() == a.v6 && t.cluster.holds(frontendOf(sp, ip), sp) && !slices.Contains(a.internal[start:], ip) {
+			a.internal = append(a.internal, ip)
 		}
 	}
-	if len(sc.internal) > start {
-		w.internal = sc.internal[start:len(sc.internal):len(sc.internal)]
+	if len(a.internal) > start {
+		w.Internal = a.internal[start:len(a.internal):len(a.internal)]
 	}
-	if !c.claimsExternal(sp) {
+	if !a.claimsExternal(sp) {
 		return w
 	}
-	start = len(sc.external)
-	c.externalAddrs(sp, func(_ string, ip netip.Addr) {
-		if t.external.holds(frontendOf(sp, ip), sp) && !slices.Contains(sc.external[start:], ip) {
-			sc.external = append(sc.external, ip)
+	start = len(a.external)
+	a.externalAddrs(sp, func(_ string, ip netip.Addr) {
+		if t.external.holds(frontendOf(sp, ip), sp) && !slices.Contains(a.external[start:], ip) {
+			a.external = append(a.external, ip)
 		}
 	})
-	if len(sc.external) > start {
-		w.external = sc.external[start:len(sc.external):len(sc.external)]
+	if len(a.external) > start {
+		w.External = a.external[start:len(a.external):len(a.external)]
 	}
 	if sp.NodePort != 0 && t.nodePort.holds(nodePortKey{sp.Name.Protocol, sp.NodePort}, sp) {
-		w.nodePort = sp.NodePort
+		w.NodePort = sp.NodePort
 	}
 	return w
 }
 
 // problems returns the refusals and the lost claims, sorted, each once.
-func (t *claimTable) problems(c *compiler) []model.Problem {
+func (t *claimTable) problems(a *Admission) []model.Problem {
 	var out []model.Problem
 	for _, ps := range t.refused {
 		out = append(out, ps...)
@@ -512,7 +512,7 @@ func (t *claimTable) problems(c *compiler) []model.Problem {
 	for _, m := range []*claimMap[frontendKey]{&t.cluster, &t.external} {
 		for k := range m.contested {
 			addr := netip.AddrFrom16(k.addr)
-			if !c.v6 {
+			if !a.v6 {
 				addr = addr.Unmap()
 			}
 			for _, sp := range m.held[k].more {
@@ -534,7 +534,7 @@ func compareProblems(a, b model.Problem) int {
 }
 
 // refusal says why ip may not be an external frontend of sp ("" if it may): the
-// compiler's reasons, then what depends on other service ports. On this node's
+// reasons of Admission.refusal, then what depends on other service ports. On this node's
 // addresses, node ports and health-check node ports come first: an externalIP or
 // load-balancer IP there never takes one. And no external frontend takes the address,
 // protocol and port of an endpoint of an older Service in another namespace (a pod's,
@@ -542,11 +542,11 @@ func compareProblems(a, b model.Problem) int {
 // Service's traffic to the tenant. (Older: an endpoint a tenant writes into a slice of
 // a newer Service cannot take an existing externalIP away.) The reasons name no other
 // Service or namespace.
-func (t *claimTable) refusal(c *compiler, sp *model.ServicePort, what string, ip netip.Addr) string {
-	if reason := c.refusal(sp, what, ip); reason != "" {
+func (t *claimTable) refusal(a *Admission, sp *model.ServicePort, what string, ip netip.Addr) string {
+	if reason := a.refusal(sp, what, ip); reason != "" {
 		return reason
 	}
-	if c.ownAddr(ip) && t.nodePorts[nodePortKey{sp.Name.Protocol, sp.Port}] > 0 {
+	if a.ownAddr(ip) && t.nodePorts[nodePortKey{sp.Name.Protocol, sp.Port}] > 0 {
 		return fmt.Sprintf("port %q: %s %s is this node's address and %s port %d is a node port or health-check node port, refused",
 			sp.Name.Port, what, ip, model.ProtoString(sp.Name.Protocol), sp.Port)
 	}
@@ -559,47 +559,54 @@ func (t *claimTable) refusal(c *compiler, sp *model.ServicePort, what string, ip
 	return ""
 }
 
+// ownAddr reports whether ip is one of this node's addresses that nftproxy knows.
+func (a *Admission) ownAddr(ip netip.Addr) bool {
+	return slices.Contains(a.node.IPs, ip) || slices.Contains(a.ownAddrs, ip) || slices.Contains(a.policy.OwnAddrs, ip)
+}
+
 // refusal says why ip may not be an external frontend of sp whatever the other service
 // ports are ("" if it may).
-func (c *compiler) refusal(sp *model.ServicePort, what string, ip netip.Addr) string {
+func (a *Admission) refusal(sp *model.ServicePort, what string, ip netip.Addr) string {
 	switch {
 	case model.SpecialAddr(ip) != "":
 		return fmt.Sprintf("%s %s is %s, refused", what, ip, model.SpecialAddr(ip))
-	case c.clusterIPSet[ip] > 0:
+	case a.clusterIPs[ip] > 0:
 		return fmt.Sprintf("%s %s is a cluster IP, refused", what, ip)
 	}
-	for _, cidr := range c.serviceCIDRs {
+	for _, cidr := range a.serviceCIDRs {
 		if cidr.Contains(ip) {
 			return fmt.Sprintf("%s %s is inside the service CIDR %s, refused", what, ip, cidr)
 		}
 	}
-	if what == whatExternalIP && len(c.cfg.ExternalIPCIDRs) > 0 && !slices.ContainsFunc(c.cfg.ExternalIPCIDRs, func(p netip.Prefix) bool { return p.Contains(ip) }) {
+	if what == whatExternalIP && len(a.policy.ExternalIPCIDRs) > 0 && !slices.ContainsFunc(a.policy.ExternalIPCIDRs, func(p netip.Prefix) bool { return p.Contains(ip) }) {
 		return fmt.Sprintf("%s %s is outside the ranges the node allows externalIPs in (--external-ip-cidrs), refused", what, ip)
 	}
-	for _, cidr := range c.cfg.ClusterCIDRs {
+	for _, cidr := range a.policy.ClusterCIDRs {
 		if cidr.Contains(ip) {
 			return fmt.Sprintf("%s %s is inside the cluster CIDR %s (pod addresses), refused", what, ip, cidr)
 		}
 	}
-	for _, cidr := range c.node.PodCIDRs {
+	for _, cidr := range a.node.PodCIDRs {
 		if cidr.Contains(ip) {
 			return fmt.Sprintf("%s %s is inside this node's pod CIDR %s, refused", what, ip, cidr)
 		}
 	}
-	if sp.Name.Protocol == model.ProtoTCP && slices.Contains(c.cfg.ServedPorts, sp.Port) && c.ownAddr(ip) {
+	if sp.Name.Protocol == model.ProtoTCP && slices.Contains(a.policy.ServedPorts, sp.Port) && a.ownAddr(ip) {
 		return fmt.Sprintf("port %q: %s %s is this node's address and TCP port %d is served by nftproxy itself, refused", sp.Name.Port, what, ip, sp.Port)
 	}
 	return ""
 }
 
-// Won calls f with every service port of protocol proto that holds a frontend in the
-// ruleset compiled last (this family's): the cluster, external and load-balancer IPs
-// it won (a new slice, f's to keep) and its node port (0: none).
-func (cc *Compiler) Won(proto uint8, f func(name model.ServicePortName, ips []netip.Addr, nodePort uint16)) {
-	for _, cp := range cc.parts {
-		w := cp.claims
-		if cp.in.Name.Protocol == proto && (len(w.internal)+len(w.external) > 0 || w.nodePort != 0) {
-			f(cp.in.Name, slices.Concat(w.internal, w.external), w.nodePort)
-		}
-	}
+// frontendKey is an address, protocol and port; the address is kept as 16 bytes so that
+// the claim map holds no pointer for the collector to scan (one Admission serves one
+// family, so an IPv4 address and its IPv4-mapped IPv6 form never meet).
+type frontendKey struct {
+	addr  [16]byte
+	proto uint8
+	port  uint16
+}
+
+type nodePortKey struct {
+	proto uint8
+	port  uint16
 }

@@ -1,4 +1,4 @@
-package compile
+package admit
 
 import (
 	"cmp"
@@ -9,12 +9,55 @@ import (
 	"github.com/nftproxy/nftproxy/internal/model"
 )
 
-// budget is what the limits need from one call to the next: the estimated element cost
+// Limits bound what one object may make every node program. A zero field is no limit.
+// A Service over a limit is set aside (not programmed, reported as a problem); all other
+// Services are programmed.
+type Limits struct {
+	// MaxFrontendsPerService caps a Service's frontends: its ports times its cluster,
+	// external and load-balancer IPs, all families counted.
+	MaxFrontendsPerService int
+	// MaxEndpointsPerServicePort caps the endpoints of any one port of a Service.
+	MaxEndpointsPerServicePort int
+	// MaxEndpointsPerService caps a Service's endpoints summed over its ports.
+	MaxEndpointsPerService int
+	// MaxSourceRangesPerService caps a Service's loadBalancerSourceRanges (each is an
+	// element of every port's source-range set).
+	MaxSourceRangesPerService int
+	// MaxElements is the table's element budget, checked against an estimate (the
+	// cost New is given) before compiling. Over it the budget is shared between
+	// namespaces: one within its fair share keeps every Service, and one over it
+	// loses its newest.
+	MaxElements int
+}
+
+// Default limits (flags --max-frontends-per-service, --max-endpoints-per-service-port,
+// --max-endpoints-per-service, --max-source-ranges-per-service, --max-table-elements).
+// docs/security.md gives their reasons and costs.
+const (
+	DefaultMaxFrontendsPerService     = 1000
+	DefaultMaxEndpointsPerServicePort = 10000
+	DefaultMaxEndpointsPerService     = 100000
+	DefaultMaxSourceRangesPerService  = 10000
+	DefaultMaxElements                = 2000000
+)
+
+// DefaultLimits returns the default limits.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxFrontendsPerService:     DefaultMaxFrontendsPerService,
+		MaxEndpointsPerServicePort: DefaultMaxEndpointsPerServicePort,
+		MaxEndpointsPerService:     DefaultMaxEndpointsPerService,
+		MaxSourceRangesPerService:  DefaultMaxSourceRangesPerService,
+		MaxElements:                DefaultMaxElements,
+	}
+}
+
+// budget is what the limits need from one call to the next: the element cost
 // of every service port, in all and per namespace, and the Services over a limit of
 // their own. A sync that adds one Service then costs the look at that Service, not a
 // walk over every Service (a sixth of a sync at 30k, twice: once per family).
 type budget struct {
-	total int                    // ElementCost summed over the previous call's service ports
+	total int                    // the cost summed over the previous call's service ports
 	ns    map[string]int         // the same per namespace (absent: none)
 	over  map[serviceName]string // Services over a limit of their own: why
 }
@@ -36,14 +79,15 @@ func groupStart(services []*model.ServicePort, n serviceName) int {
 
 // group looks at the Service whose ports start at services[from]: where its ports end,
 // their cost, and why it is over a limit of its own ("" if it is not).
-func (lim Limits) group(services []*model.ServicePort, from int) (to, cost int, reason string) {
+func (a *Admission) group(services []*model.ServicePort, from int) (to, cost int, reason string) {
+	lim := a.policy.Limits
 	first := services[from]
 	fronts, eps := 0, 0
 	for to = from; to < len(services) && services[to].Name.Namespace == first.Name.Namespace && services[to].Name.Name == first.Name.Name; to++ {
 		sp := services[to]
-		fronts += frontends(sp)
+		fronts += len(sp.ClusterIPs) + len(sp.ExternalIPs) + len(sp.LoadBalancerIPs)
 		eps += len(sp.Endpoints)
-		cost += lim.cost(sp)
+		cost += a.cost(sp)
 		if n := len(sp.SourceRanges); lim.MaxSourceRangesPerService > 0 && n > lim.MaxSourceRangesPerService && reason == "" {
 			reason = fmt.Sprintf("%d loadBalancerSourceRanges, more than --max-source-ranges-per-service=%d: the Service is not programmed",
 				n, lim.MaxSourceRangesPerService)
@@ -72,20 +116,20 @@ func overShare(cost int) string {
 }
 
 // setAside marks the ports of the Services the limits set aside (stateAside), reports
-// each Service once (by the compiler of its first cluster IP's family), and returns
+// each Service once (by the Admission of its first cluster IP's family), and returns
 // their names, sorted. Services over a limit of their own go first. If the others
 // together exceed the element budget, it is shared between namespaces max-min fair
 // (fairShares): a namespace that needs no more than its share keeps all its Services,
 // and in a namespace over it the oldest Services (then by name) are admitted while they
 // fit in the share; what the shares leave unused goes to the remaining Services of those
-// namespaces, oldest first. changes (see Compiler.diff) bring the budget up to date;
+// namespaces, oldest first. changes (see Admission.diff) bring the budget up to date;
 // over the element budget it walks the namespaces over their share, never the others.
-func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes []portChange, state []uint8) []serviceName {
-	lim := c.cfg.Limits
+func (a *Admission) setAside(services []*model.ServicePort, changes []portChange, state []uint8) []serviceName {
+	lim := a.policy.Limits
 	if lim == (Limits{}) {
 		return nil
 	}
-	b := &cc.budget
+	b := &a.budget
 	if b.over == nil {
 		b.over, b.ns = map[serviceName]string{}, map[string]int{}
 	}
@@ -94,7 +138,7 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 		clear(b.ns)
 		b.total = 0
 		for from := 0; from < len(services); {
-			to, cost, reason := lim.group(services, from)
+			to, cost, reason := a.group(services, from)
 			if reason != "" {
 				b.over[nameOf(services[from])] = reason
 			}
@@ -108,10 +152,10 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 		var last serviceName
 		for _, ch := range changes {
 			if ch.old != nil {
-				b.add(ch.old.Name.Namespace, -lim.cost(ch.old))
+				b.add(ch.old.Name.Namespace, -a.cost(ch.old))
 			}
 			if ch.new != nil {
-				b.add(ch.new.Name.Namespace, lim.cost(ch.new))
+				b.add(ch.new.Name.Namespace, a.cost(ch.new))
 			}
 			for _, sp := range [2]*model.ServicePort{ch.old, ch.new} {
 				if sp == nil || nameOf(sp) == last { // a Service's name is never empty
@@ -121,7 +165,7 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 				last = n
 				delete(b.over, n)
 				if from := groupStart(services, n); from < len(services) && nameOf(services[from]) == n {
-					if _, _, reason := lim.group(services, from); reason != "" {
+					if _, _, reason := a.group(services, from); reason != "" {
 						b.over[n] = reason
 					}
 				}
@@ -137,13 +181,13 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 	var nsOver map[string]int // the cost of each namespace's Services over a limit of their own
 	for _, n := range names {
 		from := groupStart(services, n)
-		to, cost, _ := lim.group(services, from)
+		to, cost, _ := a.group(services, from)
 		overCost += cost
 		if nsOver == nil {
 			nsOver = map[string]int{}
 		}
 		nsOver[n.ns] += cost
-		c.setAsideGroup(services, from, to, state, b.over[n])
+		a.setAsideGroup(services, from, to, state, b.over[n])
 	}
 	if lim.MaxElements <= 0 || b.total-overCost <= lim.MaxElements {
 		return names
@@ -168,7 +212,7 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 		var groups []group
 		end := sort.Search(len(services), func(i int) bool { return services[i].Name.Namespace > ns })
 		for from := groupStart(services, serviceName{ns: ns}); from < end; {
-			to, cost, _ := lim.group(services, from)
+			to, cost, _ := a.group(services, from)
 			if _, aside := b.over[nameOf(services[from])]; !aside {
 				groups = append(groups, group{from: from, to: to, cost: cost})
 			}
@@ -199,7 +243,7 @@ func (cc *Compiler) setAside(c *compiler, services []*model.ServicePort, changes
 			used += g.cost
 			continue
 		}
-		c.setAsideGroup(services, g.from, g.to, state, overShare(g.cost))
+		a.setAsideGroup(services, g.from, g.to, state, overShare(g.cost))
 		names = append(names, nameOf(services[g.from]))
 	}
 	slices.SortFunc(names, compareServiceNames)
@@ -246,12 +290,12 @@ func fairShares(demands []nsDemand, total int) (share, within int, over []string
 	return total - within, within, nil
 }
 
-func (c *compiler) setAsideGroup(services []*model.ServicePort, from, to int, state []uint8, reason string) {
+func (a *Admission) setAsideGroup(services []*model.ServicePort, from, to int, state []uint8, reason string) {
 	for k := from; k < to; k++ {
 		state[k] |= stateAside
 	}
 	sp := services[from]
-	if len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0].Is6() == c.v6 {
-		c.problems = append(c.problems, model.Problem{Kind: model.KindService, Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
+	if len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0].Is6() == a.v6 {
+		a.problems = append(a.problems, model.Problem{Kind: model.KindService, Namespace: sp.Name.Namespace, Name: sp.Name.Name, Reason: reason})
 	}
 }

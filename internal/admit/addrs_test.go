@@ -1,4 +1,4 @@
-package compile
+package admit
 
 import (
 	"net/netip"
