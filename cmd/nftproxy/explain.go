@@ -87,7 +87,7 @@ func explain(ctx context.Context, client kubernetes.Interface, req *explainReque
 		return err
 	}
 	return inspect.Explain(w, req.q, inspect.Compiled{Snapshot: in.snap, Rulesets: in.rulesets, Problems: in.problems,
-		DetectLocal: in.cfg.DetectLocal, NoExternalIPs: in.cfg.NoExternalIPs})
+		DetectLocal: in.cfg.Pipeline.Compile.DetectLocal, NoExternalIPs: in.cfg.Pipeline.Compile.NoExternalIPs})
 }
 
 // explained is what explain traces: the proxy's configuration and what it compiles.

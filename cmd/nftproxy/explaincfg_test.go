@@ -170,11 +170,11 @@ func TestExplainConfigIsTheProxys(t *testing.T) {
 		t.Fatal("no node addresses")
 	}
 	got := in.cfg
-	gotAddrs, _ := got.LocalAddrs()
+	gotAddrs, _ := got.Pipeline.LocalAddrs()
 	if !reflect.DeepEqual(gotAddrs, in.snap.Node.IPs) {
 		t.Errorf("explain's node addresses %v, want the Node object's %v", gotAddrs, in.snap.Node.IPs)
 	}
-	got.LocalAddrs, want.LocalAddrs = nil, nil // funcs: compared by their result above
+	got.Pipeline.LocalAddrs, want.Pipeline.LocalAddrs = nil, nil // funcs: compared by their result above
 	gv, wv := reflect.ValueOf(got), reflect.ValueOf(want)
 	for i := range gv.NumField() {
 		name := gv.Type().Field(i).Name
@@ -182,8 +182,8 @@ func TestExplainConfigIsTheProxys(t *testing.T) {
 			t.Errorf("%s: explain has %v, the proxy %v", name, gv.Field(i).Interface(), wv.Field(i).Interface())
 		}
 	}
-	if !want.NoExternalIPs || len(want.ServiceCIDRs) == 0 || len(want.ExternalIPCIDRs) == 0 || len(want.ClusterCIDRs) == 0 ||
-		want.Limits.MaxEndpointsPerServicePort != 7 || want.Limits.MaxSourceRangesPerService != 9 || len(want.ServedPorts) == 0 {
+	if pol := want.Pipeline.Compile.Policy; !pol.NoExternalIPs || len(want.Pipeline.ServiceCIDRs) == 0 || len(pol.ExternalIPCIDRs) == 0 || len(pol.ClusterCIDRs) == 0 ||
+		pol.Limits.MaxEndpointsPerServicePort != 7 || pol.Limits.MaxSourceRangesPerService != 9 || len(pol.ServedPorts) == 0 {
 		t.Errorf("the command line did not reach the proxy's configuration: %+v", want)
 	}
 }

@@ -195,7 +195,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 		return err
 	}
 	nodeName := cfg.NodeName
-	if cfg.DetectLocal.Mode == compile.LocalClusterCIDR && len(cfg.DetectLocal.ClusterCIDRs) == 0 && !o.MasqueradeAll {
+	if dl := cfg.Pipeline.Compile.DetectLocal; dl.Mode == compile.LocalClusterCIDR && len(dl.ClusterCIDRs) == 0 && !o.MasqueradeAll {
 		log.Info("No --cluster-cidr: traffic from outside the cluster to cluster IPs will not be masqueraded")
 	}
 	rc, err := clientConfig(o)
@@ -216,7 +216,7 @@ func run(ctx context.Context, o *options.Options, fs *pflag.FlagSet, log logr.Lo
 	if err := conntrack.SetSysctls(log, o.Conntrack, conntrack.SysctlEnv{}); err != nil {
 		return fmt.Errorf("could not set conntrack parameters: %w", err)
 	}
-	log.Info("Starting nftproxy", "node", nodeName, "detectLocalMode", cfg.DetectLocal.Mode, "clusterCIDRs", o.ClusterCIDRs, "apiServer", rc.Host)
+	log.Info("Starting nftproxy", "node", nodeName, "detectLocalMode", cfg.Pipeline.Compile.DetectLocal.Mode, "clusterCIDRs", o.ClusterCIDRs, "apiServer", rc.Host)
 	leftovers.Warn(log, applier)
 	ct, err := netlink.NewHandle(unix.NETLINK_NETFILTER) // stale UDP conntrack entries
 	if err != nil {
@@ -321,31 +321,37 @@ func proxyConfig(o *options.Options, addrs func() ([]netip.Addr, error)) (contro
 		}
 	}
 	return controller.Config{
-		NodeName:                nodeName,
-		DetectLocal:             o.DetectLocal,
-		ServiceCIDRs:            o.ServiceCIDRs,
-		MasqueradeAll:           o.MasqueradeAll,
-		MasqueradeBit:           uint32(o.MasqueradeBit),
-		NodePortAddresses:       o.NodePorts,
-		MinSyncPeriod:           o.MinSyncPeriod,
-		SyncPeriod:              o.SyncPeriod,
-		LocalAddrs:              addrs,
-		NoExternalIPs:           !o.ExternalIPsAllowed(),
-		ServedPorts:             served,
-		OwnAddrs:                own,
-		ClusterCIDRs:            o.ClusterCIDRs,
-		ExternalIPCIDRs:         o.ExternalIPCIDRs,
-		NoMasqueradeCIDRs:       o.NoMasqueradeCIDRs,
-		UDPKeepTerminatingFlows: o.UDPKeepTerminatingFlows,
-		DefaultBalancing:        o.LoadBalancing,
-		MasqueradeToNodeIP:      o.MasqueradeToNodeIP,
-		Limits: admit.Limits{
-			MaxFrontendsPerService:     o.MaxFrontendsPerService,
-			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,
-			MaxEndpointsPerService:     o.MaxEndpointsPerService,
-			MaxSourceRangesPerService:  o.MaxSourceRangesPerService,
-			MaxElements:                o.MaxTableElements,
+		NodeName:      nodeName,
+		MinSyncPeriod: o.MinSyncPeriod,
+		SyncPeriod:    o.SyncPeriod,
+		Pipeline: pipeline.Config{
+			Compile: compile.Config{
+				DetectLocal:        o.DetectLocal,
+				MasqueradeAll:      o.MasqueradeAll,
+				MasqueradeBit:      uint32(o.MasqueradeBit),
+				NoMasquerade:       o.NoMasqueradeCIDRs,
+				MasqueradeToNodeIP: o.MasqueradeToNodeIP,
+				DefaultBalancing:   o.LoadBalancing,
+				Policy: admit.Policy{
+					NoExternalIPs:   !o.ExternalIPsAllowed(),
+					ServedPorts:     served,
+					OwnAddrs:        own,
+					ClusterCIDRs:    o.ClusterCIDRs,
+					ExternalIPCIDRs: o.ExternalIPCIDRs,
+					Limits: admit.Limits{
+						MaxFrontendsPerService:     o.MaxFrontendsPerService,
+						MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,
+						MaxEndpointsPerService:     o.MaxEndpointsPerService,
+						MaxSourceRangesPerService:  o.MaxSourceRangesPerService,
+						MaxElements:                o.MaxTableElements,
+					},
+				},
+			},
+			NodePortAddresses: o.NodePorts,
+			LocalAddrs:        addrs,
+			ServiceCIDRs:      o.ServiceCIDRs,
 		},
+		UDPKeepTerminatingFlows: o.UDPKeepTerminatingFlows,
 	}, nil
 }
 

@@ -38,10 +38,11 @@ func listAPI(ctx context.Context, client kubernetes.Interface, nodeName string) 
 // compile compiles the listing with cfg as the proxy does: the ServiceCIDR objects'
 // ranges when the API serves them, else cfg's (the flag's).
 func (s apiState) compile(cfg controller.Config) (*model.Snapshot, []*nft.Ruleset, []model.Problem, error) {
+	pc := cfg.Pipeline
 	if s.servesCIDRs {
-		cfg.ServiceCIDRs = s.serviceCIDRs
+		pc.ServiceCIDRs = s.serviceCIDRs
 	}
-	return pipeline.Compile(cfg.Pipeline(), map[nft.Family]*compile.Slots{}, s.services, s.slices, s.node)
+	return pipeline.Compile(pc, map[nft.Family]*compile.Slots{}, s.services, s.slices, s.node)
 }
 
 func ptrs[T any](items []T) []*T {

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 )
 
@@ -33,8 +34,15 @@ func TestListAPICompilesWhatTheProxyWould(t *testing.T) {
 			t.Errorf("the listing holds %s, labelled with another proxy's name", s.Name)
 		}
 	}
-	cfg := controller.Config{NodeName: "node-1", ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.100.0.0/16")},
-		DetectLocal: compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}}
+	cfg := controller.Config{
+		NodeName: "node-1",
+		Pipeline: pipeline.Config{
+			Compile: compile.Config{
+				DetectLocal: compile.DetectLocal{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}},
+			},
+			ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.100.0.0/16")},
+		},
+	}
 	_, rulesets, _, err := state.compile(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -79,10 +79,10 @@ func TestVerifyOnce(t *testing.T) {
 	node, _ := client.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
 	slots := map[nft.Family]*compile.Slots{}
 	extra := service("first", "ClusterIP", []string{"10.96.9.9"}, 80, 0)
-	_, _, _, _ = pipeline.Compile(cfg.Pipeline(), slots, append(ptrs(svcs.Items), extra), append(ptrs(eps.Items), slice("first", "first", "IPv4", "node-2", "10.244.9.1", "10.244.9.2")), node)
+	_, _, _, _ = pipeline.Compile(cfg.Pipeline, slots, append(ptrs(svcs.Items), extra), append(ptrs(eps.Items), slice("first", "first", "IPv4", "node-2", "10.244.9.1", "10.244.9.2")), node)
 	withCIDRs := cfg
-	withCIDRs.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")} // the ServiceCIDR object's
-	_, programmed, _, err := pipeline.Compile(withCIDRs.Pipeline(), slots, ptrs(svcs.Items), ptrs(eps.Items), node)
+	withCIDRs.Pipeline.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")} // the ServiceCIDR object's
+	_, programmed, _, err := pipeline.Compile(withCIDRs.Pipeline, slots, ptrs(svcs.Items), ptrs(eps.Items), node)
 	if err != nil {
 		t.Fatal(err)
 	}

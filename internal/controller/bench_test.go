@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nftproxy/nftproxy/internal/admit"
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
@@ -60,7 +61,7 @@ func newBenchProxy(b testing.TB, svcs []*v1.Service, slices []*discovery.Endpoin
 	for _, s := range slices {
 		_ = bp.sliceStore.Add(s)
 	}
-	cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: admit.DefaultLimits(), Metrics: metrics.Nop{}} // the defaults the proxy runs with
+	cfg := Config{NodeName: "node-1", Metrics: metrics.Nop{}, Pipeline: pipeline.Config{Compile: compile.Config{MasqueradeBit: 14, Policy: admit.Policy{Limits: admit.DefaultLimits()}}}} // the defaults the proxy runs with
 	src := source.NewFromStores(source.Config{NodeName: cfg.NodeName}, bp.svcStore, bp.sliceStore, newStore(), logr.Discard())
 	bp.p = &Proxy{cfg: cfg, log: logr.Discard(), reported: map[model.Problem]bool{}, src: src, lists: src.Lists,
 		pipeline: pipeline.New()}
@@ -94,7 +95,7 @@ func (bp *benchProxy) sync() (*model.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	snap, _, problems, err := bp.p.pipeline.Full(bp.p.cfg.Pipeline(), svcs, slices, nil)
+	snap, _, problems, err := bp.p.pipeline.Full(bp.p.cfg.Pipeline, svcs, slices, nil)
 	bp.p.report(problems)
 	return snap, err
 }
@@ -171,7 +172,7 @@ func BenchmarkColdSync(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			svcs, slices := benchObjects(n)
-			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: admit.DefaultLimits()} // the defaults the proxy runs with
+			cfg := Config{NodeName: "node-1", Pipeline: pipeline.Config{Compile: compile.Config{MasqueradeBit: 14, Policy: admit.Policy{Limits: admit.DefaultLimits()}}}} // the defaults the proxy runs with
 			var kernelTime time.Duration
 			for b.Loop() {
 				b.StopTimer()
@@ -180,7 +181,7 @@ func BenchmarkColdSync(b *testing.B) {
 				runtime.GC()
 				b.StartTimer()
 				pl := pipeline.New()
-				_, rulesets, _, err := pl.Full(cfg.Pipeline(), svcs, slices, nil)
+				_, rulesets, _, err := pl.Full(cfg.Pipeline, svcs, slices, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -203,7 +204,7 @@ func BenchmarkColdSyncHeap(b *testing.B) {
 	for _, n := range []int{1000, 10000, 30000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			svcs, slices := benchObjects(n)
-			cfg := Config{NodeName: "node-1", MasqueradeBit: 14, Limits: admit.DefaultLimits()} // the defaults the proxy runs with
+			cfg := Config{NodeName: "node-1", Pipeline: pipeline.Config{Compile: compile.Config{MasqueradeBit: 14, Policy: admit.Policy{Limits: admit.DefaultLimits()}}}} // the defaults the proxy runs with
 			var kept uint64
 			for b.Loop() {
 				b.StopTimer()
@@ -212,7 +213,7 @@ func BenchmarkColdSyncHeap(b *testing.B) {
 				before := liveHeap()
 				b.StartTimer()
 				pl := pipeline.New()
-				_, rulesets, _, err := pl.Full(cfg.Pipeline(), svcs, slices, nil)
+				_, rulesets, _, err := pl.Full(cfg.Pipeline, svcs, slices, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -15,7 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 )
 
 // TestChangesSyncWithoutLists: after the first sync, syncs hand the model cache only
@@ -31,14 +33,23 @@ func TestChangesSyncWithoutLists(t *testing.T) {
 	// node port addresses in a CIDR make every sync list the machine's addresses: the
 	// way to make a sync fail after it took the names
 	var failLocal atomic.Bool
-	cfg := Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
-		NodePortAddresses: config.NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
-		LocalAddrs: func() ([]netip.Addr, error) {
-			if failLocal.Load() {
-				return nil, errors.New("injected failure")
-			}
-			return []netip.Addr{netip.MustParseAddr("192.0.2.1")}, nil
-		}}
+	cfg := Config{
+		NodeName:      "node-1",
+		MinSyncPeriod: 10 * time.Millisecond,
+		SyncPeriod:    time.Hour,
+		Pipeline: pipeline.Config{
+			Compile: compile.Config{
+				MasqueradeBit: 14,
+			},
+			NodePortAddresses: config.NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
+			LocalAddrs: func() ([]netip.Addr, error) {
+				if failLocal.Load() {
+					return nil, errors.New("injected failure")
+				}
+				return []netip.Addr{netip.MustParseAddr("192.0.2.1")}, nil
+			},
+		},
+	}
 	p := New(client, dp, cfg, logr.Discard())
 	var lists atomic.Int32
 	p.lists = func() ([]*v1.Service, []*discovery.EndpointSlice, error) {

@@ -23,9 +23,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/compile"
-	"github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
 	"github.com/nftproxy/nftproxy/internal/healthcheck"
 	"github.com/nftproxy/nftproxy/internal/metrics"
@@ -41,20 +39,13 @@ import (
 // Config is the proxy's configuration, from kube-proxy's flags.
 type Config struct {
 	NodeName string
-	// DetectLocal tells pods' traffic from other traffic (--detect-local-mode with
-	// --cluster-cidr or the interface flags; NodeCIDR reads the Node's podCIDRs).
-	DetectLocal   compile.DetectLocal
-	MasqueradeAll bool
-	MasqueradeBit uint32
-	// NodePortAddresses are the addresses node ports answer on (--nodeport-addresses).
-	NodePortAddresses config.NodePortAddresses
-	MinSyncPeriod     time.Duration
-	SyncPeriod        time.Duration
-	// LocalAddrs lists the machine's addresses (for --nodeport-addresses CIDRs).
-	LocalAddrs func() ([]netip.Addr, error)
-	// ServiceCIDRs are used when the API serves no ServiceCIDR objects
+	// Pipeline is everything that shapes the rulesets: the compilers' configuration
+	// and what the pipeline resolves per sync (node port addresses, service CIDRs).
+	// ServiceCIDRs there are used when the API serves no ServiceCIDR objects
 	// (--service-cluster-ip-range).
-	ServiceCIDRs []netip.Prefix
+	Pipeline      pipeline.Config
+	MinSyncPeriod time.Duration
+	SyncPeriod    time.Duration
 	// Conntrack deletes stale UDP conntrack entries after each sync, and after a repair
 	// the entries that escaped NAT while the table was broken; nil: never.
 	Conntrack conntrack.Deleter
@@ -67,54 +58,10 @@ type Config struct {
 	CachesSynced func()
 	// APIServer is the API server's address, for log lines.
 	APIServer string
-	// NoExternalIPs: the feature gate AllowServiceExternalIPs is false; no Service
-	// externalIPs are programmed.
-	NoExternalIPs bool
-	// ServedPorts are the TCP ports nftproxy serves on the node (health and metrics
-	// servers) and OwnAddrs their bind addresses: no externalIP or load-balancer IP on
-	// the node's addresses takes them (see compile.Config).
-	ServedPorts []uint16
-	OwnAddrs    []netip.Addr
-	// ClusterCIDRs are the pods' ranges (--cluster-cidr, whatever DetectLocal's mode)
-	// and ExternalIPCIDRs the only ranges externalIPs are programmed in
-	// (--external-ip-cidrs; empty: anywhere): see compile.Config.
-	ClusterCIDRs    []netip.Prefix
-	ExternalIPCIDRs []netip.Prefix
-	// NoMasqueradeCIDRs are destinations whose traffic keeps its source address
-	// (--no-masquerade-cidrs; see compile.Config).
-	NoMasqueradeCIDRs []netip.Prefix
 	// UDPKeepTerminatingFlows keeps the UDP conntrack entries of an endpoint while it
 	// terminates, serving or not, until it leaves its EndpointSlice
 	// (--udp-keep-terminating-flows; conntrack.ServingOrTerminating).
 	UDPKeepTerminatingFlows bool
-	// MasqueradeToNodeIP: --masquerade-to-node-ip (compile.Config).
-	MasqueradeToNodeIP bool
-	// DefaultBalancing: --load-balancing (compile.Config.DefaultBalancing).
-	DefaultBalancing model.Balancing
-	// Limits bound what one Service, and the whole table, may cost (admit.Limits;
-	// zero: no limits).
-	Limits admit.Limits
-}
-
-// Pipeline is what the pipeline reads of the configuration.
-func (c Config) Pipeline() pipeline.Config {
-	return pipeline.Config{
-		DetectLocal:        c.DetectLocal,
-		MasqueradeAll:      c.MasqueradeAll,
-		MasqueradeBit:      c.MasqueradeBit,
-		NodePortAddresses:  c.NodePortAddresses,
-		LocalAddrs:         c.LocalAddrs,
-		ServiceCIDRs:       c.ServiceCIDRs,
-		NoExternalIPs:      c.NoExternalIPs,
-		ServedPorts:        c.ServedPorts,
-		OwnAddrs:           c.OwnAddrs,
-		ClusterCIDRs:       c.ClusterCIDRs,
-		ExternalIPCIDRs:    c.ExternalIPCIDRs,
-		NoMasqueradeCIDRs:  c.NoMasqueradeCIDRs,
-		MasqueradeToNodeIP: c.MasqueradeToNodeIP,
-		DefaultBalancing:   c.DefaultBalancing,
-		Limits:             c.Limits,
-	}
 }
 
 // HealthChecks is the health-check node port server (see internal/healthcheck).
@@ -187,7 +134,7 @@ func New(client kubernetes.Interface, dp Dataplane, cfg Config, log logr.Logger)
 	p.runner.OnPanic(func(v any) { log.Error(fmt.Errorf("%v", v), "Sync panicked; will retry") })
 	p.runner.MeasureCPU(runner.ProcessCPU)
 
-	p.src = source.New(client, source.Config{NodeName: cfg.NodeName, ServiceCIDRs: cfg.ServiceCIDRs, APIServer: cfg.APIServer,
+	p.src = source.New(client, source.Config{NodeName: cfg.NodeName, ServiceCIDRs: cfg.Pipeline.ServiceCIDRs, APIServer: cfg.APIServer,
 		Changed: p.changed}, log)
 	p.lists = p.src.Lists
 	return p
@@ -271,7 +218,7 @@ var PodCIDRTimeout = 5 * time.Minute
 // exists and has pod CIDRs (at most PodCIDRTimeout, then an error, as kube-proxy).
 // Later changes of them are followed: the Node is an input of every sync.
 func (p *Proxy) waitForPodCIDRs(ctx context.Context) error {
-	if p.cfg.DetectLocal.Mode != compile.LocalNodeCIDR {
+	if p.cfg.Pipeline.Compile.DetectLocal.Mode != compile.LocalNodeCIDR {
 		return nil
 	}
 	deadline := time.Now().Add(PodCIDRTimeout)
@@ -463,13 +410,13 @@ func (p *Proxy) syncHealthChecks(snap *model.Snapshot) {
 // that may have left the cache half updated, build it anew from the full lists. Once
 // the model has them, c keeps only what the sync still has to program (Done).
 func (p *Proxy) compile(c *source.Changes) (*model.Snapshot, []*nft.Ruleset, error) {
-	cfg := p.cfg
+	cfg := p.cfg.Pipeline
 	cidrs, err := p.src.ServiceCIDRs()
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg.ServiceCIDRs = cidrs
-	snap, rulesets, problems, err := p.compileChanges(cfg.Pipeline(), *c, p.src.Node()) // no Node until it is known
+	snap, rulesets, problems, err := p.compileChanges(cfg, *c, p.src.Node()) // no Node until it is known
 	if err == nil {
 		p.src.Done(c)
 	}

@@ -20,7 +20,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
 	"github.com/nftproxy/nftproxy/nft/trace"
@@ -191,7 +193,7 @@ func startProxyFull(t *testing.T, dp Dataplane, syncPeriod time.Duration, objs .
 	client := fake.NewClientset()
 	ctx, cancel := context.WithCancel(context.Background())
 	create(t, ctx, client, objs...)
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: syncPeriod}, logr.Discard())
+	p := New(client, dp, Config{NodeName: "node-1", MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: syncPeriod, Pipeline: pipeline.Config{Compile: compile.Config{MasqueradeBit: 14}}}, logr.Discard())
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -328,7 +330,7 @@ func TestStaleUDPConntrackIsDeleted(t *testing.T) {
 	proto := v1.ProtocolUDP
 	sl.Ports[0].Protocol = &proto
 	client := fake.NewClientset(svc, sl)
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Conntrack: ct}, logr.Discard())
+	p := New(client, dp, Config{NodeName: "node-1", MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Conntrack: ct, Pipeline: pipeline.Config{Compile: compile.Config{MasqueradeBit: 14}}}, logr.Discard())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
@@ -361,7 +363,7 @@ func TestRepairDeletesEscapedConntrack(t *testing.T) {
 	udp := v1.ProtocolUDP
 	dnsSlice.Ports[0].Protocol = &udp
 	client := fake.NewClientset(web, slice("web", "web-1", "10.244.1.2"), dns, dnsSlice, sig)
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Conntrack: ct}, logr.Discard())
+	p := New(client, dp, Config{NodeName: "node-1", MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Conntrack: ct, Pipeline: pipeline.Config{Compile: compile.Config{MasqueradeBit: 14}}}, logr.Discard())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
@@ -449,13 +451,22 @@ func TestCachesSyncedBeforeFirstSync(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	create(t, ctx, client, service("a", "10.96.0.1"), slice("a", "a-1", "10.244.1.2"))
 	var calls, appliedBefore atomic.Int32
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
+	p := New(client, dp, Config{
+		NodeName:      "node-1",
+		MinSyncPeriod: 10 * time.Millisecond,
+		SyncPeriod:    time.Hour,
 		CachesSynced: func() {
 			calls.Add(1)
 			dp.mu.Lock()
 			appliedBefore.Store(int32(dp.calls))
 			dp.mu.Unlock()
-		}}, logr.Discard())
+		},
+		Pipeline: pipeline.Config{
+			Compile: compile.Config{
+				MasqueradeBit: 14,
+			},
+		},
+	}, logr.Discard())
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })

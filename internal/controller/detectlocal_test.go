@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 )
 
 // --detect-local-mode=NodeCIDR: the first sync waits for the Node's
@@ -28,8 +29,17 @@ func TestNodeCIDRWaitsAndFollowsPodCIDRs(t *testing.T) {
 	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("a", "a-1", "10.244.2.2"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
-		DetectLocal: compile.DetectLocal{Mode: compile.LocalNodeCIDR}}, logr.Discard())
+	p := New(client, dp, Config{
+		NodeName:      "node-1",
+		MinSyncPeriod: 10 * time.Millisecond,
+		SyncPeriod:    time.Hour,
+		Pipeline: pipeline.Config{
+			Compile: compile.Config{
+				MasqueradeBit: 14,
+				DetectLocal:   compile.DetectLocal{Mode: compile.LocalNodeCIDR},
+			},
+		},
+	}, logr.Discard())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -78,8 +88,16 @@ func TestNodeCIDRTimeout(t *testing.T) {
 	PodCIDRTimeout = 200 * time.Millisecond
 	defer func() { PodCIDRTimeout = old }()
 	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
-	p := New(client, &fakeDataplane{}, Config{NodeName: "node-1", MinSyncPeriod: time.Millisecond, SyncPeriod: time.Hour,
-		DetectLocal: compile.DetectLocal{Mode: compile.LocalNodeCIDR}}, logr.Discard())
+	p := New(client, &fakeDataplane{}, Config{
+		NodeName:      "node-1",
+		MinSyncPeriod: time.Millisecond,
+		SyncPeriod:    time.Hour,
+		Pipeline: pipeline.Config{
+			Compile: compile.Config{
+				DetectLocal: compile.DetectLocal{Mode: compile.LocalNodeCIDR},
+			},
+		},
+	}, logr.Discard())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)

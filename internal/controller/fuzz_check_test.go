@@ -881,7 +881,7 @@ func slotEndpoints(m *nft.Set, d nft.DNATNumgenMap) string {
 func TestChecksCatchCorruption(t *testing.T) {
 	compileSeed := func(name string) *nft.Ruleset {
 		w := decode(seeds()[name])[0]
-		_, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline(), map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
+		_, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline, map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
 		if err != nil {
 			t.Fatal(err)
 		}

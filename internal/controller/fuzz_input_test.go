@@ -27,6 +27,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/compile"
 	proxyconfig "github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/controller"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 )
 
 // Operation kinds (the kind byte modulo opKinds).
@@ -269,16 +270,20 @@ func parseNodePorts(list []string) proxyconfig.NodePortAddresses {
 
 func config(h header) controller.Config {
 	cfg := controller.Config{
-		NodeName:          "node-1",
-		MasqueradeAll:     h.Flags&1 != 0,
-		MasqueradeBit:     uint32(h.MasqBit % 32),
-		DetectLocal:       compile.DetectLocal{Mode: compile.LocalClusterCIDR, ClusterCIDRs: pick(clusterCIDRSets, h.ClusterCIDRs)},
-		NodePortAddresses: parseNodePorts(pick(nodePortAddrSets, h.NodePortAddrs)),
-		ServiceCIDRs:      pick(serviceCIDRSets, h.ServiceCIDRs),
-		LocalAddrs:        func() ([]netip.Addr, error) { return localAddrs, nil },
+		NodeName: "node-1",
+		Pipeline: pipeline.Config{
+			Compile: compile.Config{
+				MasqueradeAll: h.Flags&1 != 0,
+				MasqueradeBit: uint32(h.MasqBit % 32),
+				DetectLocal:   compile.DetectLocal{Mode: compile.LocalClusterCIDR, ClusterCIDRs: pick(clusterCIDRSets, h.ClusterCIDRs)},
+			},
+			NodePortAddresses: parseNodePorts(pick(nodePortAddrSets, h.NodePortAddrs)),
+			ServiceCIDRs:      pick(serviceCIDRSets, h.ServiceCIDRs),
+			LocalAddrs:        func() ([]netip.Addr, error) { return localAddrs, nil },
+		},
 	}
 	if h.Flags&2 != 0 {
-		cfg.MasqueradeBit = 14 // kube-proxy's default
+		cfg.Pipeline.Compile.MasqueradeBit = 14 // kube-proxy's default
 	}
 	return cfg
 }

@@ -111,14 +111,20 @@ func podNode(a netip.Addr) string {
 // node sees (its endpoints), not by a range.
 func isolationConfig() controller.Config {
 	return controller.Config{
-		NodeName:          "node-1",
-		MasqueradeBit:     14,
-		DetectLocal:       compile.DetectLocal{Mode: compile.LocalClusterCIDR, ClusterCIDRs: pfx("10.244.0.0/16", "fd00:244::/56")},
-		ServiceCIDRs:      pfx("10.96.0.0/16", "fd00:96::/112"),
-		NodePortAddresses: parseNodePorts([]string{"all"}),
-		LocalAddrs:        func() ([]netip.Addr, error) { return localAddrs, nil },
-		ServedPorts:       []uint16{10256, 10249},
-		Limits:            admit.Limits{MaxFrontendsPerService: 12, MaxEndpointsPerServicePort: 64, MaxElements: 2000},
+		NodeName: "node-1",
+		Pipeline: pipeline.Config{
+			Compile: compile.Config{
+				MasqueradeBit: 14,
+				DetectLocal:   compile.DetectLocal{Mode: compile.LocalClusterCIDR, ClusterCIDRs: pfx("10.244.0.0/16", "fd00:244::/56")},
+				Policy: admit.Policy{
+					ServedPorts: []uint16{10256, 10249},
+					Limits:      admit.Limits{MaxFrontendsPerService: 12, MaxEndpointsPerServicePort: 64, MaxElements: 2000},
+				},
+			},
+			ServiceCIDRs:      pfx("10.96.0.0/16", "fd00:96::/112"),
+			NodePortAddresses: parseNodePorts([]string{"all"}),
+			LocalAddrs:        func() ([]netip.Addr, error) { return localAddrs, nil },
+		},
 	}
 }
 
@@ -145,7 +151,7 @@ func isolationConfigN(i int) controller.Config {
 		local = append(local, netip.MustParseAddr(a))
 	}
 	local = append(local, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1"))
-	cfg.LocalAddrs = func() ([]netip.Addr, error) { return local, nil }
+	cfg.Pipeline.LocalAddrs = func() ([]netip.Addr, error) { return local, nil }
 	return cfg
 }
 
@@ -212,7 +218,7 @@ func victimProbes(i int, svcs []*v1.Service, eps []*discovery.EndpointSlice, vic
 // nothing else; FuzzIsolation found that a tenant cluster IP equal to the victim's pod
 // IP takes that endpoint away from the victim, which the API never allows).
 func tenantObjects(w world, victimIPs map[netip.Addr]bool) ([]*v1.Service, []*discovery.EndpointSlice) {
-	serviceCIDRs := isolationConfig().ServiceCIDRs
+	serviceCIDRs := isolationConfig().Pipeline.ServiceCIDRs
 	created := metav1.NewTime(victimCreated.Add(time.Hour))
 	var svcs []*v1.Service
 	seen := map[string]bool{}
@@ -370,7 +376,7 @@ func ownPortsTaken(rs *nft.Ruleset, cfg controller.Config, node *v1.Node) []stri
 			continue
 		}
 		for _, e := range s.Elements {
-			if len(e.Key) == 3 && own[e.Key[0].Addr()] && e.Key[1].Num() == uint32(model.ProtoTCP) && slices.Contains(cfg.ServedPorts, uint16(e.Key[2].Num())) {
+			if len(e.Key) == 3 && own[e.Key[0].Addr()] && e.Key[1].Num() == uint32(model.ProtoTCP) && slices.Contains(cfg.Pipeline.Compile.ServedPorts, uint16(e.Key[2].Num())) {
 				out = append(out, s.Name+" "+describeElement(s, e))
 			}
 		}
@@ -408,9 +414,9 @@ func checkIsolation(t *testing.T, data []byte) {
 	for n := range nodes {
 		ns := &nodeState{cfg: isolationConfigN(n), node: isolationNodeN(n), slots: map[nft.Family]*compile.Slots{},
 			cache: model.NewCache(), compilers: map[nft.Family]*compile.Compiler{}}
-		ns.local, _ = ns.cfg.LocalAddrs()
+		ns.local, _ = ns.cfg.Pipeline.LocalAddrs()
 		ns.probes = victimProbes(n, vsvcs, vslices, victimIPs)
-		_, alone, _, err := pipeline.Compile(ns.cfg.Pipeline(), map[nft.Family]*compile.Slots{}, vsvcs, vslices, ns.node)
+		_, alone, _, err := pipeline.Compile(ns.cfg.Pipeline, map[nft.Family]*compile.Slots{}, vsvcs, vslices, ns.node)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -431,12 +437,12 @@ func checkIsolation(t *testing.T, data []byte) {
 		svcs, eps := slices.Concat(vsvcs, tsvcs), slices.Concat(vslices, tslices)
 		for _, ns := range nodes {
 			cfg, node := ns.cfg, ns.node
-			snap, rulesets, _, err := pipeline.Compile(cfg.Pipeline(), ns.slots, svcs, eps, node)
+			snap, rulesets, _, err := pipeline.Compile(cfg.Pipeline, ns.slots, svcs, eps, node)
 			if err != nil {
 				t.Fatal(err)
 			}
 			// the incremental path: the model cache and one compiler per family
-			isnap, _ := ns.cache.BuildFrom(model.Inputs{Services: svcs, Slices: eps, Node: node, ServiceCIDRs: cfg.ServiceCIDRs})
+			isnap, _ := ns.cache.BuildFrom(model.Inputs{Services: svcs, Slices: eps, Node: node, ServiceCIDRs: cfg.Pipeline.ServiceCIDRs})
 			for i, rs := range rulesets {
 				what := fmt.Sprintf("sync %d, %s, %s", step, node.Name, rs.Family)
 				if got := victimMapping(rs, victimIPs, ns.probes, ns.local); got != ns.want[i] {
@@ -447,10 +453,7 @@ func checkIsolation(t *testing.T, data []byte) {
 				}
 				fam := rs.Family
 				if ns.compilers[fam] == nil {
-					cc := compileConfig(cfg, snap.Node, fam)
-					cc.NoExternalIPs, cc.ServedPorts, cc.OwnAddrs, cc.Limits = cfg.NoExternalIPs, cfg.ServedPorts, cfg.OwnAddrs, cfg.Limits
-					cc.ClusterCIDRs, cc.ExternalIPCIDRs = cfg.ClusterCIDRs, cfg.ExternalIPCIDRs
-					ns.compilers[fam] = compile.NewCompiler(cc, compile.NewSlots())
+					ns.compilers[fam] = compile.NewCompiler(compileConfig(cfg, snap.Node, fam), compile.NewSlots())
 				}
 				inc, _ := ns.compilers[fam].Compile(isnap)
 				if got := victimMapping(inc.Flatten(), victimIPs, ns.probes, ns.local); got != ns.want[i] {
@@ -545,13 +548,13 @@ func TestIsolationCheckCatchesHijack(t *testing.T) {
 	cfg, node := isolationConfig(), isolationNode()
 	vsvcs, vslices := victim()
 	victimIPs := map[netip.Addr]bool{netip.MustParseAddr("10.96.0.1"): true}
-	_, alone, _, _ := pipeline.Compile(cfg.Pipeline(), map[nft.Family]*compile.Slots{}, vsvcs, vslices, node)
+	_, alone, _, _ := pipeline.Compile(cfg.Pipeline, map[nft.Family]*compile.Slots{}, vsvcs, vslices, node)
 	hijack := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: tenantNS, Name: "a", CreationTimestamp: victimCreated},
 		Spec: v1.ServiceSpec{ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1"}, Ports: []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80}}}}
 	hslice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: tenantNS, Name: "a-1", Labels: map[string]string{discovery.LabelServiceName: "a"}},
 		AddressType: discovery.AddressTypeIPv4, Ports: []discovery.EndpointPort{{Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr(int32(8080))}},
 		Endpoints: []discovery.Endpoint{{Addresses: []string{"10.244.66.6"}}}}
-	_, with, _, _ := pipeline.Compile(cfg.Pipeline(), map[nft.Family]*compile.Slots{}, append(vsvcs, hijack), append(vslices, hslice), node)
+	_, with, _, _ := pipeline.Compile(cfg.Pipeline, map[nft.Family]*compile.Slots{}, append(vsvcs, hijack), append(vslices, hslice), node)
 	probes, local := victimProbes(0, vsvcs, vslices, victimIPs), []netip.Addr{netip.MustParseAddr("192.0.2.10")}
 	a, b := victimMapping(alone[0], victimIPs, probes, local), victimMapping(with[0], victimIPs, probes, local)
 	if a == b || !strings.Contains(b, "10.244.66.6") {

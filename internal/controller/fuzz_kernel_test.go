@@ -46,7 +46,7 @@ func TestFuzzCorpusKernel(t *testing.T) {
 				in := inputs[i]
 				worlds := decode(in.data)
 				for step, w := range worlds {
-					_, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline(), slots, w.svcs, w.slices, w.node)
+					_, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline, slots, w.svcs, w.slices, w.node)
 					if err != nil {
 						continue // a rejected configuration (FuzzCompile checks when)
 					}

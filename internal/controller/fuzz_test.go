@@ -39,7 +39,7 @@ func FuzzCompile(f *testing.F) {
 		}
 
 		// The listers return objects in no particular order.
-		_, rev, _, _ := pipeline.Compile(w.cfg.Pipeline(), map[nft.Family]*compile.Slots{},
+		_, rev, _, _ := pipeline.Compile(w.cfg.Pipeline, map[nft.Family]*compile.Slots{},
 			reversed(w.svcs), reversed(w.slices), w.node)
 		for i := range rulesets {
 			if a, b := nft.Render(rulesets[i]), nft.Render(rev[i]); a != b {
@@ -47,7 +47,7 @@ func FuzzCompile(f *testing.F) {
 			}
 		}
 		// A sync without a change compiles the same ruleset (and the kernel diff is empty).
-		_, again, _, _ := pipeline.Compile(w.cfg.Pipeline(), slots, w.svcs, w.slices, w.node)
+		_, again, _, _ := pipeline.Compile(w.cfg.Pipeline, slots, w.svcs, w.slices, w.node)
 		for i := range rulesets {
 			if a, b := nft.Render(rulesets[i]), nft.Render(again[i]); a != b {
 				t.Fatalf("compiling the same input twice gives different rulesets\n%s\n--- first:\n%s\n--- second:\n%s", describe(w), a, b)
@@ -95,7 +95,7 @@ func FuzzCompileIncremental(f *testing.F) {
 			if !ok {
 				continue
 			}
-			_, fresh, _, _ := pipeline.Compile(w.cfg.Pipeline(), map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
+			_, fresh, _, _ := pipeline.Compile(w.cfg.Pipeline, map[nft.Family]*compile.Slots{}, w.svcs, w.slices, w.node)
 			csnap, _ := cache.BuildFrom(model.Inputs{Services: w.svcs, Slices: w.slices, Node: w.node, ServiceCIDRs: snap.ServiceCIDRs, NodePortAddrs: snap.NodePortAddrs})
 			for i, rs := range rulesets {
 				what := fmt.Sprintf("sync %d: pipeline.Compile", step)
@@ -141,9 +141,9 @@ func FuzzCompileIncremental(f *testing.F) {
 // options boundary refuses bad --nodeport-addresses; the Config holds parsed values).
 func compileWorld(t *testing.T, w world, slots map[nft.Family]*compile.Slots) (*model.Snapshot, []*nft.Ruleset, bool) {
 	t.Helper()
-	snap, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline(), slots, w.svcs, w.slices, w.node)
+	snap, rulesets, _, err := pipeline.Compile(w.cfg.Pipeline, slots, w.svcs, w.slices, w.node)
 	if err != nil {
-		t.Fatalf("pipeline.Compile: error %v with --nodeport-addresses %+v", err, w.cfg.NodePortAddresses)
+		t.Fatalf("pipeline.Compile: error %v with --nodeport-addresses %+v", err, w.cfg.Pipeline.NodePortAddresses)
 	}
 	if err != nil {
 		return nil, nil, false
@@ -222,8 +222,8 @@ func describe(w world) string {
 		Services any
 		Slices   any
 	}{
-		map[string]any{"detectLocal": w.cfg.DetectLocal, "nodePortAddresses": w.cfg.NodePortAddresses,
-			"serviceCIDRs": w.cfg.ServiceCIDRs, "masqueradeAll": w.cfg.MasqueradeAll, "masqueradeBit": w.cfg.MasqueradeBit},
+		map[string]any{"detectLocal": w.cfg.Pipeline.Compile.DetectLocal, "nodePortAddresses": w.cfg.Pipeline.NodePortAddresses,
+			"serviceCIDRs": w.cfg.Pipeline.ServiceCIDRs, "masqueradeAll": w.cfg.Pipeline.Compile.MasqueradeAll, "masqueradeBit": w.cfg.Pipeline.Compile.MasqueradeBit},
 		w.node, w.svcs, w.slices,
 	}, "", " ")
 	return "--- input:\n" + string(j)
@@ -256,14 +256,18 @@ func diffLines(want, got string) string {
 	return "--- fresh (-) vs incremental (+):\n" + strings.Join(out, "\n")
 }
 
-// compileConfig is the compile.Config pipeline.Compile uses for fam: kube-proxy's
-// nodePortAddresses semantics, written out independently. Per family (IPv4 first): the
-// node's primary IP ("primary") and the local addresses in the family's CIDRs, never
-// loopback; a family without any entry, or with a /0, answers on all local addresses.
+// compileConfig is the compile.Config pipeline.Compile uses for fam: the pipeline's own
+// builder (pipeline.Config.CompileConfig) for the settings, and kube-proxy's
+// nodePortAddresses semantics written out independently for the node port addresses,
+// which the pipeline resolves into the snapshot and this gives the compiler as fixed
+// ones. Per family (IPv4 first): the node's primary IP ("primary") and the local
+// addresses in the family's CIDRs, never loopback; a family without any entry, or with
+// a /0, answers on all local addresses.
 func compileConfig(cfg controller.Config, node model.Node, fam nft.Family) compile.Config {
-	cc := compile.Config{Family: fam, MasqueradeAll: cfg.MasqueradeAll, MasqueradeBit: cfg.MasqueradeBit, DetectLocal: cfg.DetectLocal}
-	npa := cfg.NodePortAddresses
-	local, _ := cfg.LocalAddrs()
+	npa := cfg.Pipeline.NodePortAddresses
+	local, _ := cfg.Pipeline.LocalAddrs()
+	allLocal := false
+	var fixed []netip.Addr
 	for _, f := range pipeline.Families {
 		v6 := f == nft.IPv6
 		var cidrs []netip.Prefix
@@ -283,9 +287,7 @@ func compileConfig(cfg controller.Config, node model.Node, fam nft.Family) compi
 			}
 		}
 		if all || (len(cidrs) == 0 && len(addrs) == 0) {
-			if f == fam {
-				cc.NodePortAllLocal = true
-			}
+			allLocal = allLocal || f == fam
 			continue
 		}
 		for _, a := range local {
@@ -293,8 +295,10 @@ func compileConfig(cfg controller.Config, node model.Node, fam nft.Family) compi
 				addrs = append(addrs, a)
 			}
 		}
-		cc.NodePortAddrs = append(cc.NodePortAddrs, addrs...)
+		fixed = append(fixed, addrs...)
 	}
+	cc := cfg.Pipeline.CompileConfig(fam, allLocal)
+	cc.NodePortAddrs = append(slices.Clip(cc.NodePortAddrs), fixed...)
 	return cc
 }
 

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/internal/source"
 )
 
@@ -141,8 +142,15 @@ func TestServiceCIDRDiscoveryIsRetried(t *testing.T) {
 		return false, nil, nil
 	})
 	logs := &logLines{}
-	p := New(client, &fakeDataplane{}, Config{NodeName: "node-1", MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
-		ServiceCIDRs: nil, APIServer: "https://api.example:6443"}, logs.logger())
+	p := New(client, &fakeDataplane{}, Config{
+		NodeName:      "node-1",
+		MinSyncPeriod: 10 * time.Millisecond,
+		SyncPeriod:    time.Hour,
+		APIServer:     "https://api.example:6443",
+		Pipeline: pipeline.Config{
+			ServiceCIDRs: nil,
+		},
+	}, logs.logger())
 	p.src.DiscoveryBackoff = 10 * time.Millisecond
 	dp := p.dataplane.(*fakeDataplane)
 	ctx, cancel := context.WithCancel(context.Background())

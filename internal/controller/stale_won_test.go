@@ -12,7 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 )
 
 // A tenant's UDP Service that declares kube-dns's cluster IP as an externalIP (refused)
@@ -40,7 +42,7 @@ func TestTenantEndpointFlipKeepsOtherServicesFlows(t *testing.T) {
 	evil.Spec.ExternalIPs = []string{"10.96.0.10"}
 	evilSlice := udpSlice("tenant", "evil", "evil-1", "10.244.1.53", "10.244.9.9")
 	client := fake.NewClientset(dns, udpSlice("kube-system", "kube-dns", "kube-dns-1", "10.244.1.53"), evil, evilSlice)
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Conntrack: ct}, logr.Discard())
+	p := New(client, dp, Config{NodeName: "node-1", MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Conntrack: ct, Pipeline: pipeline.Config{Compile: compile.Config{MasqueradeBit: 14}}}, logr.Discard())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()

@@ -9,6 +9,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nftproxy/nftproxy/internal/compile"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 )
 
 // At -v=0 the startup is visible: what the informers listed, when the first sync starts,
@@ -27,7 +30,7 @@ func TestStartupProgressAtV0(t *testing.T) {
 	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("a", "a-1", "10.244.1.2", "10.244.1.3"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour}, logs.logger())
+	p := New(client, dp, Config{NodeName: "node-1", MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Pipeline: pipeline.Config{Compile: compile.Config{MasqueradeBit: 14}}}, logs.logger())
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })

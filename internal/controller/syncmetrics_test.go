@@ -17,8 +17,10 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/nftproxy/nftproxy/internal/admit"
+	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/metrics"
 	"github.com/nftproxy/nftproxy/internal/model"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/internal/source"
 )
 
@@ -152,7 +154,7 @@ func TestProgrammingLatencyFromTriggerTime(t *testing.T) {
 	if _, err := client.CoreV1().Services("default").Create(ctx, service("local", "10.96.0.9"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Metrics: rec}, logr.Discard())
+	p := New(client, dp, Config{NodeName: "node-1", MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour, Metrics: rec, Pipeline: pipeline.Config{Compile: compile.Config{MasqueradeBit: 14}}}, logr.Discard())
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -238,8 +240,20 @@ func TestSetAsideReported(t *testing.T) {
 	}
 	limits := admit.DefaultLimits()
 	limits.MaxEndpointsPerServicePort = 2
-	p := New(client, dp, Config{NodeName: "node-1", MasqueradeBit: 14, MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour,
-		Limits: limits, Metrics: rec}, logr.Discard())
+	p := New(client, dp, Config{
+		NodeName:      "node-1",
+		MinSyncPeriod: 10 * time.Millisecond,
+		SyncPeriod:    time.Hour,
+		Metrics:       rec,
+		Pipeline: pipeline.Config{
+			Compile: compile.Config{
+				MasqueradeBit: 14,
+				Policy: admit.Policy{
+					Limits: limits,
+				},
+			},
+		},
+	}, logr.Discard())
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })

@@ -10,7 +10,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 
-	"github.com/nftproxy/nftproxy/internal/admit"
 	"github.com/nftproxy/nftproxy/internal/compile"
 	"github.com/nftproxy/nftproxy/internal/config"
 	"github.com/nftproxy/nftproxy/internal/conntrack"
@@ -22,29 +21,30 @@ import (
 // Families are the address families nftproxy programs, one table each.
 var Families = []nft.Family{nft.IPv4, nft.IPv6}
 
-// Config is what the pipeline reads of the proxy's configuration (the controller's
-// Config, from kube-proxy's flags, has the same fields; see there).
+// Config is what the pipeline reads of the proxy's configuration.
 type Config struct {
-	DetectLocal       compile.DetectLocal
-	MasqueradeAll     bool
-	MasqueradeBit     uint32
+	// Compile configures the compiler of every family, as CompileConfig gives it to
+	// each: its Family is the pipeline's to set, and node ports answer on every local
+	// address in the families NodePortAddresses resolves so.
+	Compile compile.Config
+	// NodePortAddresses are the addresses node ports answer on (--nodeport-addresses),
+	// resolved at every sync into the snapshot's.
 	NodePortAddresses config.NodePortAddresses
 	// LocalAddrs lists the machine's addresses (for --nodeport-addresses CIDRs).
 	LocalAddrs func() ([]netip.Addr, error)
 	// ServiceCIDRs are the ranges cluster IPs are allocated from (the ServiceCIDR
 	// objects', or --service-cluster-ip-range when the API serves none).
-	ServiceCIDRs    []netip.Prefix
-	NoExternalIPs   bool
-	ServedPorts     []uint16
-	OwnAddrs        []netip.Addr
-	ClusterCIDRs    []netip.Prefix
-	ExternalIPCIDRs []netip.Prefix
-	// NoMasqueradeCIDRs, MasqueradeToNodeIP and DefaultBalancing are nftproxy's own
-	// (compile.Config's NoMasquerade, MasqueradeToNodeIP, DefaultBalancing).
-	NoMasqueradeCIDRs  []netip.Prefix
-	MasqueradeToNodeIP bool
-	DefaultBalancing   model.Balancing
-	Limits             admit.Limits
+	ServiceCIDRs []netip.Prefix
+}
+
+// CompileConfig is the compiler configuration of family fam: cfg.Compile for fam, with
+// node ports on every local address when allLocal (what NodePortAddresses resolves to
+// in fam). It is the one way from the proxy's configuration to a compiler's.
+func (cfg Config) CompileConfig(fam nft.Family, allLocal bool) compile.Config {
+	cc := cfg.Compile
+	cc.Family = fam
+	cc.NodePortAllLocal = cc.NodePortAllLocal || allLocal
+	return cc
 }
 
 // Compile turns API objects into the ruleset of every family. slots holds one allocator
@@ -146,24 +146,7 @@ func (pl *Pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 	results := make([]result, len(Families))
 	jobs := make([]func(), len(Families))
 	for i, fam := range Families {
-		cc := compile.Config{
-			Family:             fam,
-			MasqueradeAll:      cfg.MasqueradeAll,
-			MasqueradeBit:      cfg.MasqueradeBit,
-			NodePortAllLocal:   allLocal[fam],
-			NoMasquerade:       cfg.NoMasqueradeCIDRs,
-			MasqueradeToNodeIP: cfg.MasqueradeToNodeIP,
-			DefaultBalancing:   cfg.DefaultBalancing,
-			Policy: admit.Policy{
-				NoExternalIPs:   cfg.NoExternalIPs,
-				ServedPorts:     cfg.ServedPorts,
-				OwnAddrs:        cfg.OwnAddrs,
-				ClusterCIDRs:    cfg.ClusterCIDRs,
-				ExternalIPCIDRs: cfg.ExternalIPCIDRs,
-				Limits:          cfg.Limits,
-			},
-			DetectLocal: cfg.DetectLocal,
-		}
+		cc := cfg.CompileConfig(fam, allLocal[fam])
 		if pl.slots[fam] == nil {
 			pl.slots[fam] = compile.NewSlots()
 		}

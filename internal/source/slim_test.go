@@ -336,8 +336,13 @@ func sortedProblems(p []model.Problem) []model.Problem {
 func TestSlimBuildsTheSameModel(t *testing.T) {
 	svcs, slices, node := modelInput()
 	slimSvcs, slimSlices, slimNode := slimAll(svcs, slices, node)
-	cfg := pipeline.Config{MasqueradeBit: 14, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
-		DetectLocal: compile.DetectLocal{Mode: compile.LocalNodeCIDR}}
+	cfg := pipeline.Config{
+		Compile: compile.Config{
+			MasqueradeBit: 14,
+			DetectLocal:   compile.DetectLocal{Mode: compile.LocalNodeCIDR},
+		},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
+	}
 	run := func(svcs []*v1.Service, slices []*discovery.EndpointSlice, node *v1.Node) (*model.Snapshot, []*nft.Ruleset, []model.Problem) {
 		pl := pipeline.New()
 		snap, rs, problems, err := pl.Full(cfg, svcs, slices, node)
