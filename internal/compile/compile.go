@@ -82,7 +82,9 @@ const (
 	affinityPrefix = "affinity-"
 )
 
-// Config holds the flags that shape the ruleset.
+// Config holds the settings that shape a family's ruleset, each defined here (or in
+// admit.Policy) once: the proxy's configuration carries the Config whole
+// (pipeline.Config.Compile), and a new setting is one field.
 type Config struct {
 	Family nft.Family
 	// DetectLocal tells traffic from the cluster's pods from other traffic
@@ -580,7 +582,7 @@ var parallelCompileMin = 2048
 // compiled here (the caller's loop compiles those, in order). A flat port's compilation
 // reads the compiler and writes only its own part: it takes no endpoint slots (chained
 // ports do, in order, so that their ranges do not depend on timing). The claims are
-// taken in order first (claimsOf uses the scratch).
+// taken in order first (Decisions.Claims appends to per-call buffers).
 func (c *compiler) compileFlat(services []*model.ServicePort, prev []*compiledPart, d admit.Decisions) []*compiledPart {
 	if prev != nil || len(services) < parallelCompileMin {
 		return nil
