@@ -338,6 +338,7 @@ func proxyConfig(o *options.Options, addrs func() ([]netip.Addr, error)) (contro
 		UDPKeepTerminatingFlows: o.UDPKeepTerminatingFlows,
 		DefaultBalancing:        o.LoadBalancing,
 		MasqueradeToNodeIP:      o.MasqueradeToNodeIP,
+		FastPathInterfaces:      o.FastPathInterfaces,
 		Limits: compile.Limits{
 			MaxFrontendsPerService:     o.MaxFrontendsPerService,
 			MaxEndpointsPerServicePort: o.MaxEndpointsPerServicePort,

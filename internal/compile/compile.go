@@ -129,6 +129,8 @@ type Config struct {
 	DefaultBalancing model.Balancing
 	// Limits bound what one Service, and the whole table, may cost.
 	Limits Limits
+	// FastPath offloads established service flows to a flowtable (fastpath.go).
+	FastPath FastPath
 }
 
 // maglev reports whether sp picks endpoints by consistent hashing. ClientIP affinity
@@ -1320,7 +1322,8 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	for _, p := range pages {
 		sets = append(sets, c.endpointMap(p))
 	}
-	return &nft.Ruleset{Family: c.cfg.Family, Table: TableName, Sets: sets, Chains: chains}
+	flowtables, fastChains := c.fastPath()
+	return &nft.Ruleset{Family: c.cfg.Family, Table: TableName, Sets: sets, Chains: append(chains, fastChains...), Flowtables: flowtables}
 }
 
 // noMasquerade returns the rules that let traffic to Config.NoMasquerade (this family's

@@ -141,6 +141,9 @@ const (
 	// PurposeNoMasquerade: a masquerading chain's rule letting traffic to one of
 	// --no-masquerade-cidrs keep its source address.
 	PurposeNoMasquerade
+	// PurposeFastPath: the rule adding established service flows to the fast path's
+	// flowtable (--fast-path-interfaces).
+	PurposeFastPath
 
 	numPurposes
 )
@@ -160,7 +163,7 @@ var purposeNames = [numPurposes]string{
 	PurposeAffinityPick: "affinity: new client", PurposeAffinityRecord: "affinity: record client",
 	PurposeMasquerade: "masquerade", PurposeMarkBit: "masquerade mark",
 	PurposeUndefinedPort: "undefined cluster IP port", PurposeUnallocatedServiceIP: "unallocated service IP",
-	PurposeHook: "hook", PurposeNoMasquerade: "no masquerade",
+	PurposeHook: "hook", PurposeNoMasquerade: "no masquerade", PurposeFastPath: "fast path",
 }
 
 func (p Purpose) String() string {

@@ -88,6 +88,10 @@ type Config struct {
 	UDPKeepTerminatingFlows bool
 	// MasqueradeToNodeIP: --masquerade-to-node-ip (compile.Config).
 	MasqueradeToNodeIP bool
+	// FastPathInterfaces: --fast-path-interfaces (pipeline.Config); Interfaces lists
+	// the machine's interface names for them (nil: net.Interfaces).
+	FastPathInterfaces []string
+	Interfaces         func() ([]string, error)
 	// DefaultBalancing: --load-balancing (compile.Config.DefaultBalancing).
 	DefaultBalancing model.Balancing
 	// Limits bound what one Service, and the whole table, may cost (compile.Limits;
@@ -111,6 +115,8 @@ func (c Config) Pipeline() pipeline.Config {
 		ExternalIPCIDRs:    c.ExternalIPCIDRs,
 		NoMasqueradeCIDRs:  c.NoMasqueradeCIDRs,
 		MasqueradeToNodeIP: c.MasqueradeToNodeIP,
+		FastPathInterfaces: c.FastPathInterfaces,
+		Interfaces:         c.Interfaces,
 		DefaultBalancing:   c.DefaultBalancing,
 		Limits:             c.Limits,
 	}
@@ -168,6 +174,8 @@ type Proxy struct {
 	syncedOnce sync.Once
 	// "First sync started" was logged (sync goroutine only)
 	firstSyncStarted bool
+	// the kernel was asked whether it has flowtables (fastpath.go; sync goroutine only)
+	fastPathProbed bool
 }
 
 // New creates a Proxy; Run starts it.
@@ -462,6 +470,7 @@ func (p *Proxy) syncHealthChecks(snap *model.Snapshot) {
 // that may have left the cache half updated, build it anew from the full lists. Once
 // the model has them, c keeps only what the sync still has to program (Done).
 func (p *Proxy) compile(c *source.Changes) (*model.Snapshot, []*nft.Ruleset, error) {
+	p.probeFastPath()
 	cfg := p.cfg
 	cidrs, err := p.src.ServiceCIDRs()
 	if err != nil {

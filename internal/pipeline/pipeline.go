@@ -43,6 +43,11 @@ type Config struct {
 	NoMasqueradeCIDRs  []netip.Prefix
 	MasqueradeToNodeIP bool
 	DefaultBalancing   model.Balancing
+	// FastPathInterfaces are names or globs of the fast path's interfaces
+	// (--fast-path-interfaces; empty: off), matched on every compile against the
+	// names Interfaces lists (nil: net.Interfaces).
+	FastPathInterfaces []string
+	Interfaces         func() ([]string, error)
 	Limits             compile.Limits
 }
 
@@ -128,6 +133,10 @@ func (pl *Pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	fastPath, err := fastPathDevices(cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	snap, problems := build(model.Inputs{Node: node, ServiceCIDRs: cfg.ServiceCIDRs, NodePortAddrs: npAddrs})
 	if pl.compilers == nil {
 		pl.compilers = map[nft.Family]*compiler{}
@@ -169,6 +178,7 @@ func (pl *Pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 			c = &compiler{cfg: cc, c: compile.NewCompiler(cc, pl.slots[fam])}
 			pl.compilers[fam] = c
 		}
+		c.c.SetFastPath(fastPath) // devices come and go: not a new compiler
 		jobs[i] = func() {
 			rs, conflicts := c.c.Compile(snap)
 			results[i] = result{rs, conflicts}
