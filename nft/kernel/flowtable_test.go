@@ -8,6 +8,7 @@ import (
 	"github.com/nftproxy/nftproxy/internal/testnetns"
 	"github.com/nftproxy/nftproxy/nft"
 	"github.com/nftproxy/nftproxy/nft/kernel"
+	"github.com/nftproxy/nftproxy/nft/readback"
 	"github.com/nftproxy/nftproxy/nft/wire"
 )
 
@@ -72,6 +73,12 @@ func TestKernelFlowtable(t *testing.T) {
 	}
 	if r := nft.Render(rs); !strings.Contains(r, "flow add @ft") {
 		t.Errorf("read back and rendered:\n%s", r)
+	}
+	if d, err := readback.Compare(st, flowtableRuleset("d0", "d2")); err != nil || !d.Empty() {
+		t.Errorf("compared with what was written: %v %v", d, err)
+	}
+	if d, _ := readback.Compare(st, flowtableRuleset("d0")); d.String() != "ip t: flowtable ft: devices d0, d2, expected d0" {
+		t.Errorf("compared with other devices: %q", d.String())
 	}
 	step("removed", flowtableRuleset(), "")
 	step("created again", flowtableRuleset("d2"), "d2")
