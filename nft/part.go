@@ -144,7 +144,7 @@ func (rs *Ruleset) Flatten() *Ruleset {
 	if len(rs.Parts) == 0 {
 		return rs
 	}
-	out := &Ruleset{Family: rs.Family, Table: rs.Table}
+	out := &Ruleset{Family: rs.Family, Table: rs.Table, Flowtables: rs.Flowtables}
 	byName := map[string]*Set{}
 	for _, s := range rs.Sets {
 		c := *s

@@ -25,12 +25,30 @@ func Render(rs *Ruleset) string {
 		sep()
 		renderSet(&b, rs.Family, s)
 	}
+	for _, ft := range rs.Flowtables {
+		sep()
+		renderFlowtable(&b, ft)
+	}
 	for _, c := range rs.Chains {
 		sep()
 		renderChain(&b, rs.Family, c)
 	}
 	b.WriteString("}\n")
 	return b.String()
+}
+
+// renderFlowtable renders a flowtable as nft lists it.
+func renderFlowtable(b *strings.Builder, ft *Flowtable) {
+	fmt.Fprintf(b, "\tflowtable %s {\n", ft.Name)
+	prio := "filter"
+	if ft.Priority != 0 {
+		prio = strconv.Itoa(int(ft.Priority))
+	}
+	fmt.Fprintf(b, "\t\thook ingress priority %s\n", prio)
+	if len(ft.Devices) > 0 {
+		fmt.Fprintf(b, "\t\tdevices = { %s }\n", strings.Join(ft.Devices, ", "))
+	}
+	b.WriteString("\t}\n")
 }
 
 func renderSet(b *strings.Builder, fam Family, s *Set) {
@@ -265,6 +283,10 @@ func RenderStmt(fam Family, s Stmt) string {
 		return "ct state new"
 	case MatchCtStatusDNAT:
 		return "ct status dnat"
+	case MatchCtStateEstablished:
+		return "ct state established"
+	case FlowOffload:
+		return "flow add @" + s.Flowtable
 	case MatchMarkUnset:
 		return fmt.Sprintf("meta mark & 0x%08x == 0x00000000", s.Bits)
 	case MatchFibDaddrLocal:
@@ -347,6 +369,8 @@ func fieldName(fam Family, f Field) string {
 		return "meta l4proto"
 	case FieldTHDport:
 		return "th dport"
+	case FieldCtOrigDaddr:
+		return "ct original " + fam.String() + " daddr"
 	}
 	panic(fmt.Sprintf("nft: unknown field %d", f))
 }

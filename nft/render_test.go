@@ -13,20 +13,22 @@ import (
 
 // renderWant is the exact rendering of each AllStmtKinds value, by type name, per family.
 var renderWant = map[string]struct{ ip, ip6 string }{
-	"MatchPrefix":        {"ip saddr != 10.0.0.0/8", "ip6 saddr != 10.0.0.0/8"},
-	"MatchIifname":       {`iifname != "veth*"`, `iifname != "veth*"`},
-	"MatchL4Proto":       {"meta l4proto tcp", "meta l4proto tcp"},
-	"MatchCtStateNew":    {"ct state new", "ct state new"},
-	"MatchCtStatusDNAT":  {"ct status dnat", "ct status dnat"},
-	"MatchMarkUnset":     {"meta mark & 0x00004000 == 0x00000000", "meta mark & 0x00004000 == 0x00000000"},
-	"MatchFibDaddrLocal": {"fib daddr type local", "fib daddr type local"},
-	"Lookup":             {"ip saddr . ip daddr @s", "ip6 saddr . ip6 daddr @s"},
-	"VMap":               {"ip daddr . meta l4proto . th dport vmap @m", "ip6 daddr . meta l4proto . th dport vmap @m"},
-	"Verdict":            {"jump c", "jump c"},
-	"Reject":             {"reject", "reject"},
-	"SetMarkBits":        {"meta mark set meta mark | 0x00004000", "meta mark set meta mark | 0x00004000"},
-	"Masquerade":         {"masquerade fully-random", "masquerade fully-random"},
-	"SNATTo":             {"snat ip to 192.0.2.10 fully-random", "snat ip6 to 192.0.2.10 fully-random"},
+	"MatchPrefix":             {"ip saddr != 10.0.0.0/8", "ip6 saddr != 10.0.0.0/8"},
+	"MatchIifname":            {`iifname != "veth*"`, `iifname != "veth*"`},
+	"MatchL4Proto":            {"meta l4proto tcp", "meta l4proto tcp"},
+	"MatchCtStateNew":         {"ct state new", "ct state new"},
+	"MatchCtStatusDNAT":       {"ct status dnat", "ct status dnat"},
+	"MatchMarkUnset":          {"meta mark & 0x00004000 == 0x00000000", "meta mark & 0x00004000 == 0x00000000"},
+	"MatchFibDaddrLocal":      {"fib daddr type local", "fib daddr type local"},
+	"Lookup":                  {"ip saddr . ip daddr @s", "ip6 saddr . ip6 daddr @s"},
+	"VMap":                    {"ip daddr . meta l4proto . th dport vmap @m", "ip6 daddr . meta l4proto . th dport vmap @m"},
+	"Verdict":                 {"jump c", "jump c"},
+	"Reject":                  {"reject", "reject"},
+	"SetMarkBits":             {"meta mark set meta mark | 0x00004000", "meta mark set meta mark | 0x00004000"},
+	"Masquerade":              {"masquerade fully-random", "masquerade fully-random"},
+	"SNATTo":                  {"snat ip to 192.0.2.10 fully-random", "snat ip6 to 192.0.2.10 fully-random"},
+	"MatchCtStateEstablished": {"ct state established", "ct state established"},
+	"FlowOffload":             {"flow add @ft", "flow add @ft"},
 	"DNATHashMap": {"dnat ip to jhash ip saddr . th sport mod 4093 seed 0x6e667470 offset 256 map @m",
 		"dnat ip6 to jhash ip6 saddr . th sport mod 4093 seed 0x6e667470 offset 256 map @m"},
 	"DNATNumgenMap": {"dnat ip to numgen random mod 2 offset 100 map @m", "dnat ip6 to numgen random mod 2 offset 100 map @m"},
@@ -307,5 +309,37 @@ func TestAllStmtKindsComplete(t *testing.T) {
 	}
 	if !reflect.DeepEqual(declared, listed) {
 		t.Errorf("stmt.go declares %d statement kinds %v,\nAllStmtKinds lists %d: %v", len(declared), declared, len(listed), listed)
+	}
+}
+
+// TestRenderFlowtable: a flowtable renders as nft lists it, between the sets and the
+// chains, and the original destination as "ct original ip daddr".
+func TestRenderFlowtable(t *testing.T) {
+	rs := &Ruleset{Family: IPv4, Table: "t",
+		Sets:       []*Set{{Name: "cluster-ips", Key: []Datatype{TypeIPv4Addr}}},
+		Flowtables: []*Flowtable{{Name: "ft", Devices: []string{"eth0", "veth1"}}},
+		Chains: []*Chain{{Name: "c", Hook: &Hook{Type: TypeFilter, Hook: Forward, Priority: 10}, Rules: []Rule{{Stmts: []Stmt{
+			MatchCtStateEstablished{}, MatchCtStatusDNAT{}, Lookup{Fields: []Field{FieldCtOrigDaddr}, Set: "cluster-ips"}, FlowOffload{Flowtable: "ft"},
+		}}}}},
+	}
+	got := Render(rs)
+	want := `table ip t {
+	set cluster-ips {
+		type ipv4_addr
+	}
+
+	flowtable ft {
+		hook ingress priority filter
+		devices = { eth0, veth1 }
+	}
+
+	chain c {
+		type filter hook forward priority 10; policy accept;
+		ct state established ct status dnat ct original ip daddr @cluster-ips flow add @ft
+	}
+}
+`
+	if got != want {
+		t.Errorf("rendered\n%s\nwant\n%s", got, want)
 	}
 }

@@ -36,6 +36,8 @@ type Ruleset struct {
 	Table  string
 	Sets   []*Set   // in render order
 	Chains []*Chain // in render order: regular chains first, base chains last
+	// Flowtables are fast paths for established flows (see Flowtable), by name.
+	Flowtables []*Flowtable
 	// Parts hold the objects of each service port (see Part); Flatten merges them in.
 	Parts []*Part
 	// Changes, when set, names the parts that differ from those of the ruleset this one
@@ -48,6 +50,17 @@ type Chain struct {
 	Name  string
 	Hook  *Hook
 	Rules []Rule
+}
+
+// Flowtable is a fast path for established flows ("flowtable ft { hook ingress
+// priority filter; devices = { eth0, veth1 } }"): a flow that a rule adds to it
+// ("flow add @ft", FlowOffload) is forwarded from then on by the flowtable's ingress
+// hook on its devices, past every later netfilter hook of every table. Its hook is
+// always ingress.
+type Flowtable struct {
+	Name     string
+	Priority int32    // of the ingress hook (0: "priority filter")
+	Devices  []string // interface names, sorted, each at most 15 bytes
 }
 
 // Hook describes a base chain.

@@ -15,6 +15,9 @@ const (
 	FieldDaddr
 	FieldL4Proto
 	FieldTHDport
+	// FieldCtOrigDaddr is the destination of the connection's original direction,
+	// before DNAT ("ct original ip daddr").
+	FieldCtOrigDaddr
 )
 
 // Op is a comparison operator.
@@ -46,6 +49,14 @@ type MatchL4Proto struct{ Proto uint8 }
 
 // MatchCtStateNew matches connections in state new ("ct state new").
 type MatchCtStateNew struct{}
+
+// MatchCtStateEstablished matches connections in state established ("ct state
+// established"): a packet of a connection that has seen traffic both ways.
+type MatchCtStateEstablished struct{}
+
+// FlowOffload adds the packet's connection to the flowtable Flowtable ("flow add
+// @ft"): its later packets take the flowtable's fast path (Flowtable).
+type FlowOffload struct{ Flowtable string }
 
 // MatchCtStatusDNAT matches connections that were destination-NATed ("ct status dnat").
 type MatchCtStatusDNAT struct{}
@@ -153,28 +164,30 @@ type DNATTo struct {
 // timeout ("update @s { ip saddr }").
 type UpdateSaddr struct{ Set string }
 
-func (MatchPrefix) isStmt()        {}
-func (MatchIifname) isStmt()       {}
-func (MatchL4Proto) isStmt()       {}
-func (MatchCtStateNew) isStmt()    {}
-func (MatchCtStatusDNAT) isStmt()  {}
-func (MatchMarkUnset) isStmt()     {}
-func (MatchFibDaddrLocal) isStmt() {}
-func (Lookup) isStmt()             {}
-func (VMap) isStmt()               {}
-func (Verdict) isStmt()            {}
-func (Reject) isStmt()             {}
-func (SetMarkBits) isStmt()        {}
-func (Masquerade) isStmt()         {}
-func (DNATNumgenMap) isStmt()      {}
-func (DNATKeyMap) isStmt()         {}
-func (DNATHashMap) isStmt()        {}
-func (SNATTo) isStmt()             {}
-func (Counter) isStmt()            {}
-func (MatchFibSaddrLocal) isStmt() {}
-func (MatchNumgen) isStmt()        {}
-func (DNATTo) isStmt()             {}
-func (UpdateSaddr) isStmt()        {}
+func (MatchPrefix) isStmt()             {}
+func (MatchIifname) isStmt()            {}
+func (MatchL4Proto) isStmt()            {}
+func (MatchCtStateNew) isStmt()         {}
+func (MatchCtStatusDNAT) isStmt()       {}
+func (MatchCtStateEstablished) isStmt() {}
+func (FlowOffload) isStmt()             {}
+func (MatchMarkUnset) isStmt()          {}
+func (MatchFibDaddrLocal) isStmt()      {}
+func (Lookup) isStmt()                  {}
+func (VMap) isStmt()                    {}
+func (Verdict) isStmt()                 {}
+func (Reject) isStmt()                  {}
+func (SetMarkBits) isStmt()             {}
+func (Masquerade) isStmt()              {}
+func (DNATNumgenMap) isStmt()           {}
+func (DNATKeyMap) isStmt()              {}
+func (DNATHashMap) isStmt()             {}
+func (SNATTo) isStmt()                  {}
+func (Counter) isStmt()                 {}
+func (MatchFibSaddrLocal) isStmt()      {}
+func (MatchNumgen) isStmt()             {}
+func (DNATTo) isStmt()                  {}
+func (UpdateSaddr) isStmt()             {}
 
 // AllStmtKinds lists one value of every statement kind, for table tests that prove each
 // consumer handles them all.
@@ -202,5 +215,7 @@ func AllStmtKinds() []Stmt {
 		DNATTo{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8080},
 		UpdateSaddr{Set: "a"},
 		SNATTo{Addr: netip.MustParseAddr("192.0.2.10")},
+		MatchCtStateEstablished{},
+		FlowOffload{Flowtable: "ft"},
 	}
 }

@@ -347,9 +347,10 @@ func proxyConfig(o *options.Options, addrs func() ([]netip.Addr, error)) (contro
 					},
 				},
 			},
-			NodePortAddresses: o.NodePorts,
-			LocalAddrs:        addrs,
-			ServiceCIDRs:      o.ServiceCIDRs,
+			NodePortAddresses:  o.NodePorts,
+			LocalAddrs:         addrs,
+			ServiceCIDRs:       o.ServiceCIDRs,
+			FastPathInterfaces: o.FastPathInterfaces,
 		},
 		UDPKeepTerminatingFlows: o.UDPKeepTerminatingFlows,
 	}, nil

@@ -11,6 +11,7 @@ res=/run/results
 # shellcheck source=/dev/null
 . "$res/run.env"
 exec >>"$res/guest.log" 2>&1
+for kv in "${GUEST_ENV[@]}"; do export "${kv?}"; done # KERNELS_ENV
 echo "guest: $(uname -r), $(nproc) CPU, $(awk '/MemTotal/ { print $2 " kB" }' /proc/meminfo)"
 # nf_tables and the rest load on demand through the guest kernel's modules.
 printf '#!/bin/sh\nexec /bin/busybox modprobe "$@"\n' >/run/modprobe

@@ -21,6 +21,8 @@
 #   KERNELS_ACCEL      qemu accelerator: tcg (default; software) or kvm where /dev/kvm is
 #                      real hardware virtualization (not this project's nested machines)
 #   KERNELS_MEM        guest memory in MiB (default 1536)
+#   KERNELS_ENV        VAR=value words exported to the test binaries in the guest
+#                      (e.g. NFTPROXY_FASTPATH_FIGURE=1 for e2e/kernels' measurement)
 #   OUT                results directory (default bin/kernels)
 # Exit status: 0 when every guest ran every package and every test passed.
 set -euo pipefail
@@ -147,6 +149,7 @@ for k in "${kernels[@]}"; do
   cp -r "$bins" "$res/bin"
   {
     printf 'REPO=%q\nTIMEOUT=%q\nSKIP=%q\nSTART=%q\n' "$repo" "$guest_timeout" "$skip" "$(date +%s)"
+    printf 'GUEST_ENV=(%s)\n' "${KERNELS_ENV:-}"
     printf 'TESTS=(\n'
     for t in "${tests[@]}"; do printf '  %q\n' "$t"; done
     printf ')\n'

@@ -116,6 +116,8 @@ type Config struct {
 	// Policy decides which service ports are programmed, and which external frontends
 	// they may take (internal/admit).
 	admit.Policy
+	// FastPath offloads established service flows to a flowtable (fastpath.go).
+	FastPath FastPath
 }
 
 // maglev reports whether sp picks endpoints by consistent hashing. ClientIP affinity
@@ -1028,7 +1030,8 @@ func (c *compiler) finish(used map[uint32]bool) *nft.Ruleset {
 	for _, p := range pages {
 		sets = append(sets, c.endpointMap(p))
 	}
-	return &nft.Ruleset{Family: c.cfg.Family, Table: TableName, Sets: sets, Chains: chains}
+	flowtables, fastChains := c.fastPath()
+	return &nft.Ruleset{Family: c.cfg.Family, Table: TableName, Sets: sets, Chains: append(chains, fastChains...), Flowtables: flowtables}
 }
 
 // noMasquerade returns the rules that let traffic to Config.NoMasquerade (this family's

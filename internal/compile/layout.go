@@ -136,7 +136,7 @@ var layout = [roleEnd]Description{
 	RoleNodePortFrontend: {Kind: KindChain, Name: ChainNodePortFront, Purpose: "the flat path's node ports: masquerade marking, then the nodeport-lb tree"},
 	RoleLBTree:           {Kind: KindChain, Name: chainLB + "-<first>-<last>", Purpose: "the tree picking a flat frontend's endpoint by its count"},
 	RoleNodePortLBTree:   {Kind: KindChain, Name: chainNodePortLB + "-<first>-<last>", Purpose: "the tree picking a flat node port's endpoint by its count"},
-	RoleHook:             {Kind: KindBaseChain, Name: "<filter|nat>-<hook>[-pre-dnat]", Purpose: "netfilter's hooks into the chains above"},
+	RoleHook:             {Kind: KindBaseChain, Name: "<filter|nat>-<hook>[-pre-dnat|-fastpath]", Purpose: "netfilter's hooks into the chains above"},
 
 	RoleServiceChain:     {Kind: KindChain, Name: kindService + "-<service port>", PerServicePort: true, Purpose: "a chained service port: masquerade marking and the pick of an endpoint"},
 	RoleLocalChain:       {Kind: KindChain, Name: kindLocal + "-<service port>", PerServicePort: true, Purpose: "a Local traffic policy: the pick of an endpoint on this node"},
@@ -149,7 +149,7 @@ var layout = [roleEnd]Description{
 
 // hookChains are the base chains' names.
 var hookChains = []string{ChainFilterPreroutingPreDNAT, ChainFilterOutputPreDNAT, ChainFilterInput, ChainFilterForward,
-	ChainFilterOutput, ChainNATPrerouting, ChainNATOutput, ChainNATPostrouting}
+	ChainFilterOutput, ChainNATPrerouting, ChainNATOutput, ChainNATPostrouting, ChainFilterForwardFastPath}
 
 // fixedNames maps the names of roles with one object (and the base chains) to them, for
 // chains and for sets.

@@ -116,6 +116,8 @@ type Proxy struct {
 	syncedOnce sync.Once
 	// "First sync started" was logged (sync goroutine only)
 	firstSyncStarted bool
+	// the kernel was asked whether it has flowtables (fastpath.go; sync goroutine only)
+	fastPathProbed bool
 }
 
 // New creates a Proxy; Run starts it.
@@ -410,6 +412,7 @@ func (p *Proxy) syncHealthChecks(snap *model.Snapshot) {
 // that may have left the cache half updated, build it anew from the full lists. Once
 // the model has them, c keeps only what the sync still has to program (Done).
 func (p *Proxy) compile(c *source.Changes) (*model.Snapshot, []*nft.Ruleset, error) {
+	p.probeFastPath()
 	cfg := p.cfg.Pipeline
 	cidrs, err := p.src.ServiceCIDRs()
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -78,6 +79,9 @@ type Options struct {
 	UDPKeepTerminatingFlows bool
 	// MasqueradeToNodeIP: --masquerade-to-node-ip (nftproxy only).
 	MasqueradeToNodeIP bool
+	// FastPathInterfaces: --fast-path-interfaces, names or globs of the interfaces of
+	// the fast path for established flows (nftproxy only; empty: off).
+	FastPathInterfaces []string
 	// LoadBalancingFlag: --load-balancing, "random" or "maglev" (nftproxy only).
 	LoadBalancingFlag string
 	// LoadBalancing: --load-balancing, parsed.
@@ -152,6 +156,7 @@ func NewFlagSet() (*pflag.FlagSet, *Options) {
 	fs.StringSliceVar(&o.NoMasqueradeCIDRsFlag, "no-masquerade-cidrs", nil, "Destination CIDR ranges (comma-separated, both families) whose service traffic is never masqueraded: after DNAT, a packet to an endpoint in them keeps its source address even when kube-proxy's rules would masquerade it (traffic from the node itself, from outside the cluster CIDR, to node ports and external IPs). List only ranges whose replies come back through this node, such as the pod CIDR when node-to-pod routing is symmetric; hairpin traffic is still masqueraded. Empty: kube-proxy's behaviour. Also applies with --config. (nftproxy only)")
 	fs.StringVar(&o.LoadBalancingFlag, "load-balancing", "random", "How a new connection's endpoint is chosen for Services without the nftproxy.io/load-balancing annotation: random (kube-proxy's uniform choice) or maglev (consistent hashing of the client's address and port through a Maglev lookup table of at least 4,093 entries per service port and family: every node picks the same endpoint for the same client address and port, and when one of N endpoints goes only about 1/N of clients move). Services with ClientIP session affinity keep their affinity. Also applies with --config. (nftproxy only)")
 	fs.BoolVar(&o.MasqueradeToNodeIP, "masquerade-to-node-ip", false, "Source-NAT the service traffic kube-proxy masquerades to the node's primary IP of its family (the Node's InternalIP, else ExternalIP) instead of the address of the interface it leaves by, so that endpoints see one address per node whatever the route; while the Node has no such address traffic is masqueraded. Hairpin traffic is masqueraded either way. Also applies with --config. (nftproxy only)")
+	fs.StringSliceVar(&o.FastPathInterfaces, "fast-path-interfaces", nil, "Names or shell globs (comma-separated, such as eth0,veth*) of the node's interfaces on which established TCP and UDP flows to Services' cluster IPs take a fast path: after a flow's first packets the kernel forwards it through an nf_tables flowtable, past every later netfilter hook of every table (other tables' forward filtering, counters and logging see only those first packets). The interfaces are matched again on every sync, so pod interfaces that come and go are followed. Needs a kernel with flowtables (CONFIG_NF_FLOW_TABLE, nf_flow_table_inet); on one without, nftproxy logs it once and programs everything else. Empty: off (kube-proxy's behaviour). Also applies with --config. (nftproxy only)")
 	fs.BoolVar(&o.UDPKeepTerminatingFlows, "udp-keep-terminating-flows", false, "Keep a UDP flow's conntrack entry while its endpoint terminates, serving or not, until the endpoint leaves its EndpointSlice; kube-proxy deletes it as soon as the endpoint stops serving, moving the flow to another endpoint. For stateful UDP protocols (SIP, QUIC, game sessions) on pods with a graceful shutdown. New flows never go to an endpoint that does not serve. Also applies with --config. (nftproxy only)")
 	fs.StringSliceVar(&o.ExternalIPCIDRsFlag, "external-ip-cidrs", nil, "CIDR ranges (comma-separated, any number, both families) Service externalIPs must lie in to be programmed; an externalIP outside them is refused with a Warning event. Empty: externalIPs anywhere (kube-proxy's behaviour). Listing the addresses you route to the nodes for externalIPs is the secure setting. Load-balancer IPs are not affected. Also applies with --config. (nftproxy only)")
 	fs.IntVar(&o.MaxSourceRangesPerService, "max-source-ranges-per-service", admit.DefaultMaxSourceRangesPerService, "The most loadBalancerSourceRanges one Service may list; a Service with more is not programmed and gets a Warning event. 0: no limit. (nftproxy only)")
@@ -517,6 +522,11 @@ func (o *Options) parse() error {
 	}
 	if o.NoMasqueradeCIDRs, err = config.ParseCIDRs(o.NoMasqueradeCIDRsFlag); err != nil {
 		return fmt.Errorf("--no-masquerade-cidrs: %w", err)
+	}
+	for _, p := range o.FastPathInterfaces {
+		if _, err := path.Match(p, ""); err != nil || p == "" || len(p) > 15 && !strings.ContainsAny(p, "*?[") {
+			return fmt.Errorf("--fast-path-interfaces: %q is not an interface name (at most 15 bytes) or glob", p)
+		}
 	}
 	o.notes = append(o.notes, o.NodePorts.Notes()...)
 	o.DetectLocal = compile.DetectLocal{Mode: compile.LocalMode(o.DetectLocalMode), ClusterCIDRs: o.ClusterCIDRs}

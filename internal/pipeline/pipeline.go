@@ -35,6 +35,11 @@ type Config struct {
 	// ServiceCIDRs are the ranges cluster IPs are allocated from (the ServiceCIDR
 	// objects', or --service-cluster-ip-range when the API serves none).
 	ServiceCIDRs []netip.Prefix
+	// FastPathInterfaces are names or globs of the fast path's interfaces
+	// (--fast-path-interfaces; empty: Compile.FastPath as it is), matched on every
+	// compile against the names Interfaces lists (nil: net.Interfaces).
+	FastPathInterfaces []string
+	Interfaces         func() ([]string, error)
 }
 
 // CompileConfig is the compiler configuration of family fam: cfg.Compile for fam, with
@@ -129,6 +134,10 @@ func (pl *Pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	fastPath, err := fastPathDevices(cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	snap, problems := build(model.Inputs{Node: node, ServiceCIDRs: cfg.ServiceCIDRs, NodePortAddrs: npAddrs})
 	if pl.compilers == nil {
 		pl.compilers = map[nft.Family]*compiler{}
@@ -155,6 +164,7 @@ func (pl *Pipeline) run(cfg Config, node *v1.Node, build func(model.Inputs) (*mo
 			c = &compiler{cfg: cc, c: compile.NewCompiler(cc, pl.slots[fam])}
 			pl.compilers[fam] = c
 		}
+		c.c.SetFastPath(fastPath) // devices come and go: not a new compiler
 		jobs[i] = func() {
 			rs, conflicts := c.c.Compile(snap)
 			results[i] = result{rs, conflicts}

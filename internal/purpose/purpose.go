@@ -145,6 +145,9 @@ const (
 	// NoMasquerade: a masquerading chain's rule letting traffic to one of
 	// --no-masquerade-cidrs keep its source address.
 	NoMasquerade
+	// FastPath: the rule adding established service flows to the fast path's
+	// flowtable (--fast-path-interfaces).
+	FastPath
 
 	numPurposes
 )
@@ -164,7 +167,7 @@ var purposeNames = [numPurposes]string{
 	AffinityPick: "affinity: new client", AffinityRecord: "affinity: record client",
 	Masquerade: "masquerade", MarkBit: "masquerade mark",
 	UndefinedPort: "undefined cluster IP port", UnallocatedServiceIP: "unallocated service IP",
-	Hook: "hook", NoMasquerade: "no masquerade",
+	Hook: "hook", NoMasquerade: "no masquerade", FastPath: "fast path",
 }
 
 func (p Purpose) String() string {

@@ -243,6 +243,7 @@ type staged struct {
 	t              *wire.TableState
 	chains, sets   map[string]bool // copied already
 	gone, goneSets map[string]bool // chains and sets this transaction deleted
+	goneFlowtables map[string]bool // flowtables this transaction deleted
 }
 
 // table returns the staged copy of a table; nil if it does not exist.
@@ -256,7 +257,7 @@ func (tx *txn) table(fam nft.Family, name string) *staged {
 		return nil
 	}
 	c := *t
-	c.Chains, c.Sets = maps.Clone(t.Chains), maps.Clone(t.Sets)
+	c.Chains, c.Sets, c.Flowtables = maps.Clone(t.Chains), maps.Clone(t.Sets), maps.Clone(t.Flowtables)
 	s := &staged{t: &c, chains: map[string]bool{}, sets: map[string]bool{}}
 	tx.staged[k] = s
 	return s
@@ -411,6 +412,27 @@ func (tx *txn) apply(m wire.Msg) error {
 			delete(set.Elements, string(e.Key))
 		}
 		return errors.Join(errs...)
+	case unix.NFT_MSG_NEWFLOWTABLE:
+		ft := *m.Flowtable
+		if old := s.t.Flowtables[ft.Name]; old != nil { // an update adds the devices it lacks
+			if old.Hooknum != ft.Hooknum || old.Priority != ft.Priority {
+				return fmt.Errorf("%s: flowtable %s: another hook: %w", where, ft.Name, syscall.EOPNOTSUPP)
+			}
+			ft.Devices = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(old.Devices), ft.Devices...))))
+		}
+		if s.t.Flowtables == nil {
+			s.t.Flowtables = map[string]*wire.FlowtableState{}
+		}
+		s.t.Flowtables[ft.Name] = &ft
+	case unix.NFT_MSG_DELFLOWTABLE:
+		if s.t.Flowtables[m.Name] == nil {
+			return fmt.Errorf("%s: deleting flowtable %s: %w", where, m.Name, syscall.ENOENT)
+		}
+		delete(s.t.Flowtables, m.Name)
+		if s.goneFlowtables == nil {
+			s.goneFlowtables = map[string]bool{}
+		}
+		s.goneFlowtables[m.Name] = true
 	default:
 		return fmt.Errorf("%s: message type %d: %w", where, m.Type, syscall.EOPNOTSUPP)
 	}
@@ -479,7 +501,16 @@ func (s *staged) check(k tableKey) []error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(t.Chains)) {
 		for i, r := range t.Chains[name].Rules {
-			chains, sets := wire.RuleRefs(r)
+			chains, sets, fts := wire.RuleRefsAll(r)
+			for _, ft := range fts {
+				if t.Flowtables[ft] == nil {
+					err := error(syscall.ENOENT)
+					if s.goneFlowtables[ft] {
+						err = syscall.EBUSY
+					}
+					fail("chain %s rule %d: flowtable @%s: %w", name, i, ft, err)
+				}
+			}
 			for _, target := range chains {
 				if t.Chains[target] == nil {
 					fail("chain %s rule %d: jump to chain %s: %w", name, i, target, s.missing("", target))

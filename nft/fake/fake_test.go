@@ -118,6 +118,10 @@ var refusals = []struct {
 		rs.Chains = append(rs.Chains, &nft.Chain{Name: "hooked", Hook: &nft.Hook{Type: nft.TypeFilter, Hook: nft.Input},
 			Rules: []nft.Rule{{Stmts: []nft.Stmt{nft.Verdict{Kind: nft.Jump, Chain: "entry"}}}}})
 	}, syscall.EMLINK, false},
+	{"flow add to a missing flowtable", func(rs *nft.Ruleset) {
+		c := chain(rs, "entry")
+		c.Rules = append(c.Rules, nft.Rule{Stmts: []nft.Stmt{nft.FlowOffload{Flowtable: "missing"}}})
+	}, syscall.ENOENT, false},
 	{"name too long", func(rs *nft.Ruleset) {
 		rs.Chains = append(rs.Chains, &nft.Chain{Name: strings.Repeat("c", 256)})
 	}, syscall.ERANGE, false},

@@ -69,6 +69,9 @@ type state struct {
 	// a full write from the kernel's names (a resync).
 	caps    map[string]uint32
 	unsized map[string]bool
+	// flowtables: the names of the flowtables of a state read from the kernel (a known
+	// state's are its ruleset's)
+	flowtables map[string]bool
 	// known is false for a state read from the kernel: only names, content unknown
 	known bool
 	// distrust is set when a refused transaction's undo restored the state: the next
@@ -319,18 +322,37 @@ func (a *Applier) kernelState(fam nft.Family, table string) (*state, error) {
 	for _, name := range sets {
 		st.sets[name] = nil // present, definition unknown
 	}
+	fts, err := wire.FlowtableNames(c, fam, table)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range fts {
+		st.flowtables[name] = true
+	}
 	return st, nil
 }
 
 func newState(rs *nft.Ruleset) *state {
 	return &state{rs: rs, sets: map[string]*nft.Set{}, chains: map[string]*nft.Chain{}, parts: map[string]*nft.Part{},
-		elems: map[string]setIndex{}, caps: map[string]uint32{}}
+		elems: map[string]setIndex{}, caps: map[string]uint32{}, flowtables: map[string]bool{}}
+}
+
+// flowtableNames are the flowtables st knows are in the kernel.
+func (st *state) flowtableNames() map[string]bool {
+	out := maps.Clone(st.flowtables)
+	if st.rs != nil {
+		for _, ft := range st.rs.Flowtables {
+			out[ft.Name] = true
+		}
+	}
+	return out
 }
 
 // names returns a state with st's set and chain names and unknown content: diffing
 // against it rewrites everything.
 func (st *state) names() *state {
 	out := newState(nil)
+	out.flowtables = st.flowtableNames()
 	for name := range st.sets {
 		out.sets[name] = nil
 	}
@@ -462,7 +484,11 @@ type plan struct {
 	newChains   []*nft.Chain
 	refill      []*nft.Chain
 	goneChains  []string
-	recreated   map[string]bool // sets deleted and created anew: their elements are all added
+	// flowtables: every flowtable of the ruleset is sent (created, or given the devices
+	// it lacks); gone ones are deleted once no rule refers to them
+	flowtables     []*nft.Flowtable
+	goneFlowtables []string
+	recreated      map[string]bool // sets deleted and created anew: their elements are all added
 	// a full write's element messages, made by fillFresh, and how many elements they add
 	fresh         []*wire.Batch
 	freshElements int
@@ -578,7 +604,17 @@ func diffFull(b *wire.Batch, prev, cur *state, st *Stats) error {
 			pl.goneChains = append(pl.goneChains, name)
 		}
 	}
+	pl.planFlowtables(prev.flowtableNames(), cur.rs)
 	return pl.emit(b, d, byName, st)
+}
+
+// planFlowtables sends every flowtable of rs and deletes those of had that rs lacks.
+func (pl *plan) planFlowtables(had map[string]bool, rs *nft.Ruleset) {
+	pl.flowtables = rs.Flowtables
+	for _, ft := range rs.Flowtables {
+		delete(had, ft.Name)
+	}
+	pl.goneFlowtables = slices.Sorted(maps.Keys(had))
 }
 
 // diffParts diffs prev, whose content is known, against rs: the ruleset's own chains and
@@ -684,6 +720,7 @@ func diffParts(b *wire.Batch, prev *state, rs *nft.Ruleset, st *Stats, u *undo) 
 	if over := checkCapacity(prev, d.before); over != nil {
 		return over
 	}
+	pl.planFlowtables(prev.flowtableNames(), rs)
 	prev.rs = rs
 	prev.distrust = false
 	return pl.emit(b, d, byName, st)
@@ -905,13 +942,20 @@ func (pl *plan) emit(b *wire.Batch, d *elemDelta, sets map[string]*nft.Set, st *
 	for _, name := range pl.flushChains {
 		b.FlushChain(name)
 	}
-	// 3. sets that go or are replaced, now that no rule refers to them
+	// 3. sets and flowtables that go or are replaced, now that no rule refers to them
 	for _, name := range pl.goneSets {
 		b.DelSet(name)
 	}
-	// 4. new sets, new chains
+	for _, name := range pl.goneFlowtables {
+		b.DelFlowtable(name)
+	}
+	// 4. new sets, flowtables (created, or told the devices they lack: a device that
+	// appeared since the last sync), new chains
 	for _, s := range pl.newSets {
 		b.AddSet(withCapacity(s, d.st.caps[s.Name]))
+	}
+	for _, ft := range pl.flowtables {
+		b.AddFlowtable(ft)
 	}
 	for _, c := range pl.newChains {
 		b.AddChain(c)

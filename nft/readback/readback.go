@@ -262,6 +262,21 @@ func compareStates(got, want *wire.TableState, rs *nft.Ruleset, cfg config) Diff
 			}
 		}
 	}
+
+	// flowtables: hook, priority and devices
+	for _, name := range union(sortedKeys(got.Flowtables), sortedKeys(want.Flowtables)) {
+		gf, wf := got.Flowtables[name], want.Flowtables[name]
+		switch {
+		case gf == nil:
+			add("flowtable %s missing (devices %s)", name, strings.Join(wf.Devices, ", "))
+		case wf == nil:
+			add("flowtable %s extra (devices %s)", name, strings.Join(gf.Devices, ", "))
+		case gf.Hooknum != wf.Hooknum || gf.Priority != wf.Priority:
+			add("flowtable %s: hook %d priority %d, expected hook %d priority %d", name, gf.Hooknum, gf.Priority, wf.Hooknum, wf.Priority)
+		case !slices.Equal(gf.Devices, wf.Devices):
+			add("flowtable %s: devices %s, expected %s", name, strings.Join(gf.Devices, ", "), strings.Join(wf.Devices, ", "))
+		}
+	}
 	return d
 }
 

@@ -18,7 +18,8 @@ const (
 
 // thread is one way of evaluating the packet; random choices fork it.
 type thread struct {
-	pkt    Packet // addresses and port as rewritten by DNAT
+	pkt    Packet     // addresses and port as rewritten by DNAT
+	orig   netip.Addr // the destination before DNAT ("ct original ip daddr")
 	prob   float64
 	mark   uint32
 	dnat   netip.AddrPort

@@ -37,10 +37,13 @@ func (t *thread) field(f nft.Field, want nft.Datatype) (nft.Value, error) {
 	var v nft.Value
 	var have nft.Datatype
 	switch f {
-	case nft.FieldSaddr, nft.FieldDaddr:
+	case nft.FieldSaddr, nft.FieldDaddr, nft.FieldCtOrigDaddr:
 		v, have = nft.Addr(t.pkt.Saddr), nft.TypeIPv4Addr
 		if f == nft.FieldDaddr {
 			v = nft.Addr(t.pkt.Daddr)
+		}
+		if f == nft.FieldCtOrigDaddr {
+			v = nft.Addr(t.orig)
 		}
 		if t.pkt.Family == nft.IPv6 {
 			have = nft.TypeIPv6Addr

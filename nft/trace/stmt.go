@@ -27,6 +27,10 @@ func (tr *tracer) stmt(t *thread, s nft.Stmt) ([]branch, error) {
 		return cond(t, true), nil // the first packet of a connection
 	case nft.MatchCtStatusDNAT:
 		return cond(t, t.dnat.IsValid()), nil
+	case nft.MatchCtStateEstablished:
+		return cond(t, false), nil // the first packet of a connection
+	case nft.FlowOffload:
+		return next(t), nil // later packets may take the fast path; this one goes on
 	case nft.MatchMarkUnset:
 		return cond(t, t.mark&s.Bits == 0), nil
 	case nft.MatchFibDaddrLocal:

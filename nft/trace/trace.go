@@ -123,7 +123,7 @@ func Trace(rs *nft.Ruleset, pkt Packet, ctx Context) (*Result, error) {
 	default:
 		return nil, fmt.Errorf("trace: a packet enters at prerouting or output, not %s", pkt.Hook)
 	}
-	ends, err := newTracer(rs, ctx).stages(&thread{pkt: pkt, prob: 1}, stages)
+	ends, err := newTracer(rs, ctx).stages(&thread{pkt: pkt, orig: pkt.Daddr, prob: 1}, stages)
 	if err != nil {
 		return nil, err
 	}

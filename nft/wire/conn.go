@@ -118,6 +118,23 @@ func SetNames(conn *netlink.Conn, fam nft.Family, table string) ([]string, error
 	return sortedKeys(st.Sets), nil
 }
 
+// FlowtableNames lists the names of a table's flowtables.
+func FlowtableNames(conn *netlink.Conn, fam nft.Family, table string) ([]string, error) {
+	msgs, err := Dump(conn, fam, unix.NFT_MSG_GETFLOWTABLE, func(ae *netlink.AttributeEncoder) {
+		ae.String(nftaFlowtableTable, table)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing flowtables of %s %s: %w", fam, table, err)
+	}
+	st := newTableState(fam, table)
+	for _, payload := range msgs {
+		if err := st.addFlowtableMsg(payload); err != nil {
+			return nil, err
+		}
+	}
+	return sortedKeys(st.Flowtables), nil
+}
+
 // stringAttr returns the string attribute typ of a message payload, "" if absent.
 func stringAttr(payload []byte, typ uint16) string {
 	var out string

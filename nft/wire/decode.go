@@ -49,6 +49,9 @@ func Decode(st *TableState) (rs *nft.Ruleset, undecoded []string) {
 		}
 	}
 	rs.Chains = append(regular, base...)
+	for _, name := range sortedKeys(st.Flowtables) {
+		rs.Flowtables = append(rs.Flowtables, decodeFlowtable(st.Flowtables[name]))
+	}
 	return rs, undecoded
 }
 
@@ -226,6 +229,10 @@ func loadField(fam nft.Family, e ExprState) (nft.Field, bool) {
 	case "meta":
 		if be32(e.Attrs[unix.NFTA_META_KEY]) == unix.NFT_META_L4PROTO {
 			return nft.FieldL4Proto, true
+		}
+	case "ct":
+		if isCtOrigDaddr(fam, e) {
+			return nft.FieldCtOrigDaddr, true
 		}
 	}
 	return 0, false

@@ -236,6 +236,8 @@ func (b *Batch) loadConcat(fam nft.Family, fs []nft.Field, reg func(word uint32)
 		case nft.FieldTHDport:
 			b.payload(r, unix.NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2)
 			used += 4
+		case nft.FieldCtOrigDaddr:
+			used += b.ctOrigDaddr(fam, r)
 		}
 	}
 	return used

@@ -57,6 +57,11 @@ func refStmtExprs(fam nft.Family, s nft.Stmt) ([]expr.Any, error) {
 		return refCtBit(expr.CtKeySTATE, expr.CtStateBitNEW), nil
 	case nft.MatchCtStatusDNAT:
 		return refCtBit(expr.CtKeySTATUS, 1<<5 /* IPS_DST_NAT */), nil
+	case nft.MatchCtStateEstablished:
+		return refCtBit(expr.CtKeySTATE, expr.CtStateBitESTABLISHED), nil
+	case nft.FlowOffload:
+		// libnftnl writes the name with its NUL (mnl_attr_put_strz), google/nftables without
+		return []expr.Any{&expr.FlowOffload{Name: s.Flowtable + "\x00"}}, nil
 	case nft.MatchMarkUnset:
 		return []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},

@@ -50,8 +50,6 @@ var nameAttrs = map[uint16]uint16{
 	unix.NFT_MSG_DELFLOWTABLE: nftaFlowtableName,
 }
 
-const nftaFlowtableName = 2 // NFTA_FLOWTABLE_NAME
-
 // Events calls fn with each nf_tables message of one datagram received on the events
 // socket; messages of other subsystems are skipped. Decoding the names of an object
 // event costs a walk of its attributes: skip(port) returning true leaves them out (a

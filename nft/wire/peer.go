@@ -50,6 +50,8 @@ type Msg struct {
 	Rule  *RuleState  // NEWRULE
 	Set   *SetState   // NEWSET
 	Elems []ElemState // NEWSETELEM, DELSETELEM (none: flush the set)
+	// Flowtable is the flowtable of NEWFLOWTABLE (Name: also of DELFLOWTABLE).
+	Flowtable *FlowtableState
 }
 
 // MsgError is a refused message of a transaction: its index in the messages given to
@@ -89,6 +91,11 @@ func ParseMsg(typ uint16, fam nft.Family, payload []byte) (Msg, error) {
 		m.Table, m.Name = stringAttr(payload, unix.NFTA_SET_TABLE), stringAttr(payload, unix.NFTA_SET_NAME)
 	case unix.NFT_MSG_NEWSETELEM, unix.NFT_MSG_DELSETELEM:
 		m.Table, m.Name, m.Elems, err = parseElems(payload)
+	case unix.NFT_MSG_NEWFLOWTABLE, unix.NFT_MSG_DELFLOWTABLE:
+		m.Table, m.Flowtable, err = parseFlowtable(payload)
+		if m.Flowtable != nil {
+			m.Name = m.Flowtable.Name
+		}
 	default:
 		err = fmt.Errorf("message type %d: %w", typ, syscall.EOPNOTSUPP)
 	}
@@ -105,8 +112,16 @@ type SetRef struct {
 
 // RuleRefs returns the chains a rule jumps or goes to and the sets it uses.
 func RuleRefs(r RuleState) (chains []string, sets []SetRef) {
+	chains, sets, _ = RuleRefsAll(r)
+	return chains, sets
+}
+
+// RuleRefsAll is RuleRefs with the flowtables the rule adds flows to.
+func RuleRefsAll(r RuleState) (chains []string, sets []SetRef, flowtables []string) {
 	for _, e := range r.Exprs {
 		switch e.Name {
+		case "flow_offload":
+			flowtables = append(flowtables, cstring(e.Attrs[nftaFlowTableName]))
 		case "immediate":
 			if d, ok := e.Attrs[unix.NFTA_IMMEDIATE_DATA]; ok {
 				if v := immediateVerdictState(d); v.VerdictChain != "" {
@@ -127,7 +142,7 @@ func RuleRefs(r RuleState) (chains []string, sets []SetRef) {
 			sets = append(sets, SetRef{Set: cstring(e.Attrs[unix.NFTA_DYNSET_SET_NAME]), Update: true})
 		}
 	}
-	return chains, sets
+	return chains, sets, flowtables
 }
 
 func immediateVerdictState(data []byte) ElemState {
@@ -340,6 +355,19 @@ func (s *peerSocket) request(m netlink.Message) {
 					ae.Uint32(unix.NFTA_SET_FLAGS, set.Flags)
 					ae.Uint32(unix.NFTA_SET_KEY_TYPE, set.KeyType)
 					ae.Uint32(unix.NFTA_SET_KEY_LEN, set.KeyLen)
+				}))
+			}
+		}
+	case unix.NFT_MSG_GETFLOWTABLE:
+		table := stringAttr(m.Data[4:], nftaFlowtableTable)
+		for _, t := range s.p.Tables(fam) {
+			if table != "" && t.Name != table {
+				continue
+			}
+			for _, name := range sortedKeys(t.Flowtables) {
+				out = append(out, reply(unix.NFT_MSG_NEWFLOWTABLE, func(ae *netlink.AttributeEncoder) {
+					ae.String(nftaFlowtableTable, t.Name)
+					ae.String(nftaFlowtableName, name)
 				}))
 			}
 		}

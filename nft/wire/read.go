@@ -232,6 +232,17 @@ func readTable(conn *netlink.Conn, fam nft.Family, table string) (*TableState, e
 			return nil, err
 		}
 	}
+	fts, err := Dump(conn, fam, unix.NFT_MSG_GETFLOWTABLE, func(ae *netlink.AttributeEncoder) {
+		ae.String(nftaFlowtableTable, table)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing flowtables of %s %s: %w", fam, table, err)
+	}
+	for _, payload := range fts {
+		if err := st.addFlowtableMsg(payload); err != nil {
+			return nil, err
+		}
+	}
 	for _, name := range sortedKeys(st.Sets) {
 		elems, err := Dump(conn, fam, unix.NFT_MSG_GETSETELEM, func(ae *netlink.AttributeEncoder) {
 			ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, table)

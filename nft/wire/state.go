@@ -29,6 +29,8 @@ type TableState struct {
 	Exists bool
 	Chains map[string]*ChainState
 	Sets   map[string]*SetState
+	// Flowtables by name; nil when none was read (a table without flowtables).
+	Flowtables map[string]*FlowtableState
 }
 
 // ChainState is a chain: its hook (nil for a regular chain) and rules in order.
@@ -120,6 +122,9 @@ func EncodeState(rs *nft.Ruleset) (*TableState, error) {
 			errs = append(errs, b.Elems(s, es, false))
 		}
 	}
+	for _, ft := range rs.Flowtables {
+		b.AddFlowtable(ft)
+	}
 	for _, c := range rs.Chains {
 		b.AddChain(c)
 		for _, r := range c.Rules {
@@ -141,6 +146,8 @@ func EncodeState(rs *nft.Ruleset) (*TableState, error) {
 			return st.addSetMsg(payload)
 		case unix.NFT_MSG_NEWSETELEM:
 			return st.addElemsMsg(payload)
+		case unix.NFT_MSG_NEWFLOWTABLE:
+			return st.addFlowtableMsg(payload)
 		}
 		return nil
 	})
@@ -299,6 +306,18 @@ const (
 	nftaSetExpressions     = 18 // NFTA_SET_EXPRESSIONS
 	nftaSetElemExpressions = 11 // NFTA_SET_ELEM_EXPRESSIONS
 )
+
+func (st *TableState) addFlowtableMsg(payload []byte) error {
+	table, ft, err := parseFlowtable(payload)
+	if err != nil || table != st.Name {
+		return err
+	}
+	if st.Flowtables == nil {
+		st.Flowtables = map[string]*FlowtableState{}
+	}
+	st.Flowtables[ft.Name] = ft
+	return nil
+}
 
 func (st *TableState) addSetMsg(payload []byte) error {
 	table, s, err := parseSet(payload)

@@ -11,7 +11,8 @@ import (
 // expressions, written into a batch) and what it is decoded from (the statements of its
 // kind a rule's expressions may start with), side by side in the file of its family:
 // stmt_match.go (matches), stmt_set.go (set lookups and updates), stmt_action.go
-// (verdicts, reject, counter, mark setting) and stmt_nat.go (NAT). Decoding is guess and
+// (verdicts, reject, counter, mark setting), stmt_nat.go (NAT) and stmt_flow.go (the
+// fast path: ct state established, flow add). Decoding is guess and
 // check (decodeStmt): a guess is kept only when its encoding is the expressions found.
 //
 // A new statement kind: its type in nft/stmt.go, its rendering in nft/render.go, its
@@ -54,7 +55,7 @@ var stmtCodecs = []stmtCodec{
 	prefixCodec, iifnameCodec, l4protoCodec, markUnsetCodec, setMarkCodec,
 	ctStateNewCodec, ctStatusDNATCodec, fibDaddrCodec, fibSaddrCodec,
 	verdictCodec, snatToCodec, dnatToCodec, rejectCodec, masqCodec, counterCodec,
-	matchNumgenCodec, dnatNumgenCodec,
+	matchNumgenCodec, dnatNumgenCodec, ctStateEstablishedCodec, flowOffloadCodec,
 }
 
 // codecOf finds a statement's codec by its type.

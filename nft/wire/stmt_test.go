@@ -65,6 +65,9 @@ var roundTrips = []struct {
 	{s: nft.DNATHashMap{Mod: 16381, Seed: 1, Offset: 8192, Map: "endpoints-32"}},
 	{s: nft.SNATTo{Addr: netip.MustParseAddr("192.0.2.10")}, fams: v4},
 	{s: nft.SNATTo{Addr: netip.MustParseAddr("2001:db8::10")}, fams: v6},
+	{s: nft.MatchCtStateEstablished{}},
+	{s: nft.FlowOffload{Flowtable: "ft"}},
+	{s: nft.Lookup{Fields: []nft.Field{nft.FieldCtOrigDaddr}, Set: "cluster-ips"}},
 }
 
 var (
