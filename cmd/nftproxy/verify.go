@@ -18,7 +18,10 @@ import (
 	"github.com/nftproxy/nftproxy/internal/controller"
 	"github.com/nftproxy/nftproxy/internal/inspect"
 	"github.com/nftproxy/nftproxy/internal/options"
+	"github.com/nftproxy/nftproxy/internal/pipeline"
 	"github.com/nftproxy/nftproxy/internal/serve"
+	"github.com/nftproxy/nftproxy/nft"
+	"github.com/nftproxy/nftproxy/nft/kernel"
 	"github.com/nftproxy/nftproxy/nft/readback"
 )
 
@@ -35,9 +38,28 @@ func runVerify(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "nftproxy verify:", err)
 		return inspect.VerifyError
 	}
+	applier := kernel.New()
+	defer applier.Close()
+	withoutUnavailableFastPath(&cfg, applier.ProbeFlowtables, stderr)
 	ctx, cancel := context.WithTimeout(context.Background(), wait+2*time.Minute)
 	defer cancel()
 	return verifyLoop(ctx, client, cfg, readback.Reader{}, wait, stdout, stderr)
+}
+
+// withoutUnavailableFastPath turns --fast-path-interfaces off in cfg when the kernel
+// refuses flowtables (probe: kernel.Applier.ProbeFlowtables), as the proxy does on
+// such a kernel, so that verify compares with what the proxy programs there.
+func withoutUnavailableFastPath(cfg *controller.Config, probe func(nft.Family) error, stderr io.Writer) {
+	if len(cfg.Pipeline.FastPathInterfaces) == 0 {
+		return
+	}
+	for _, fam := range pipeline.Families {
+		if err := probe(fam); err != nil {
+			fmt.Fprintf(stderr, "nftproxy verify: the kernel refuses flowtables (%v); comparing without the fast path, as the proxy programs it on this kernel\n", err)
+			cfg.Pipeline.FastPathInterfaces = nil
+			return
+		}
+	}
 }
 
 // verifySettings parses verify's command line into the reference settings: --config or

@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -289,5 +291,37 @@ func TestVerifyKubeconfigOverConfigFile(t *testing.T) {
 		if o.Kubeconfig != tc.want {
 			t.Errorf("%q: kubeconfig %q, want %q", tc.args, o.Kubeconfig, tc.want)
 		}
+	}
+}
+
+// TestVerifyWithoutUnavailableFastPath: on a kernel that refuses flowtables the proxy
+// runs without the fast path, so verify compares without it (and says so); where the
+// kernel has them, or without the option, the settings stay.
+func TestVerifyWithoutUnavailableFastPath(t *testing.T) {
+	refuse := func(nft.Family) error { return errors.New("no such file or directory") }
+	accept := func(nft.Family) error { return nil }
+	for _, tc := range []struct {
+		name   string
+		ifs    []string
+		probe  func(nft.Family) error
+		want   []string
+		logged bool
+	}{
+		{"refused", []string{"eth0"}, refuse, nil, true},
+		{"accepted", []string{"eth0"}, accept, []string{"eth0"}, false},
+		{"off", nil, refuse, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cfg controller.Config
+			cfg.Pipeline.FastPathInterfaces = tc.ifs
+			var log strings.Builder
+			withoutUnavailableFastPath(&cfg, tc.probe, &log)
+			if !slices.Equal(cfg.Pipeline.FastPathInterfaces, tc.want) {
+				t.Errorf("fast path interfaces %q, want %q", cfg.Pipeline.FastPathInterfaces, tc.want)
+			}
+			if got := strings.Contains(log.String(), "refuses flowtables"); got != tc.logged {
+				t.Errorf("logged %v, want %v: %q", got, tc.logged, log.String())
+			}
+		})
 	}
 }
