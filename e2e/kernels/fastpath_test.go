@@ -46,36 +46,6 @@ import (
 // `make kernels` boots them) and is skipped, saying so, on one without;
 // TestFastPathFallback runs on either.
 
-// topology builds the three namespaces above.
-func topology(t *testing.T) (client, node, ep *testnetns.NS) {
-	t.Helper()
-	client, node, ep = testnetns.New(t), testnetns.New(t), testnetns.New(t)
-	node.MustRun(t, "", "ip", "link", "add", "nd0", "type", "veth", "peer", "name", "cl0", "netns", client.Name)
-	node.MustRun(t, "", "ip", "link", "add", "nd1", "type", "veth", "peer", "name", "ep0", "netns", ep.Name)
-	for _, c := range []struct {
-		ns   *testnetns.NS
-		args string
-	}{
-		{node, "ip addr add 192.168.1.1/24 dev nd0"},
-		{node, "ip addr add 192.168.2.1/24 dev nd1"},
-		{node, "ip link set nd0 up"},
-		{node, "ip link set nd1 up"},
-		{node, "ip link set lo up"},
-		{node, "ip route add 10.244.0.0/16 via 192.168.2.2"},
-		{node, "sysctl -qw net.ipv4.ip_forward=1"},
-		{client, "ip addr add 192.168.1.2/24 dev cl0"},
-		{client, "ip link set cl0 up"},
-		{client, "ip route add default via 192.168.1.1"},
-		{ep, "ip addr add 192.168.2.2/24 dev ep0"},
-		{ep, "ip addr add 10.244.0.1/32 dev ep0"},
-		{ep, "ip link set ep0 up"},
-		{ep, "ip route add default via 192.168.2.1"},
-	} {
-		c.ns.MustRun(t, "", strings.Fields(c.args)...)
-	}
-	return client, node, ep
-}
-
 // echoTCP serves 10.244.0.1:8080 in ep: every connection gets its bytes back; received
 // counts them.
 func echoTCP(t *testing.T, ep *testnetns.NS, received *atomic.Int64) {

@@ -29,31 +29,8 @@ import (
 // endpoint 10.244.0.1:8080 through the DNAT, masqueraded to the node's address (the
 // client is outside the cluster CIDR). A service without endpoints must be refused.
 func TestClusterIPConnection(t *testing.T) {
-	client, node, ep := testnetns.New(t), testnetns.New(t), testnetns.New(t)
-	node.MustRun(t, "", "ip", "link", "add", "nd0", "type", "veth", "peer", "name", "cl0", "netns", client.Name)
-	node.MustRun(t, "", "ip", "link", "add", "nd1", "type", "veth", "peer", "name", "ep0", "netns", ep.Name)
-	for _, c := range []struct {
-		ns   *testnetns.NS
-		args string
-	}{
-		{node, "ip addr add 192.168.1.1/24 dev nd0"},
-		{node, "ip addr add 192.168.2.1/24 dev nd1"},
-		{node, "ip link set nd0 up"},
-		{node, "ip link set nd1 up"},
-		{node, "ip link set lo up"},
-		{node, "ip route add 10.244.0.0/16 via 192.168.2.2"},
-		{node, "ip route add default via 192.168.2.2"},
-		{node, "sysctl -qw net.ipv4.ip_forward=1"},
-		{client, "ip addr add 192.168.1.2/24 dev cl0"},
-		{client, "ip link set cl0 up"},
-		{client, "ip route add default via 192.168.1.1"},
-		{ep, "ip addr add 192.168.2.2/24 dev ep0"},
-		{ep, "ip addr add 10.244.0.1/32 dev ep0"},
-		{ep, "ip link set ep0 up"},
-		{ep, "ip route add default via 192.168.2.1"},
-	} {
-		c.ns.MustRun(t, "", strings.Fields(c.args)...)
-	}
+	client, node, ep := topology(t)
+	node.MustRun(t, "", "ip", "route", "add", "default", "via", "192.168.2.2")
 
 	// The endpoint answers each connection with the address it was reached on and the
 	// peer it saw.
@@ -106,4 +83,35 @@ func TestClusterIPConnection(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("service without endpoints: %v, want connection refused (the ruleset's reject)", err)
 	}
+}
+
+// topology builds the three namespaces of TestClusterIPConnection's picture: client,
+// node (forwarding, with a route to the cluster CIDR via the endpoint) and endpoint.
+func topology(t *testing.T) (client, node, ep *testnetns.NS) {
+	t.Helper()
+	client, node, ep = testnetns.New(t), testnetns.New(t), testnetns.New(t)
+	node.MustRun(t, "", "ip", "link", "add", "nd0", "type", "veth", "peer", "name", "cl0", "netns", client.Name)
+	node.MustRun(t, "", "ip", "link", "add", "nd1", "type", "veth", "peer", "name", "ep0", "netns", ep.Name)
+	for _, c := range []struct {
+		ns   *testnetns.NS
+		args string
+	}{
+		{node, "ip addr add 192.168.1.1/24 dev nd0"},
+		{node, "ip addr add 192.168.2.1/24 dev nd1"},
+		{node, "ip link set nd0 up"},
+		{node, "ip link set nd1 up"},
+		{node, "ip link set lo up"},
+		{node, "ip route add 10.244.0.0/16 via 192.168.2.2"},
+		{node, "sysctl -qw net.ipv4.ip_forward=1"},
+		{client, "ip addr add 192.168.1.2/24 dev cl0"},
+		{client, "ip link set cl0 up"},
+		{client, "ip route add default via 192.168.1.1"},
+		{ep, "ip addr add 192.168.2.2/24 dev ep0"},
+		{ep, "ip addr add 10.244.0.1/32 dev ep0"},
+		{ep, "ip link set ep0 up"},
+		{ep, "ip route add default via 192.168.2.1"},
+	} {
+		c.ns.MustRun(t, "", strings.Fields(c.args)...)
+	}
+	return client, node, ep
 }
