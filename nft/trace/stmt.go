@@ -146,17 +146,27 @@ func dnat(t *thread, to netip.AddrPort) []branch {
 	return one(t, control{kind: ctlEnd, end: Accept})
 }
 
+// slotMap is the slot → address . port map a DNAT picks from with a modulus mod of
+// the kind given ("numgen", "jhash").
+func (tr *tracer) slotMap(name string, mod uint32, kind string) (*nft.Set, error) {
+	m := tr.sets[name]
+	switch {
+	case m == nil:
+		return nil, fmt.Errorf("map %s does not exist", name)
+	case len(m.Key) != 1 || len(m.Data) != 2:
+		return nil, fmt.Errorf("map %s is not a slot → address . port map", name)
+	case mod == 0:
+		return nil, fmt.Errorf("%s modulus 0", kind)
+	}
+	return m, nil
+}
+
 // dnatNumgenMap forks into the Mod slots Offset…Offset+Mod-1, each with probability
 // 1/Mod. A slot without an entry makes the rule not match, as a failed map lookup does.
 func (tr *tracer) dnatNumgenMap(t *thread, s nft.DNATNumgenMap) ([]branch, error) {
-	m := tr.sets[s.Map]
-	switch {
-	case m == nil:
-		return nil, fmt.Errorf("map %s does not exist", s.Map)
-	case len(m.Key) != 1 || len(m.Data) != 2:
-		return nil, fmt.Errorf("map %s is not a slot → address . port map", s.Map)
-	case s.Mod == 0:
-		return nil, fmt.Errorf("numgen modulus 0")
+	m, err := tr.slotMap(s.Map, s.Mod, "numgen")
+	if err != nil {
+		return nil, err
 	}
 	return tr.draw(t, m, s.Mod, func(i uint32) []nft.Value { return []nft.Value{nft.Num(s.Offset + i)} }), nil
 }
@@ -166,14 +176,9 @@ func (tr *tracer) dnatNumgenMap(t *thread, s nft.DNATNumgenMap) ([]branch, error
 // repeats each endpoint in many slots: one branch per endpoint, not per slot). Slots
 // without an entry make the rule not match, as a failed map lookup does.
 func (tr *tracer) dnatHashMap(t *thread, s nft.DNATHashMap) ([]branch, error) {
-	m := tr.sets[s.Map]
-	switch {
-	case m == nil:
-		return nil, fmt.Errorf("map %s does not exist", s.Map)
-	case len(m.Key) != 1 || len(m.Data) != 2:
-		return nil, fmt.Errorf("map %s is not a slot → address . port map", s.Map)
-	case s.Mod == 0:
-		return nil, fmt.Errorf("jhash modulus 0")
+	m, err := tr.slotMap(s.Map, s.Mod, "jhash")
+	if err != nil {
+		return nil, err
 	}
 	type target struct {
 		e     *nft.Element // the first slot of the endpoint
